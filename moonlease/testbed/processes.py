@@ -1,0 +1,127 @@
+"""Local server processes for the test bed and the demo: start, wait until ready, stop by PID.
+
+Every server binds 127.0.0.1 on a port the OS picked; its output goes to a log file whose tail
+is quoted when it fails to start, so a failure says what to check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    """GET a URL; (status, body). Connection errors come back as status 0 with the reason."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as error:
+        return 0, str(error)
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or never became ready; the message carries its log tail."""
+
+
+class ManagedProcess:
+    """One server process with a readiness probe and a PID-based stop.
+
+    It runs in its own session so stopping it also stops anything it forked.
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], *, ready: Callable[[], bool],
+                 env: dict[str, str] | None = None, log_dir: Path | None = None,
+                 ready_timeout: float = 30.0, cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self._ready = ready
+        self._env = env
+        self._ready_timeout = ready_timeout
+        self._cwd = cwd
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="moonlease-")) / f"{name}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> "ManagedProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        try:
+            self._process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self._env,
+                                             cwd=self._cwd, start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + self._ready_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise ServerStartError(f"{self.name} exited with code {self._process.returncode} "
+                                       f"before it was ready.\n{self.log_tail()}")
+            if self._ready():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise ServerStartError(f"{self.name} was not ready after {self._ready_timeout:.0f} s.\n"
+                               f"{self.log_tail()}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after `timeout` seconds."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL without grace, as a crash would."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except FileNotFoundError:
+            return f"(no log at {self.log_path})"
+        return f"--- last lines of {self.log_path} ---\n" + "\n".join(text)
+
+    def __enter__(self) -> "ManagedProcess":
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
