@@ -17,3 +17,14 @@ pytest_plugins = [
     "tests.fixtures.vllm",
     "tests.fixtures.prometheus",
 ]
+
+TIERS = ("unit", "store", "vllm", "operator", "chart", "prometheus")
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Every test belongs to a tier, so `-m <tier>` selections never silently miss one."""
+    untiered = [item.nodeid for item in items
+                if not any(item.get_closest_marker(tier) for tier in TIERS)]
+    if untiered:
+        raise ValueError("tests without a tier marker (" + ", ".join(TIERS) + "): "
+                         + ", ".join(untiered[:10]))
