@@ -1,0 +1,74 @@
+"""`moonlease`: the command line. Each subcommand imports only what it needs, so the operator
+image (no torch, no vLLM) runs `moonlease operator` and `moonlease crd` without them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    import yaml
+
+    from moonlease_operator.crd import build_crd
+
+    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from moonlease_operator.runner import run_operator
+
+    run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
+                 standalone=args.standalone, liveness_endpoint=args.liveness,
+                 metrics_port=args.metrics_port)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from moonlease.demo import DemoOptions, run_demo
+
+    return run_demo(DemoOptions(skip_vllm=args.skip_vllm, workdir=args.workdir,
+                                prompts=args.prompts))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moonlease",
+        description="Lease policies for vLLM's Mooncake KV store, rolled out across a fleet.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="run the end-to-end demo on this machine")
+    demo.add_argument("--skip-vllm", action="store_true",
+                      help="skip the vLLM engines (store, API server and operator only)")
+    demo.add_argument("--prompts", type=int, default=4,
+                      help="shared-prefix prompts each engine serves (default 4)")
+    demo.add_argument("--workdir", default=None,
+                      help="where logs and the tiny model cache go (default: a temp dir)")
+    demo.set_defaults(func=_cmd_demo)
+
+    operator = commands.add_parser("operator", help="run the MooncakeLeasePolicy operator")
+    operator.add_argument("--namespace", "-n", action="append", default=[],
+                          help="namespace to watch (repeatable); default: all namespaces")
+    operator.add_argument("--all-namespaces", "-A", action="store_true",
+                          help="watch every namespace (the default when no -n is given)")
+    operator.add_argument("--standalone", action="store_true",
+                          help="no peering: run as the only operator instance")
+    operator.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                          help="liveness endpoint URL (default http://0.0.0.0:8080/healthz)")
+    operator.add_argument("--metrics-port", type=int, default=9090,
+                          help="Prometheus metrics port (default 9090)")
+    operator.set_defaults(func=_cmd_operator)
+
+    crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")
+    crd.set_defaults(func=_cmd_crd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
