@@ -1,0 +1,49 @@
+"""The operator's custom resources as pydantic models (pure; the CRD is generated from them)."""
+
+from moonlease_operator.api.common import (
+    CelRule,
+    Condition,
+    ConditionStatus,
+    LabelSelector,
+    LabelSelectorRequirement,
+    SelectorOperator,
+)
+from moonlease_operator.api.policy import (
+    API_VERSION,
+    DEFAULT_STAGES,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    ConditionType,
+    ConnectorSpec,
+    FailurePolicy,
+    LeaseMode,
+    MasterSpec,
+    Phase,
+    PolicySpec,
+    PolicySpecError,
+    PolicyStatus,
+    Reason,
+    Role,
+    RolloutSpec,
+    RolloutStrategy,
+    StageName,
+    StagePhase,
+    StageStatus,
+    TargetPhase,
+    TargetSpec,
+    TargetStatus,
+    WorkloadKind,
+    build_master_flags,
+    parse_spec,
+)
+
+__all__ = [
+    "API_VERSION", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
+    "CelRule", "Condition", "ConditionStatus", "ConditionType", "ConnectorSpec", "FailurePolicy",
+    "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
+    "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",
+    "SelectorOperator", "StageName", "StagePhase", "StageStatus", "TargetPhase", "TargetSpec",
+    "TargetStatus", "WorkloadKind", "build_master_flags", "parse_spec",
+]

@@ -1,0 +1,432 @@
+"""The `MooncakeLeasePolicy` custom resource: the single source of truth for its CRD.
+
+A policy declares how Mooncake store leases are taken across one disaggregated vLLM fleet:
+the master's eviction and lease settings, the connector's lease mode in every vLLM workload,
+and the order in which changes are rolled out (master, then prefill, then decode by default).
+
+Pure: no kopf, no Kubernetes client. `moonlease_operator.crd` turns these models into the
+CRD's structural schema; `parse_spec` is how the operator reads a spec (strict JSON types, the
+same checks as the schema plus the CEL rules, which the API server evaluates and we mirror).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field, ValidationError, model_validator
+
+from moonlease_operator.api.common import (
+    ApiModel,
+    CelRule,
+    Condition,
+    ContainerName,
+    LabelSelector,
+    ObjectName,
+    StatusModel,
+)
+
+GROUP = "moonlease.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MooncakeLeasePolicy"
+PLURAL = "mooncakeleasepolicies"
+SINGULAR = "mooncakeleasepolicy"
+SHORT_NAMES = ("mlp",)
+CATEGORIES = ("moonlease",)
+
+#: Mooncake versions as the wheels name them: 0.3.13, 0.3.13.post1, 0.3.14.dev20261022, v0.3.14.
+MooncakeVersion = Annotated[
+    str, Field(max_length=64, pattern=r"^v?[0-9]+\.[0-9]+\.[0-9]+([.+-][0-9A-Za-z.+-]+)?$")
+]
+Ratio = Annotated[float, Field(gt=0, le=1)]
+Milliseconds = Annotated[int, Field(ge=1)]
+
+
+class WorkloadKind(str, enum.Enum):
+    """The workload controllers the operator can roll out."""
+
+    DEPLOYMENT = "Deployment"
+    STATEFUL_SET = "StatefulSet"
+
+
+class Role(str, enum.Enum):
+    """The disaggregation role of a vLLM workload."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class LeaseMode(str, enum.Enum):
+    """How the connector leases store keys on lookup.
+
+    `leaseAll` is vLLM's behaviour: `batch_is_exist` leases every key found. `selective` probes
+    without leasing and leases only the keys loading the hit reads (needs `batch_probe_key`,
+    Mooncake >= 0.3.14). `lastHitOnly` leases only the selected recurrent checkpoint (RFC 4255;
+    full attention + align-mode Mamba models only).
+    """
+
+    LEASE_ALL = "leaseAll"
+    SELECTIVE = "selective"
+    LAST_HIT_ONLY = "lastHitOnly"
+
+
+class StageName(str, enum.Enum):
+    """A rollout stage: the master, or every target of one role."""
+
+    MASTER = "master"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class RolloutStrategy(str, enum.Enum):
+    """How a change reaches the fleet. Only `Staged` exists; `ABTest` is planned."""
+
+    STAGED = "Staged"
+
+
+class FailurePolicy(str, enum.Enum):
+    """What a failed stage does to the stages already rolled out."""
+
+    ROLLBACK = "rollback"
+    HALT = "halt"
+
+
+DEFAULT_STAGES: tuple[StageName, ...] = (StageName.MASTER, StageName.PREFILL, StageName.DECODE)
+
+
+class MasterSpec(ApiModel):
+    """The Mooncake master workload and the settings the operator manages on it.
+
+    Each setting is a master flag under its camelCase name; an unset one leaves the flag as the
+    workload has it (Mooncake's default if absent).
+    """
+
+    kind: WorkloadKind = WorkloadKind.DEPLOYMENT
+    """Kind of the master workload."""
+    name: ObjectName
+    """Name of the master workload, in the policy's namespace."""
+    container: ContainerName | None = None
+    """Container running mooncake_master; defaults to the only (or first) container."""
+    version: MooncakeVersion | None = None
+    """Declared Mooncake version of the master (e.g. 0.3.14); checked against what modes need."""
+    require_approval_for_restart: bool = False
+    """Restarting the master empties the store (object metadata lives in its memory): when true,
+    the master stage waits for an explicit approval before restarting it."""
+    eviction_high_watermark_ratio: Ratio | None = None
+    """--eviction_high_watermark_ratio: usage ratio above which eviction runs (Mooncake: 0.9)."""
+    eviction_ratio: Ratio | None = None
+    """--eviction_ratio: share of objects evicted per eviction pass (Mooncake: 0.05)."""
+    default_kv_lease_ttl_ms: Milliseconds | None = None
+    """--default_kv_lease_ttl, in milliseconds (Mooncake: 10000)."""
+    default_kv_soft_pin_ttl_ms: Milliseconds | None = None
+    """--default_kv_soft_pin_ttl, in milliseconds (Mooncake: 1800000)."""
+    allow_evict_soft_pinned_objects: bool | None = None
+    """--allow_evict_soft_pinned_objects (Mooncake: true)."""
+
+
+#: Python field -> mooncake_master flag. The only place the two spellings meet.
+MASTER_FLAGS: Mapping[str, str] = {
+    "eviction_high_watermark_ratio": "eviction_high_watermark_ratio",
+    "eviction_ratio": "eviction_ratio",
+    "default_kv_lease_ttl_ms": "default_kv_lease_ttl",
+    "default_kv_soft_pin_ttl_ms": "default_kv_soft_pin_ttl",
+    "allow_evict_soft_pinned_objects": "allow_evict_soft_pinned_objects",
+}
+
+
+def build_master_flags(master: MasterSpec) -> dict[str, str]:
+    """The declared master settings as `mooncake_master` flag values (unset ones left out).
+
+    Pure. Booleans are spelled as gflags expects (`true`/`false`).
+    """
+    flags: dict[str, str] = {}
+    for field, flag in MASTER_FLAGS.items():
+        value = getattr(master, field)
+        if value is None:
+            continue
+        flags[flag] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return flags
+
+
+class ConnectorSpec(ApiModel):
+    """Settings of the patched MooncakeStoreConnector in every target."""
+
+    lease_mode: LeaseMode = LeaseMode.LEASE_ALL
+    """Which keys a lookup leases: leaseAll (every key found, vLLM's default), selective (only
+    the keys loading the hit reads; Mooncake >= 0.3.14), lastHitOnly (only the selected recurrent
+    checkpoint; hybrid models only)."""
+    junction_retention: bool = False
+    """Keep sliding-window tails at shared-prefix junctions in the store, so siblings of a prompt
+    hit the store from a fresh instance."""
+
+
+_ONE_OF_NAME_SELECTOR = CelRule(
+    rule="has(self.name) != has(self.selector)",
+    message="exactly one of name or selector must be set",
+)
+
+
+class TargetSpec(ApiModel):
+    """One vLLM workload (or a set of them, by selector) that runs the connector."""
+
+    name: ObjectName | None = None
+    """Name of the workload, in the policy's namespace."""
+    selector: LabelSelector | None = None
+    """Label selector over workloads of `kind` in the policy's namespace."""
+    kind: WorkloadKind = WorkloadKind.DEPLOYMENT
+    """Kind of the workload(s)."""
+    role: Role
+    """Disaggregation role; decides the rollout stage the workload belongs to."""
+    container: ContainerName | None = None
+    """Container running vLLM; defaults to the only (or first) container."""
+    hybrid: bool = False
+    """Declares a hybrid model: full attention + Mamba in align mode (needed by lastHitOnly)."""
+    mooncake_version: MooncakeVersion | None = None
+    """Declared Mooncake client version in the vLLM image."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_ONE_OF_NAME_SELECTOR,)
+
+    @model_validator(mode="after")
+    def _check_name_or_selector(self) -> TargetSpec:
+        if (self.name is None) == (self.selector is None):
+            raise _ONE_OF_NAME_SELECTOR.violation()
+        return self
+
+
+_UNIQUE_STAGES = CelRule(
+    rule="self.stages.all(s, self.stages.filter(t, t == s).size() == 1)",
+    message="each stage may appear only once",
+    field_path=".stages",
+)
+_MASTER_STAGED = CelRule(
+    rule="'master' in self.stages",
+    message="stages must include master",
+    field_path=".stages",
+)
+
+
+class RolloutSpec(ApiModel):
+    """How a change of the policy reaches the workloads."""
+
+    strategy: RolloutStrategy = RolloutStrategy.STAGED
+    """Rollout strategy; Staged updates one stage at a time."""
+    stages: Annotated[list[StageName], Field(min_length=1, max_length=3)] = Field(
+        default_factory=lambda: list(DEFAULT_STAGES),
+        json_schema_extra={"x-kubernetes-list-type": "atomic", "default": [s.value for s in DEFAULT_STAGES]},
+    )
+    """Order of the stages; each stage waits for the previous one to be ready."""
+    stage_timeout_seconds: Annotated[int, Field(ge=1)] = 600
+    """A stage not ready within this time has failed."""
+    pause_between_stages_seconds: Annotated[int, Field(ge=0)] = 0
+    """Soak time after a stage is ready before the next one starts."""
+    paused: bool = False
+    """Hold the rollout where it is (a running stage is not interrupted)."""
+    on_failure: FailurePolicy = FailurePolicy.ROLLBACK
+    """On a failed stage: roll every updated workload back, or halt and leave them as they are."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_UNIQUE_STAGES, _MASTER_STAGED)
+
+    @model_validator(mode="after")
+    def _check_stages(self) -> RolloutSpec:
+        if len(set(self.stages)) != len(self.stages):
+            raise _UNIQUE_STAGES.violation()
+        if StageName.MASTER not in self.stages:
+            raise _MASTER_STAGED.violation()
+        return self
+
+
+_ROLES_STAGED = CelRule(
+    rule="self.targets.all(t, t.role in self.rollout.stages)",
+    message="every target role must have a stage in rollout.stages",
+    field_path=".rollout.stages",
+)
+_LAST_HIT_NEEDS_HYBRID = CelRule(
+    rule="self.connector.leaseMode != 'lastHitOnly' || self.targets.all(t, t.hybrid)",
+    message="leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)",
+    field_path=".connector.leaseMode",
+)
+_MASTER_NOT_TARGET = CelRule(
+    rule="!self.targets.exists(t, has(t.name) && t.name == self.master.name && t.kind == self.master.kind)",
+    message="the master workload cannot also be a target",
+    field_path=".targets",
+)
+_UNIQUE_TARGETS = CelRule(
+    rule="self.targets.all(a, !has(a.name) || self.targets.exists_one(b, has(b.name) && b.name == a.name && b.kind == a.kind))",
+    message="each named target may appear only once",
+    field_path=".targets",
+)
+
+
+class PolicySpec(ApiModel):
+    """Desired lease behaviour of one Mooncake store and the vLLM workloads that use it."""
+
+    master: MasterSpec
+    """The Mooncake master and its lease and eviction settings."""
+    connector: ConnectorSpec = Field(default_factory=ConnectorSpec, json_schema_extra={"default": {}})
+    """Connector settings applied to every target."""
+    targets: Annotated[list[TargetSpec], Field(min_length=1, max_length=64)] = Field(
+        json_schema_extra={"x-kubernetes-list-type": "atomic"},
+    )
+    """The vLLM workloads running the connector."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+    """How changes are rolled out."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS,
+    )
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> PolicySpec:
+        if any(StageName(t.role.value) not in self.rollout.stages for t in self.targets):
+            raise _ROLES_STAGED.violation()
+        if self.connector.lease_mode is LeaseMode.LAST_HIT_ONLY and not all(t.hybrid for t in self.targets):
+            raise _LAST_HIT_NEEDS_HYBRID.violation()
+        master = (self.master.kind, self.master.name)
+        if any((t.kind, t.name) == master for t in self.targets if t.name is not None):
+            raise _MASTER_NOT_TARGET.violation()
+        named = [(t.kind, t.name) for t in self.targets if t.name is not None]
+        if len(set(named)) != len(named):
+            raise _UNIQUE_TARGETS.violation()
+        return self
+
+
+class Phase(str, enum.Enum):
+    """The policy's phase, for humans and `kubectl get`; conditions carry the detail."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    INVALID = "Invalid"
+    PAUSED = "Paused"
+
+
+class ConditionType(str, enum.Enum):
+    """Condition types the operator sets."""
+
+    READY = "Ready"
+    INVALID = "Invalid"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class Reason(str, enum.Enum):
+    """Condition and event reasons (CamelCase, as the API requires)."""
+
+    ACCEPTED = "Accepted"
+    SPEC_VALID = "SpecValid"
+    INVALID_SPEC = "InvalidSpec"
+
+
+class StagePhase(str, enum.Enum):
+    """Progress of one rollout stage."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+    SKIPPED = "Skipped"
+
+
+class TargetPhase(str, enum.Enum):
+    """Progress of one workload."""
+
+    PENDING = "Pending"
+    UPDATING = "Updating"
+    READY = "Ready"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+
+
+class StageStatus(StatusModel):
+    """Progress of one stage of the current rollout."""
+
+    name: StageName
+    phase: StagePhase
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    message: Annotated[str, Field(max_length=32768)] = ""
+
+
+class TargetStatus(StatusModel):
+    """Progress of one workload (a selector target yields one entry per selected workload)."""
+
+    kind: WorkloadKind
+    name: ObjectName
+    role: Role
+    phase: TargetPhase
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The workload's metadata.generation the operator last wrote."""
+    replicas: Annotated[int, Field(ge=0)] | None = None
+    updated_replicas: Annotated[int, Field(ge=0)] | None = None
+    ready_replicas: Annotated[int, Field(ge=0)] | None = None
+    config_hash: Annotated[str, Field(max_length=128)] | None = None
+    """Hash of the connector configuration this workload runs."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+
+
+class PolicyStatus(StatusModel):
+    """Observed state of the policy, written only by the operator."""
+
+    phase: Phase | None = None
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The metadata.generation this status describes."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    current_stage: StageName | None = None
+    """The stage now rolling out (or the last one that ran)."""
+    stages: list[StageStatus] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    targets: list[TargetStatus] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["kind", "name"]},
+    )
+    applied_config_hash: Annotated[str, Field(max_length=128)] | None = None
+    """Hash of the spec fully rolled out to every stage."""
+    last_transition_time: datetime | None = None
+    """When `phase` last changed."""
+
+    def condition(self, type_: ConditionType | str) -> Condition | None:
+        """The condition of this type, if set."""
+        wanted = type_.value if isinstance(type_, ConditionType) else type_
+        return next((c for c in self.conditions if c.type == wanted), None)
+
+
+class PolicySpecError(ValueError):
+    """A spec the operator refuses, with one human-readable line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def parse_spec(raw: Mapping[str, Any]) -> PolicySpec:
+    """Read a spec as the API server would have checked it, or raise `PolicySpecError`.
+
+    Pure. Parses through JSON in strict mode so that types match the schema exactly ("600" is
+    not an integer, 1 is a valid number), then applies the CEL mirrors.
+    """
+    try:
+        return PolicySpec.model_validate_json(json.dumps(dict(raw), default=str), strict=True)
+    except ValidationError as exc:
+        raise PolicySpecError(describe_errors(exc)) from None
+
+
+def describe_errors(exc: ValidationError) -> list[str]:
+    """One line per validation error, located as a kubectl user would write the path."""
+    lines: list[str] = []
+    for err in exc.errors(include_url=False):
+        path = "spec"
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        lines.append(f"{path}: {err['msg']}")
+    return lines

@@ -1,0 +1,169 @@
+"""The MooncakeLeasePolicy CustomResourceDefinition, generated from the pydantic models.
+
+Pure apart from `write_crd`. Kubernetes requires a *structural* schema: every node typed, no
+`$ref`, no `anyOf` with null, `exclusiveMinimum` as a boolean (OpenAPI 3.0). `build_crd` turns
+pydantic's JSON Schema into that; `crds/mooncakeleasepolicies.yaml` is its committed output
+(a unit test fails when the file is stale).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from moonlease_operator.api import policy
+
+CRD_NAME = f"{policy.PLURAL}.{policy.GROUP}"
+
+#: `kubectl get mlp` columns. The Ready column reads the Ready condition's status.
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Mode", "type": "string", "jsonPath": ".spec.connector.leaseMode",
+     "description": "Connector lease mode"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Policy phase"},
+    {"name": "Stage", "type": "string", "jsonPath": ".status.currentStage",
+     "description": "Rollout stage in progress"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+     "description": "Ready condition"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_HEADER = "# Generated from moonlease_operator.api by moonlease_operator.crd.write_crd: do not edit.\n"
+
+
+def build_crd() -> dict[str, Any]:
+    """The apiextensions.k8s.io/v1 CustomResourceDefinition for MooncakeLeasePolicy."""
+    root = {
+        "type": "object",
+        "description": "MooncakeLeasePolicy declares how Mooncake store leases are taken across a"
+        " Mooncake master and the vLLM workloads using it, and how changes are rolled out.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": build_schema(policy.PolicySpec),
+            "status": build_schema(policy.PolicyStatus),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "moonlease"},
+        },
+        "spec": {
+            "group": policy.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": policy.KIND,
+                "listKind": f"{policy.KIND}List",
+                "plural": policy.PLURAL,
+                "singular": policy.SINGULAR,
+                "shortNames": list(policy.SHORT_NAMES),
+                "categories": list(policy.CATEGORIES),
+            },
+            "versions": [
+                {
+                    "name": policy.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": root},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": copy.deepcopy(PRINTER_COLUMNS),
+                }
+            ],
+        },
+    }
+
+
+def build_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's structural OpenAPI v3 schema: `$ref`s inlined, optionals un-nulled."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(raw, defs)
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = dict(node)
+    # A reference or an optional (`X | None`) becomes X, keeping the siblings pydantic put next
+    # to it (the field's description, default and x-kubernetes-* keys win over the target's).
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        node = {**_structural(target, defs), **node}
+    for combinator in ("anyOf", "allOf", "oneOf"):
+        if combinator in node:
+            branches = [b for b in node.pop(combinator) if b.get("type") != "null"]
+            if len(branches) != 1:
+                raise ValueError(f"not expressible as a structural schema: {combinator} {branches}")
+            node = {**_structural(branches[0], defs), **node}
+
+    out: dict[str, Any] = {}
+    for key, value in sorted(node.items(), key=_key_order):
+        if key == "title" or (key == "default" and value is None):
+            continue
+        if key == "additionalProperties" and value is False:
+            continue  # the API server prunes unknown fields; `false` is not structural
+        if key == "description":
+            out[key] = _one_paragraph(value)
+        elif key == "properties":
+            out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020-12 `exclusiveMinimum: 0` is OpenAPI 3.0 `minimum: 0` + flag.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _key_order(item: tuple[str, Any]) -> tuple[int, str]:
+    """Description and type first, then the rest alphabetically: a stable, readable YAML."""
+    return ({"description": 0, "type": 1}.get(item[0], 2), item[0])
+
+
+def _one_paragraph(text: str) -> str:
+    return " ".join(text.split())
+
+
+def render_crd_yaml() -> str:
+    """The CRD as the YAML committed under crds/ (also what `moonlease crd` prints)."""
+    return _HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+
+
+def write_crd(path: str | Path) -> Path:
+    """Write the CRD YAML to `path`; returns the path."""
+    target = Path(path)
+    target.write_text(render_crd_yaml(), encoding="utf-8")
+    return target
+
+
+def validation_schema(crd: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema as a jsonschema (draft 4) document, for offline validation.
+
+    OpenAPI 3.0's boolean `exclusiveMinimum` is draft-4 syntax, so `Draft4Validator` applies as is.
+    With `strict`, objects with declared properties refuse unknown keys, as kubectl's default
+    strict field validation does (the API server would otherwise prune them). CEL rules are not
+    evaluated here: the models mirror them (see `api.common.CelRule`).
+    """
+    schema = copy.deepcopy(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    if strict:
+        _forbid_unknown(schema)
+    return schema
+
+
+def _forbid_unknown(node: dict[str, Any]) -> None:
+    if "properties" in node and "additionalProperties" not in node \
+            and not node.get("x-kubernetes-preserve-unknown-fields"):
+        node["additionalProperties"] = False
+    for sub in node.get("properties", {}).values():
+        _forbid_unknown(sub)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            _forbid_unknown(node[key])

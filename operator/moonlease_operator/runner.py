@@ -1,0 +1,156 @@
+"""Starting the operator: in its own process (`python -m moonlease_operator`), in an asyncio
+task (`run_operator`), or in a background thread of another program (`OperatorThread`, used by
+the tests and `moonlease demo` against the local API server).
+
+Not pure: this is where kopf is configured. The connection comes from kopf's usual login
+(kubeconfig / in-cluster) unless a `kopf.ConnectionInfo` is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Collection
+from types import TracebackType
+from typing import Any
+
+import kopf
+
+from moonlease_operator import handlers
+from moonlease_operator.api import GROUP
+
+OPERATOR_NAME = "moonlease-operator"
+
+
+def build_settings() -> kopf.OperatorSettings:
+    """kopf settings: our own annotation prefix, and no kopf fields written into our status
+    (the CRD's status schema is typed, so the API server would prune them anyway)."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration")
+    settings.posting.reporting_component = OPERATOR_NAME
+    settings.posting.event_name_prefix = f"{OPERATOR_NAME}-"
+    return settings
+
+
+def build_registry(connection: kopf.ConnectionInfo | None = None,
+                   *, clock: handlers.Clock = handlers.utc_now) -> kopf.OperatorRegistry:
+    """A registry with our handlers; with `connection`, a login handler that returns it
+    (kopf's default logins are then not used)."""
+    registry: kopf.OperatorRegistry = kopf.OperatorRegistry() if connection else kopf.SmartOperatorRegistry()
+    handlers.register(registry, clock=clock)
+    if connection is not None:
+        def login_fixed(**_: Any) -> kopf.ConnectionInfo:
+            return connection
+
+        kopf.on.login(id="login_fixed", registry=registry)(login_fixed)
+    return registry
+
+
+async def run_operator(
+    *,
+    connection: kopf.ConnectionInfo | None = None,
+    namespaces: Collection[str] = (),
+    stop_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
+    ready_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
+    liveness_endpoint: str | None = None,
+    clock: handlers.Clock = handlers.utc_now,
+) -> None:
+    """Run the operator until `stop_flag` is set (or the task is cancelled).
+
+    Cluster-wide unless `namespaces` are given. Standalone: one replica, no kopf peering. kopf
+    cancels every task created in this loop after it started, so run it in a loop of its own
+    (see `OperatorThread`) when the same program serves other things.
+    """
+    await kopf.operator(
+        registry=build_registry(connection, clock=clock),
+        settings=build_settings(),
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
+        standalone=True,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        liveness_endpoint=liveness_endpoint,
+    )
+
+
+class OperatorThread:
+    """The operator in a background thread with its own event loop, stopped cleanly on exit.
+
+    Usable as `with` from synchronous code, and as `async with` from a loop that also serves the
+    API the operator talks to (start and stop then wait in a worker thread, not in the loop)::
+
+        async with local_api_server() as kube:
+            async with OperatorThread(connection=kube.connection_info()):
+                ...
+    """
+
+    def __init__(self, *, connection: kopf.ConnectionInfo | None = None, namespaces: Collection[str] = (),
+                 startup_timeout: float = 15.0, stop_timeout: float = 15.0,
+                 clock: handlers.Clock = handlers.utc_now) -> None:
+        self.connection = connection
+        self.namespaces = tuple(namespaces)
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.clock = clock
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._finished = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start and wait until kopf reports ready; raises if it fails or times out."""
+        if self._thread is not None:
+            raise RuntimeError("an OperatorThread starts only once")
+        self._thread = threading.Thread(target=self._main, name=OPERATOR_NAME, daemon=True)
+        self._thread.start()
+        deadline = self.startup_timeout
+        while not self._ready.wait(timeout=0.05):
+            deadline -= 0.05
+            if self._finished.is_set():
+                raise RuntimeError("the operator exited during startup") from self._error
+            if deadline <= 0:
+                self.stop()
+                raise TimeoutError(f"the operator was not ready in {self.startup_timeout}s")
+
+    def stop(self) -> None:
+        """Ask kopf to stop, wait for the thread, and re-raise what the operator died of, if any."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.stop_timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the operator did not stop in {self.stop_timeout}s")
+        if self._error is not None:
+            raise RuntimeError("the operator failed") from self._error
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(run_operator(connection=self.connection, namespaces=self.namespaces,
+                                     stop_flag=self._stop, ready_flag=self._ready, clock=self.clock))
+        except BaseException as exc:  # re-raised in the caller's thread by stop()
+            self._error = exc
+        finally:
+            self._finished.set()
+
+    def __enter__(self) -> OperatorThread:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> OperatorThread:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await asyncio.to_thread(self.stop)
