@@ -1,11 +1,9 @@
-"""`python -m moonlease_operator`: run the operator with kopf's usual login (in-cluster service
-account or the current kubeconfig)."""
+"""`python -m moonlease_operator`: the operator with kopf's usual login (in-cluster service
+account or the current kubeconfig). Same as `moonlease operator`."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 
 import kopf
 
@@ -16,13 +14,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m moonlease_operator", description=__doc__)
     parser.add_argument("-n", "--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable; default: all namespaces)")
+    parser.add_argument("--standalone", action="store_true", help="no peering: the only replica")
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
-    logging.getLogger("moonlease_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    asyncio.run(run_operator(namespaces=args.namespace, liveness_endpoint=args.liveness))
+    run_operator(namespaces=args.namespace, standalone=args.standalone,
+                 liveness_endpoint=args.liveness, metrics_port=args.metrics_port)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
-_HEADER = "# Generated from moonlease_operator.api by moonlease_operator.crd.write_crd: do not edit.\n"
 
 
 def build_crd() -> dict[str, Any]:
@@ -133,8 +132,10 @@ def _one_paragraph(text: str) -> str:
 
 
 def render_crd_yaml() -> str:
-    """The CRD as the YAML committed under crds/ (also what `moonlease crd` prints)."""
-    return _HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+    """The CRD as the YAML committed under crds/ (`make crds`, `moonlease crd`): plain
+    `yaml.safe_dump` in the models' key order, so any caller that dumps `build_crd()` the same
+    way writes the same file."""
+    return yaml.safe_dump(build_crd(), sort_keys=False)
 
 
 def write_crd(path: str | Path) -> Path:

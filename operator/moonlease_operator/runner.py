@@ -1,6 +1,7 @@
-"""Starting the operator: in its own process (`python -m moonlease_operator`), in an asyncio
-task (`run_operator`), or in a background thread of another program (`OperatorThread`, used by
-the tests and `moonlease demo` against the local API server).
+"""Starting the operator: in its own process (`run_operator`, behind `moonlease operator` and
+`python -m moonlease_operator`), as a coroutine in a loop of its own (`operate`), or in a
+background thread of another program (`OperatorThread`, used by the tests and `moonlease demo`
+against the local API server).
 
 Not pure: this is where kopf is configured. The connection comes from kopf's usual login
 (kubeconfig / in-cluster) unless a `kopf.ConnectionInfo` is given.
@@ -37,43 +38,71 @@ def build_settings() -> kopf.OperatorSettings:
 
 def build_registry(connection: kopf.ConnectionInfo | None = None,
                    *, clock: handlers.Clock = handlers.utc_now) -> kopf.OperatorRegistry:
-    """A registry with our handlers; with `connection`, a login handler that returns it
-    (kopf's default logins are then not used)."""
-    registry: kopf.OperatorRegistry = kopf.OperatorRegistry() if connection else kopf.SmartOperatorRegistry()
+    """A fresh registry with our handlers and one login: `connection` if given, otherwise kopf's
+    Kubernetes-client login (in-cluster service account, else the kubeconfig)."""
+    registry = kopf.OperatorRegistry()
     handlers.register(registry, clock=clock)
     if connection is not None:
         def login_fixed(**_: Any) -> kopf.ConnectionInfo:
             return connection
 
         kopf.on.login(id="login_fixed", registry=registry)(login_fixed)
+    else:
+        kopf.on.login(id="login_via_client", registry=registry)(kopf.login_via_client)
     return registry
 
 
-async def run_operator(
+async def operate(
     *,
     connection: kopf.ConnectionInfo | None = None,
     namespaces: Collection[str] = (),
+    standalone: bool = True,
     stop_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
     ready_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
     liveness_endpoint: str | None = None,
     clock: handlers.Clock = handlers.utc_now,
 ) -> None:
-    """Run the operator until `stop_flag` is set (or the task is cancelled).
+    """Run the operator in the current loop until `stop_flag` is set (or the task is cancelled).
 
-    Cluster-wide unless `namespaces` are given. Standalone: one replica, no kopf peering. kopf
-    cancels every task created in this loop after it started, so run it in a loop of its own
-    (see `OperatorThread`) when the same program serves other things.
+    Cluster-wide unless `namespaces` are given. `standalone` skips kopf's peering (one replica);
+    otherwise kopf peers if its peering CRDs are installed. kopf cancels every task created in
+    this loop after it started, so give it a loop of its own (see `OperatorThread`) when the
+    same program serves other things.
     """
     await kopf.operator(
         registry=build_registry(connection, clock=clock),
         settings=build_settings(),
         clusterwide=not namespaces,
         namespaces=list(namespaces),
-        standalone=True,
+        standalone=True if standalone else None,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,
     )
+
+
+def run_operator(
+    *,
+    namespaces: Collection[str] = (),
+    all_namespaces: bool = False,
+    standalone: bool = False,
+    liveness_endpoint: str | None = None,
+    metrics_port: int | None = None,
+    connection: kopf.ConnectionInfo | None = None,
+) -> None:
+    """Run the operator in this process until SIGINT/SIGTERM (what `moonlease operator` runs).
+
+    `all_namespaces` (or no `namespaces`) watches the whole cluster. `metrics_port` serves
+    Prometheus metrics (for now the process and Python collectors only).
+    """
+    if all_namespaces and namespaces:
+        raise ValueError("either namespaces or all_namespaces, not both")
+    if metrics_port is not None:
+        import prometheus_client
+
+        prometheus_client.start_http_server(metrics_port)
+    asyncio.run(operate(connection=connection, namespaces=() if all_namespaces else namespaces,
+                        standalone=standalone, liveness_endpoint=liveness_endpoint))
 
 
 class OperatorThread:
@@ -132,8 +161,8 @@ class OperatorThread:
 
     def _main(self) -> None:
         try:
-            asyncio.run(run_operator(connection=self.connection, namespaces=self.namespaces,
-                                     stop_flag=self._stop, ready_flag=self._ready, clock=self.clock))
+            asyncio.run(operate(connection=self.connection, namespaces=self.namespaces,
+                                stop_flag=self._stop, ready_flag=self._ready, clock=self.clock))
         except BaseException as exc:  # re-raised in the caller's thread by stop()
             self._error = exc
         finally:

@@ -441,3 +441,27 @@ async def test_restarted_operator_resumes_without_repeating_itself(kube: LocalAp
     assert after is not None and after["status"] == before["status"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]  # nothing changed
     assert len(kube.events("default", involved_name="fleet")) == 1
+
+
+async def test_operator_process_logs_in_with_a_kubeconfig(kube: LocalApiServer, tmp_path: Path) -> None:
+    """`python -m moonlease_operator` as the image runs it: kopf's own login from KUBECONFIG."""
+    import os
+    import signal
+    import sys
+
+    kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "moonlease_operator", "--standalone", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await kube.create(policy())
+        await kube.wait_for(lambda: proc.returncode is not None or phase_of(kube, "fleet") == "Pending",
+                            timeout=20, what="status written by the operator process")
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode == 0 and phase_of(kube, "fleet") == "Pending", output.decode()[-3000:]
+    assert b"Policy accepted" in output

@@ -91,9 +91,7 @@ def model_accepts(spec: dict[str, Any]) -> bool:
 
 def test_committed_crd_yaml_is_fresh() -> None:
     assert CRD_FILE.read_text(encoding="utf-8") == render_crd_yaml(), (
-        "crds/mooncakeleasepolicies.yaml is stale: regenerate it with"
-        " `python -c 'from moonlease_operator.crd import write_crd;"
-        " write_crd(\"crds/mooncakeleasepolicies.yaml\")'`")
+        "crds/mooncakeleasepolicies.yaml is stale: regenerate it with `make crds`")
 
 
 def _walk(node: Any, path: str = "$"):
