@@ -234,7 +234,8 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
         "targets.0": {"role": "prefill", "selector": {"matchLabels": {}}}}),
     "values must be non-empty for In and NotIn, and empty for Exists and DoesNotExist": with_changes(**{
         "targets.0": {"role": "prefill", "selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}),
-    "each stage may appear only once": with_changes(**{"rollout.stages": ["master", "decode", "decode"]}),
+    "each stage may appear only once": {"master": VALID["master"], "targets": [VALID["targets"][1]],
+                                        "rollout": {"stages": ["master", "decode", "decode"]}},
     "stages must include master": with_changes(**{"rollout.stages": ["prefill", "decode"]}),
     "every target role must have a stage in rollout.stages": with_changes(**{"rollout.stages": ["master", "decode"]}),
     "leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)": with_changes(**{

@@ -249,13 +249,15 @@ _LAST_HIT_NEEDS_HYBRID = CelRule(
     message="leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)",
     field_path=".connector.leaseMode",
 )
+# Named targets are picked with filter() first, so no rule reads a name that is absent.
 _MASTER_NOT_TARGET = CelRule(
-    rule="!self.targets.exists(t, has(t.name) && t.name == self.master.name && t.kind == self.master.kind)",
+    rule="!self.targets.filter(t, has(t.name)).exists(t, t.name == self.master.name && t.kind == self.master.kind)",
     message="the master workload cannot also be a target",
     field_path=".targets",
 )
 _UNIQUE_TARGETS = CelRule(
-    rule="self.targets.all(a, !has(a.name) || self.targets.exists_one(b, has(b.name) && b.name == a.name && b.kind == a.kind))",
+    rule="self.targets.filter(t, has(t.name)).all(a, self.targets.filter(t, has(t.name))"
+    ".exists_one(b, b.name == a.name && b.kind == a.kind))",
     message="each named target may appear only once",
     field_path=".targets",
 )
