@@ -6,9 +6,11 @@ fixtures (`tests/fixtures/kube.py`) and `moonlease demo`. Outside pytest::
 
     async with local_api_server() as kube:                 # CRDs + backbone, simulator ticking
         await kube.create(deployment_manifest("llama-decode", namespace="default"))
-        with OperatorThread(connection=kube.connection_info()):   # moonlease_operator.runner
+        async with OperatorThread(connection=kube.connection_info()):  # moonlease_operator.runner
             await kube.create(policy)                       # kopf handles it over HTTP
-            await kube.wait_for(lambda: kube.get(...)...)
+            await kube.wait_for(lambda: kube.get("mlp", "default", "fleet").get("status"))
+
+Synchronous programs use `LocalApiServerThread` instead (the server in a thread of its own).
 
 What kmock 0.8 leaves out and this module adds (each one something kopf or the operator needs):
 resourceVersion (one global counter, bumped on every write, checked by JSON-patch `test` ops,
