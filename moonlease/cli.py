@@ -8,17 +8,18 @@ import sys
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    import yaml
+    from moonlease_operator.crd import render_crd_yaml
 
-    from moonlease_operator.crd import build_crd
-
-    sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+    sys.stdout.write(render_crd_yaml())
     return 0
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    import logging
+
     from moonlease_operator.runner import run_operator
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port)
