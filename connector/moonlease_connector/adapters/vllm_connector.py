@@ -1,21 +1,34 @@
-"""vLLM binding: upstream's MooncakeStoreConnector with Moonlease's configuration and modes.
+"""vLLM binding: the connector class vLLM loads through `kv_connector_module_path`.
 
-I/O adapter. Loaded by vLLM through `kv_connector_module_path: moonlease_connector`; keeps
-upstream's class name because parts of vLLM (config/vllm.py) check the connector by name.
+I/O adapter, a thin facade like upstream's: the scheduler role gets upstream's scheduler, the
+worker role gets `MoonleaseStoreWorker`. Keeps upstream's class name because parts of vLLM
+(config/vllm.py) check the connector by name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from vllm.config import VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector import (
     MooncakeStoreConnector as UpstreamMooncakeStoreConnector,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
+    MooncakeStoreScheduler,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
+from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
+from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 
 logger = logging.getLogger("moonlease.connector")
@@ -26,14 +39,46 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
+        # Validate our settings before anything connects to the store.
         assert vllm_config.kv_transfer_config is not None
-        self.moonlease_config = MoonleaseConnectorConfig.from_sources(
-            vllm_config.kv_transfer_config.kv_connector_extra_config, os.environ)
+        extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
         if self.moonlease_config.lease_mode is not LeaseMode.LEASE_ALL or \
                 self.moonlease_config.mooncake_junction_retention:
             raise ConnectorConfigError(
                 f"lease mode {self.moonlease_config.lease_mode.value!r} / junction retention is "
                 "not available in this Moonlease build yet: remove the mooncake_* mode keys")
-        super().__init__(vllm_config, role, kv_cache_config)
-        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s",
-                    role.name.lower(), self.moonlease_config.lease_mode.value)
+
+        # Upstream's constructor, with our worker in place of upstream's.
+        KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role,
+                                    kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
+        assert kv_cache_config is not None, "kv_cache_config is required"
+        self.kv_role = vllm_config.kv_transfer_config.kv_role
+        self._capacity_only = (self.kv_role == "kv_consumer"
+                               and not extra_config.get("enable_lookup", True)
+                               and not extra_config.get("save_decode_cache", False))
+        if not self._capacity_only:
+            self._validate_kv_cache_config(vllm_config, kv_cache_config)
+        self._kv_cache_config = kv_cache_config
+        self._kv_cache_events = None
+        self.connector_scheduler: MooncakeStoreScheduler | None = None
+        self.connector_worker: MoonleaseStoreWorker | None = None  # type: ignore[assignment]
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = MooncakeStoreScheduler(vllm_config, kv_cache_config)
+        else:
+            self.connector_worker = MoonleaseStoreWorker(vllm_config, kv_cache_config,
+                                                         self.moonlease_config)
+        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
+                    role.name.lower(), self.moonlease_config.lease_mode.value,
+                    "on" if self.moonlease_config.mooncake_junction_retention else "off")
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return MoonleaseConnectorStats(data=data) if data is not None else MoonleaseConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig,
+                           metric_types: dict[type[PromMetric], type[PromMetricT]],
+                           labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVConnectorPromMetrics:
+        return MoonleasePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

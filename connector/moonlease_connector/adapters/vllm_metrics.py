@@ -1,0 +1,116 @@
+"""Connector telemetry through vLLM's own KV-connector stats path.
+
+I/O adapter. Workers record into a stats object that vLLM carries to the front end, where the
+Prometheus side below turns it into metrics on `vllm serve`'s /metrics, next to upstream's
+`vllm:mooncake_store_operation_*` families (our store calls — `lookup_probe`, `lookup_lease` —
+appear there under their operation label). Our own families:
+
+- `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason
+- `vllm:moonlease_lookup_rounds`: probe/lease rounds a lookup needed (selective lease retries)
+- `vllm:moonlease_lookup_keys_total{kind="probed"|"leased"}`: keys a lookup probed and leased
+- `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats, PromMetric, PromMetricT
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import (
+    MooncakeStoreConnectorStats,
+    MooncakeStorePromMetrics,
+)
+
+from moonlease_connector.adapters.mooncake_store import StoreCapabilities
+from moonlease_connector.core.lookup import LookupOutcome
+
+#: Reserved keys in the stats' `data` dict; upstream's keys are store operation names.
+LOOKUPS_KEY = "__moonlease_lookups__"
+CAPABILITY_KEY = "__moonlease_capability__"
+_OURS = (LOOKUPS_KEY, CAPABILITY_KEY)
+
+
+@dataclass
+class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
+    """Upstream's per-operation records plus one record per lookup and the start-up capability."""
+
+    def record_lookup(self, outcome: LookupOutcome) -> None:
+        self.data.setdefault(LOOKUPS_KEY, []).append({
+            "result": "hit" if outcome.miss_reason is None else "miss",
+            "reason": "" if outcome.miss_reason is None else outcome.miss_reason.value,
+            "rounds": outcome.rounds,
+            "keys_probed": outcome.keys_probed,
+            "keys_leased": outcome.keys_leased,
+        })
+
+    def record_capability(self, capability: StoreCapabilities, lease_mode: str) -> None:
+        self.data[CAPABILITY_KEY] = [{
+            "mooncake_version": capability.mooncake_version,
+            "batch_probe_key": str(capability.batch_probe_key).lower(),
+            "last_hit_only": str(capability.supports("LastHitOnly")).lower(),
+            "lease_mode": lease_mode,
+        }]
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        if not other.is_empty() and CAPABILITY_KEY in other.data:
+            self.data[CAPABILITY_KEY] = list(other.data[CAPABILITY_KEY])
+            other = MoonleaseConnectorStats(
+                data={k: v for k, v in other.data.items() if k != CAPABILITY_KEY})
+        return super().aggregate(other)
+
+    def reduce(self) -> dict[str, int | float]:
+        upstream = MooncakeStoreConnectorStats(
+            data={k: v for k, v in self.data.items() if k not in _OURS})
+        reduced = upstream.reduce() if not upstream.is_empty() else {}
+        lookups = self.data.get(LOOKUPS_KEY, [])
+        if lookups:
+            reduced["lookups"] = len(lookups)
+            reduced["lookup_misses"] = sum(1 for r in lookups if r["result"] == "miss")
+            reduced["lookup_keys_leased"] = sum(int(r["keys_leased"]) for r in lookups)
+        return reduced
+
+
+class MoonleasePromMetrics(MooncakeStorePromMetrics):
+    """Upstream's Mooncake store metrics plus Moonlease's lookup and capability families."""
+
+    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
+                 labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._lookups = self._counter_cls(
+            name="vllm:moonlease_lookups_total",
+            documentation="Store prefix lookups by result; misses carry their reason.",
+            labelnames=labelnames + ["result", "reason"])
+        self._rounds = self._histogram_cls(
+            name="vllm:moonlease_lookup_rounds",
+            documentation="Probe/lease rounds one store lookup needed.",
+            buckets=[1, 2, 3, 4, 6, 8, 16], labelnames=labelnames)
+        self._keys = self._counter_cls(
+            name="vllm:moonlease_lookup_keys_total",
+            documentation="Store keys lookups probed (no lease) and leased.",
+            labelnames=labelnames + ["kind"])
+        self._capability = self._gauge_cls(
+            name="vllm:moonlease_store_capability_info",
+            documentation="Mooncake client capabilities detected at start-up (value 1).",
+            labelnames=labelnames + ["mooncake_version", "batch_probe_key", "last_hit_only",
+                                     "lease_mode"],
+            multiprocess_mode="mostrecent")
+
+    def observe(self, transfer_stats_data: dict[str, Any] | None, engine_idx: int = 0) -> None:
+        if not transfer_stats_data:
+            return
+        data = dict(transfer_stats_data)
+        lookups = data.pop(LOOKUPS_KEY, [])
+        capability = data.pop(CAPABILITY_KEY, [])
+        super().observe(data, engine_idx)
+        engine_labels = self.per_engine_labelvalues[engine_idx]
+        for record in lookups:
+            self._lookups.labels(*engine_labels, record["result"], record["reason"]).inc()
+            self._rounds.labels(*engine_labels).observe(int(record["rounds"]))
+            self._keys.labels(*engine_labels, "probed").inc(int(record["keys_probed"]))
+            self._keys.labels(*engine_labels, "leased").inc(int(record["keys_leased"]))
+        for record in capability:
+            self._capability.labels(*engine_labels, record["mooncake_version"],
+                                    record["batch_probe_key"], record["last_hit_only"],
+                                    record["lease_mode"]).set(1)
