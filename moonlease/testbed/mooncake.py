@@ -282,6 +282,7 @@ class StoreClientProxy:
     def __init__(self, install: MooncakeInstall, master: MooncakeMaster, *, segment_bytes: int = 0,
                  local_buffer_bytes: int = 16 << 20) -> None:
         self.version = install.version
+        self._methods: frozenset[str] = frozenset()
         self.log_path = master.process.log_path.parent / f"store-proxy-{install.version}.log"
         with self.log_path.open("ab") as log:
             # -P: the script's folder holds our mooncake.py, which must not shadow the package.
@@ -289,6 +290,7 @@ class StoreClientProxy:
                 [str(install.python), "-P", str(Path(__file__).with_name("store_proxy.py"))],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 env=install.env(), text=True)
+        self._methods = frozenset(self._call("__dir__"))
         code = self._call("setup", "127.0.0.1", "P2PHANDSHAKE", segment_bytes, local_buffer_bytes,
                           "tcp", "", master.rpc_address)
         if code != 0:
@@ -314,8 +316,9 @@ class StoreClientProxy:
         return _decode(reply["result"])
 
     def __getattr__(self, method: str) -> Any:
-        if method.startswith("_"):
-            raise AttributeError(method)
+        """Only the methods the remote release has, so feature detection sees the truth."""
+        if method.startswith("_") or method not in self._methods:
+            raise AttributeError(f"Mooncake {self.version} MooncakeDistributedStore has no {method!r}")
         return lambda *args, **kwargs: self._call(method, *args, **kwargs)
 
     def shutdown(self) -> None:

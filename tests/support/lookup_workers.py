@@ -1,0 +1,101 @@
+"""Lookup workers built around vLLM's real coordinator, without an engine.
+
+`build_worker(cls, layout, store)` gives an upstream `MooncakeStoreWorker` or our
+`MoonleaseStoreWorker` with only what `lookup` reads: the coordinator of the drawn group
+layout, rank namespaces, and a store handle (a recorder in unit tests, a real Mooncake client
+in store tests). Shared by the property tests against upstream and the real-store tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
+    MooncakeStoreCoordinator,
+)
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+from moonlease_connector.adapters.mooncake_store import StoreCalls
+from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
+from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+
+HASH_BLOCK = 16
+
+
+def full_attention(block_size: int = 16) -> FullAttentionSpec:
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=32, dtype=torch.float16)
+
+
+def sliding_window(window: int, block_size: int = 16) -> SlidingWindowSpec:
+    return SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=32,
+                             dtype=torch.float16, sliding_window=window)
+
+
+def mamba_align(block_size: int) -> MambaSpec:
+    return MambaSpec(block_size=block_size, shapes=((4,),), dtypes=(torch.float16,),
+                     mamba_cache_mode="align")
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    specs: tuple[Any, ...]
+    scheduler_block: int
+    namespaces: tuple[int, ...]  # rank namespaces per group
+    partial_hits: bool = False
+    eagle: bool = False
+
+
+LAYOUTS = [
+    Layout("full", (full_attention(),), 16, (1,)),
+    Layout("full-2ranks", (full_attention(),), 16, (2,)),
+    Layout("full-partial", (full_attention(64),), 64, (1,), partial_hits=True),
+    Layout("full+swa", (full_attention(), sliding_window(40)), 16, (1, 1)),
+    Layout("full+swa-ranks", (full_attention(), sliding_window(24)), 16, (2, 1)),
+    Layout("full+mamba", (full_attention(), mamba_align(64)), 64, (1, 2)),
+    Layout("full+mamba-eagle", (full_attention(), mamba_align(64)), 64, (1, 1), eagle=True),
+]
+
+
+class RecordingStore:
+    """Answers batch_is_exist from a fixed pattern and records every call."""
+
+    def __init__(self, answer_for: dict[str, int]) -> None:
+        self.answer_for = answer_for
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        self.calls.append(("batch_is_exist", tuple(keys)))
+        return [self.answer_for.get(key, 0) for key in keys]
+
+
+def build_worker(cls: type, layout: Layout, store: RecordingStore) -> Any:
+    groups = [KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=spec)
+              for i, spec in enumerate(layout.specs)]
+    coord = MooncakeStoreCoordinator(groups, layout.scheduler_block, HASH_BLOCK,
+                                     use_eagle=layout.eagle,
+                                     enable_partial_hash_hits=layout.partial_hits)
+    worker = object.__new__(cls)
+    worker._capacity_only = False
+    worker.coord = coord
+    worker._kv_cache_groups = coord.kv_cache_groups
+    worker.token_dbs = [SimpleNamespace(block_size=spec.block_size) for spec in layout.specs]
+    worker._lookup_key_prefixes = tuple(
+        tuple(f"tiny@tp_rank:{rank}@pcp0@dcp0@pp_rank:0@group:{group}" for rank in range(count))
+        for group, count in enumerate(layout.namespaces))
+    worker.hash_block_size = HASH_BLOCK
+    worker.store = store
+    worker._kv_connector_stats_lock = threading.Lock()
+    worker.kv_connector_stats = MoonleaseConnectorStats()
+    if cls is MoonleaseStoreWorker:
+        worker.store_calls = StoreCalls(store, worker._record_kv_connector_operation)
+    return worker
