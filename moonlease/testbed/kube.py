@@ -22,6 +22,8 @@ label and field selectors on list and watch; CRDs that take effect when created 
 pruning, defaulting and openAPIV3Schema validation of custom resources — CEL rules are not
 evaluated); ownerReference cascade on deletion; 201 on create; list kinds. Every HTTP request is
 recorded as an `ApiCall` (with its RBAC verb) for later comparison with RBAC rules.
+`inject_failures` makes the next N requests to an object answer 409 or a 5xx, for testing
+clients' retries.
 """
 
 from __future__ import annotations
@@ -438,6 +440,35 @@ def _rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str 
 
 
 # --------------------------------------------------------------------------------------------
+# Injected failures
+# --------------------------------------------------------------------------------------------
+
+_FAULT_REASONS = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
+                  504: "Timeout"}
+
+
+@dataclass
+class InjectedFault:
+    """The next `remaining` HTTP requests matching this answer `status` instead of being served
+    (the object is left untouched). `fired` counts the answers given so far."""
+
+    ref: kmock.resource
+    namespace: str | None
+    name: str | None
+    verbs: frozenset[str]
+    subresource: str | None
+    status: int
+    remaining: int
+    fired: int = 0
+
+    def matches(self, rtype: ResourceType, request: kmock.Request, verb: str) -> bool:
+        return (self.remaining > 0 and rtype.ref == self.ref and verb in self.verbs
+                and (self.namespace is None or request.namespace == self.namespace)
+                and (self.name is None or request.name == self.name)
+                and (self.subresource == "*" or request.subresource == self.subresource))
+
+
+# --------------------------------------------------------------------------------------------
 # The API server emulator
 # --------------------------------------------------------------------------------------------
 
@@ -454,6 +485,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _kinds: dict[tuple[str, str], ResourceType] = attrs.field(factory=dict, init=False)
     _schemas: dict[kmock.resource, JsonObj] = attrs.field(factory=dict, init=False)
     _revision: int = attrs.field(default=0, init=False)
+    _faults: list[InjectedFault] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Our fallbacks first: at equal priority the first registered wins over the emulator's.
@@ -515,6 +547,30 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def resource_version(self) -> int:
         """The last resourceVersion handed out (the cluster-wide counter)."""
         return self._revision
+
+    # ---- injected failures ------------------------------------------------------------------
+
+    def inject_failures(self, what: Any, namespace: str | None = None, name: str | None = None, *,
+                        status: int = 409, count: int = 1, verbs: Iterable[str] = ("patch", "update"),
+                        subresource: str | None = "*") -> InjectedFault:
+        """Make the next `count` HTTP requests with one of `verbs` (RBAC verbs: get, list,
+        create, patch, update, delete) to this object (any object of the type if `name` is None)
+        fail with `status` — 409 Conflict, 429, 500, 503 — before they touch anything.
+        `subresource`: "*" any, None the object itself, "status" only its status."""
+        fault = InjectedFault(ref=self.resource_type(what).ref, namespace=namespace, name=name,
+                              verbs=frozenset(verbs), subresource=subresource, status=status, remaining=count)
+        self._faults.append(fault)
+        return fault
+
+    def _check_faults(self, rtype: ResourceType, request: kmock.Request, verb: str) -> None:
+        for fault in self._faults:
+            if fault.matches(rtype, request, verb):
+                fault.remaining -= 1
+                fault.fired += 1
+                if fault.status == 409:
+                    raise _conflict(rtype, request.name or "", "injected conflict: the object has been modified")
+                raise _error(fault.status, _FAULT_REASONS.get(fault.status, "InternalError"),
+                             f"injected failure {fault.status}")
 
     # ---- object access (lock held by callers that mutate) -----------------------------------
 
@@ -819,6 +875,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "list")
         async with self._lock:
             items = self._select(rtype, request)
             revision = str(self._revision)
@@ -876,6 +933,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_fetch(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "get")
         assert request.name is not None
         obj = self.read_object(rtype, request.namespace, request.name)
         if obj is None:
@@ -884,6 +942,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "create")
         if not isinstance(request.data, Mapping):
             raise _error(400, "BadRequest", "the request body must be a JSON object")
         if rtype.namespaced and request.namespace is None:
@@ -897,6 +956,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "patch")
         assert request.name is not None
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         patch_type = {
@@ -916,6 +976,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if request.name is None:
             raise kmock.KubernetesEndpointNotFoundError()
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "update")
         if not isinstance(request.data, Mapping):
             raise _error(400, "BadRequest", "the request body must be a JSON object")
         return await self.replace_object(rtype, request.namespace, request.name, request.data,
@@ -923,6 +984,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
+        self._check_faults(rtype, request, "delete")
         assert request.name is not None
         return await self.delete_object(rtype, request.namespace, request.name)
 
@@ -1413,6 +1475,13 @@ class LocalApiServer:
 
     def api_calls(self) -> list[ApiCall]:
         return self.emulator.api_calls()
+
+    def inject_failures(self, what: Any, namespace: str | None = None, name: str | None = None, *,
+                        status: int = 409, count: int = 1, verbs: Iterable[str] = ("patch", "update"),
+                        subresource: str | None = "*") -> InjectedFault:
+        """See `ApiServerEmulator.inject_failures`: the next `count` matching HTTP requests fail."""
+        return self.emulator.inject_failures(what, namespace, name, status=status, count=count, verbs=verbs,
+                                             subresource=subresource)
 
     # ---- waiting --------------------------------------------------------------------------------
 

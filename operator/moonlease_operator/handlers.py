@@ -1,22 +1,48 @@
-"""The kopf entry points. Thin: parse, ask the core, write the answer through kopf.
+"""The kopf entry points. Thin: read, ask the core, write the answer through the adapters.
 
-`register(registry)` attaches them to a registry (the runner builds one per operator, so two
-operators in one process, such as tests, do not share handlers). The foundation handles one
-thing: whether a MooncakeLeasePolicy's spec is accepted; rolling out to workloads comes later.
+`register(registry, context)` attaches them to a registry (the runner builds one per operator,
+so two operators in one process, such as tests, share nothing):
+
+* a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds, and at once
+  when any watch event of the policy arrives (spec edit, approval annotation, our own status
+  write), so a change is acted on without waiting for the next tick;
+* `release_policy` runs on deletion (kopf holds the policy with the `moonlease.io/finalizer`
+  until it succeeds) and restores every workload the policy changed.
+
+A per-policy lock (in kopf's per-object memo) keeps a reconcile and the deletion from
+interleaving. State is never kept here: the policy status and the workloads' annotations hold it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry
 
-from moonlease_operator.api import GROUP, PLURAL, VERSION, Reason
-from moonlease_operator.core.acceptance import dump_status, plan_acceptance, read_status
+from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.adapters.metrics import OperatorMetrics
+from moonlease_operator.adapters.workloads import (
+    apply_changes,
+    apply_status,
+    fetch_managed,
+    fetch_observed,
+    object_path,
+    post_event,
+)
+from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase
+from moonlease_operator.core.acceptance import dump_status, read_status
+from moonlease_operator.core.rollout import PolicyRef, plan_fetch, plan_reconcile, plan_release
+from moonlease_operator.options import OperatorOptions
 
 Clock = Callable[[], datetime.datetime]
+COMPONENT = "moonlease-operator"
 
 
 def utc_now() -> datetime.datetime:
@@ -24,25 +50,144 @@ def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0)
 
 
-def register(registry: kopf.OperatorRegistry, *, clock: Clock = utc_now) -> None:
-    """Attach the MooncakeLeasePolicy handlers to `registry`; `clock` stamps the conditions."""
+class OperatorContext:
+    """What the handlers of one operator share: the connection kopf logged in with, the API
+    client built from it (lazily, in kopf's loop), the clock, the options and the metrics."""
 
-    async def accept_policy(
-        spec: kopf.Spec, status: kopf.Status, meta: kopf.Meta, body: kopf.Body, patch: kopf.Patch,
-        logger: kopf.Logger, **_: Any,
-    ) -> None:
-        """Judge the spec and report the verdict in the status (and an event if refused)."""
-        plan = plan_acceptance(spec, generation=meta.get("generation"), previous=read_status(status),
-                               now=clock())
-        patch["status"] = dump_status(plan.status)
-        if plan.warning is not None:
-            kopf.warn(body, reason=Reason.INVALID_SPEC.value, message=plan.warning)
-        if plan.accepted:
-            logger.info("Policy accepted (generation %s).", meta.get("generation"))
-        else:
-            logger.info("Policy refused: %s", "; ".join(plan.problems))
+    def __init__(self, *, clock: Clock = utc_now, options: OperatorOptions | None = None,
+                 metrics: OperatorMetrics | None = None) -> None:
+        self.clock = clock
+        self.options = options or OperatorOptions()
+        self.metrics = metrics or OperatorMetrics(CollectorRegistry())  # private unless given
+        self.connection: kopf.ConnectionInfo | None = None
+        self._client: KubeClient | None = None
 
+    def client(self) -> KubeClient:
+        if self._client is None:
+            if self.connection is None:
+                raise kopf.TemporaryError("not logged in yet", delay=1)
+            options = self.options
+            self._client = KubeClient(self.connection, retries=options.api_retries, backoff=options.api_backoff,
+                                      timeout=options.api_timeout,
+                                      on_retry=lambda _method, status: self.metrics.observe_retry(f"status_{status}"))
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
+    """Attach the MooncakeLeasePolicy handlers to `registry`."""
     resource = (GROUP, VERSION, PLURAL)
-    kopf.on.resume(*resource, id="accept_policy", registry=registry)(accept_policy)
-    kopf.on.create(*resource, id="accept_policy", registry=registry)(accept_policy)
-    kopf.on.update(*resource, id="accept_policy", field="spec", registry=registry)(accept_policy)
+
+    async def drive_policy(meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                           logger: logging.Logger, **_: Any) -> None:
+        """Reconcile now, then whenever woken or every `reconcile_interval` seconds."""
+        wake = _wake(memo)
+        while not stopped:
+            wake.clear()
+            delay = context.options.reconcile_interval
+            try:
+                async with _lock(memo):
+                    await reconcile_policy(context, meta["namespace"], meta["name"], logger)
+            except Exception as exc:  # an API outage must not end the daemon; try again later
+                kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
+                context.metrics.observe_error(kind)
+                context.metrics.observe_reconcile("error", 0.0)
+                logger.warning("Reconcile failed, retrying in %ss: %s", context.options.error_delay, exc)
+                delay = context.options.error_delay
+            await _rest(wake, stopped, delay)
+
+    async def poke_policy(memo: kopf.Memo, **_: Any) -> None:
+        """Any change of the policy (including our own status writes) wakes its daemon."""
+        _wake(memo).set()
+
+    async def release_policy(meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body,
+                             logger: logging.Logger, **_: Any) -> None:
+        """Restore every workload the policy changed, then let kopf remove the finalizer."""
+        namespace, name = meta["namespace"], meta["name"]
+        client = context.client()
+        async with _lock(memo):
+            try:
+                managed = await fetch_managed(client, namespace, name)
+                plan = plan_release(policy=_ref(body), raw_spec=spec, managed=managed)
+                for note in plan.events:
+                    await post_event(client, body, note, component=COMPONENT, now=context.clock())
+                by_ref = {(o.get("kind"), o["metadata"]["name"]): o for o in managed}
+                await apply_changes(client, namespace, plan.changes, lambda c: by_ref.get(c.ref),
+                                    concurrency=context.options.write_concurrency)
+            except ApiError as exc:
+                context.metrics.observe_error(f"api_{exc.status}")
+                raise kopf.TemporaryError(f"restoring the workloads failed: {exc}",
+                                          delay=context.options.error_delay) from exc
+        context.metrics.forget(namespace, name)
+        logger.info("Restored %d object(s) changed by the policy.", len(plan.changes))
+
+    async def close_client(**_: Any) -> None:
+        await context.close()
+
+    kopf.daemon(*resource, id="drive_policy", registry=registry, cancellation_timeout=30)(drive_policy)
+    kopf.on.event(*resource, id="poke_policy", registry=registry)(poke_policy)
+    kopf.on.delete(*resource, id="release_policy", registry=registry)(release_policy)
+    kopf.on.cleanup(id="close_client", registry=registry)(close_client)
+
+
+async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: logging.Logger) -> None:
+    """One reconcile: read, plan, then status, events and changes — in that order."""
+    started = time.monotonic()
+    client = context.client()
+    policies = await client.list(object_path(KIND, namespace))
+    policy = next((p for p in policies if p["metadata"]["name"] == name), None)
+    if policy is None or policy["metadata"].get("deletionTimestamp"):
+        return  # gone, or being deleted: release_policy owns it now
+    previous = read_status(policy.get("status"))
+    observed = await fetch_observed(client, namespace, plan_fetch(policy.get("spec") or {}, previous),
+                                    policies=policies)
+    plan = plan_reconcile(raw_spec=policy.get("spec") or {}, policy=_ref(policy), previous=previous,
+                          observed=observed, now=context.clock())
+    if dump_status(plan.status) != dump_status(previous):
+        await apply_status(client, namespace, name, plan.status)
+    for note in plan.events:
+        await post_event(client, policy, note, component=COMPONENT, now=context.clock())
+        logger.info("%s: %s", note.reason, note.message)
+    report = await apply_changes(client, namespace, plan.changes, lambda c: _current(observed, c),
+                                 concurrency=context.options.write_concurrency)
+    for _ in range(report.conflicts):
+        context.metrics.observe_retry("conflict")
+    context.metrics.observe_status(namespace, name, plan.status)
+    result = "invalid" if plan.status.phase is Phase.INVALID else "success"
+    context.metrics.observe_reconcile(result, time.monotonic() - started)
+
+
+def _ref(policy: Mapping[str, Any]) -> PolicyRef:
+    meta = policy.get("metadata") or {}
+    return PolicyRef(name=meta.get("name", ""), namespace=meta.get("namespace", ""),
+                     generation=meta.get("generation"), created=meta.get("creationTimestamp", ""),
+                     annotations=dict(meta.get("annotations") or {}))
+
+
+def _current(observed: Any, change: Any) -> Mapping[str, Any] | None:
+    if change.kind == "ConfigMap":
+        return observed.config_maps.get(change.name)
+    return observed.workloads.get(change.ref)
+
+
+def _wake(memo: kopf.Memo) -> asyncio.Event:
+    return memo.setdefault("moonlease_wake", asyncio.Event())  # type: ignore[no-any-return]
+
+
+def _lock(memo: kopf.Memo) -> asyncio.Lock:
+    return memo.setdefault("moonlease_lock", asyncio.Lock())  # type: ignore[no-any-return]
+
+
+async def _rest(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Sleep `seconds`, or less when woken or stopped (checked every 0.2 s at most)."""
+    deadline = time.monotonic() + seconds
+    while not stopped and not wake.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=min(left, 0.2))

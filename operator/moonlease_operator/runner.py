@@ -10,6 +10,7 @@ Not pure: this is where kopf is configured. The connection comes from kopf's usu
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Collection
 from types import TracebackType
@@ -18,7 +19,9 @@ from typing import Any
 import kopf
 
 from moonlease_operator import handlers
+from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.api import GROUP
+from moonlease_operator.options import OperatorOptions
 
 OPERATOR_NAME = "moonlease-operator"
 
@@ -33,22 +36,27 @@ def build_settings() -> kopf.OperatorSettings:
         prefix=GROUP, key="last-handled-configuration")
     settings.posting.reporting_component = OPERATOR_NAME
     settings.posting.event_name_prefix = f"{OPERATOR_NAME}-"
+    # The handlers post their own events (before the changes they announce); kopf posts only
+    # its warnings and errors, so that handler logs do not turn into a write per reconcile.
+    settings.posting.level = logging.WARNING
     return settings
 
 
-def build_registry(connection: kopf.ConnectionInfo | None = None,
-                   *, clock: handlers.Clock = handlers.utc_now) -> kopf.OperatorRegistry:
+def build_registry(connection: kopf.ConnectionInfo | None = None, *,
+                   context: handlers.OperatorContext | None = None) -> kopf.OperatorRegistry:
     """A fresh registry with our handlers and one login: `connection` if given, otherwise kopf's
-    Kubernetes-client login (in-cluster service account, else the kubeconfig)."""
+    Kubernetes-client login (in-cluster service account, else the kubeconfig). The login also
+    hands the connection to the handlers' own API client (`context`)."""
+    context = context or handlers.OperatorContext()
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, clock=clock)
-    if connection is not None:
-        def login_fixed(**_: Any) -> kopf.ConnectionInfo:
-            return connection
+    handlers.register(registry, context)
 
-        kopf.on.login(id="login_fixed", registry=registry)(login_fixed)
-    else:
-        kopf.on.login(id="login_via_client", registry=registry)(kopf.login_via_client)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        info = connection if connection is not None else kopf.login_via_client(**kwargs)
+        context.connection = info
+        return info
+
+    kopf.on.login(id="login", registry=registry)(login)
     return registry
 
 
@@ -61,6 +69,8 @@ async def operate(
     ready_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
     liveness_endpoint: str | None = None,
     clock: handlers.Clock = handlers.utc_now,
+    options: OperatorOptions | None = None,
+    metrics: OperatorMetrics | None = None,
 ) -> None:
     """Run the operator in the current loop until `stop_flag` is set (or the task is cancelled).
 
@@ -69,8 +79,9 @@ async def operate(
     this loop after it started, so give it a loop of its own (see `OperatorThread`) when the
     same program serves other things.
     """
+    context = handlers.OperatorContext(clock=clock, options=options, metrics=metrics)
     await kopf.operator(
-        registry=build_registry(connection, clock=clock),
+        registry=build_registry(connection, context=context),
         settings=build_settings(),
         clusterwide=not namespaces,
         namespaces=list(namespaces),
@@ -89,20 +100,23 @@ def run_operator(
     liveness_endpoint: str | None = None,
     metrics_port: int | None = None,
     connection: kopf.ConnectionInfo | None = None,
+    options: OperatorOptions | None = None,
 ) -> None:
     """Run the operator in this process until SIGINT/SIGTERM (what `moonlease operator` runs).
 
     `all_namespaces` (or no `namespaces`) watches the whole cluster. `metrics_port` serves
-    Prometheus metrics (for now the process and Python collectors only).
+    Prometheus metrics: the operator's (see `adapters.metrics`) and the process collectors.
     """
     if all_namespaces and namespaces:
         raise ValueError("either namespaces or all_namespaces, not both")
+    metrics = OperatorMetrics()  # on the process-wide default registry
     if metrics_port is not None:
         import prometheus_client
 
         prometheus_client.start_http_server(metrics_port)
     asyncio.run(operate(connection=connection, namespaces=() if all_namespaces else namespaces,
-                        standalone=standalone, liveness_endpoint=liveness_endpoint))
+                        standalone=standalone, liveness_endpoint=liveness_endpoint, options=options,
+                        metrics=metrics))
 
 
 class OperatorThread:
@@ -118,7 +132,14 @@ class OperatorThread:
 
     def __init__(self, *, connection: kopf.ConnectionInfo | None = None, namespaces: Collection[str] = (),
                  startup_timeout: float = 15.0, stop_timeout: float = 15.0,
-                 clock: handlers.Clock = handlers.utc_now) -> None:
+                 clock: handlers.Clock = handlers.utc_now, options: OperatorOptions | None = None,
+                 metrics: OperatorMetrics | None = None) -> None:
+        """`metrics`: where the operator counts (default: a private registry, so that several
+        operators can live in one process)."""
+        import prometheus_client
+
+        self.options = options
+        self.metrics = metrics or OperatorMetrics(prometheus_client.CollectorRegistry())
         self.connection = connection
         self.namespaces = tuple(namespaces)
         self.startup_timeout = startup_timeout
@@ -162,7 +183,8 @@ class OperatorThread:
     def _main(self) -> None:
         try:
             asyncio.run(operate(connection=self.connection, namespaces=self.namespaces,
-                                stop_flag=self._stop, ready_flag=self._ready, clock=self.clock))
+                                stop_flag=self._stop, ready_flag=self._ready, clock=self.clock,
+                                options=self.options, metrics=self.metrics))
         except BaseException as exc:  # re-raised in the caller's thread by stop()
             self._error = exc
         finally:

@@ -1,3 +1,3 @@
-"""Kubernetes I/O for the operator (`fetch_*`, `apply_*`, `ensure_*`): reading and patching
-workloads and pods. Empty in the foundation: its only write is the policy's own status, which
-kopf applies from the handler's patch."""
+"""Kubernetes I/O for the operator (`fetch_*`, `apply_*`, `post_*`): `kube` (a small API client
+logged in as kopf is), `workloads` (reading the fleet, writing the planner's changes, status and
+events), `metrics` (the operator's Prometheus metrics)."""

@@ -10,6 +10,7 @@ from moonlease_operator.api.common import (
 )
 from moonlease_operator.api.policy import (
     API_VERSION,
+    APPROVE_MASTER_RESTART_ANNOTATION,
     DEFAULT_STAGES,
     GROUP,
     KIND,
@@ -19,6 +20,7 @@ from moonlease_operator.api.policy import (
     ConnectorSpec,
     FailurePolicy,
     LeaseMode,
+    MasterConfigMapSpec,
     MasterSpec,
     Phase,
     PolicySpec,
@@ -40,7 +42,7 @@ from moonlease_operator.api.policy import (
 )
 
 __all__ = [
-    "API_VERSION", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
+    "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
     "CelRule", "Condition", "ConditionStatus", "ConditionType", "ConnectorSpec", "FailurePolicy",
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",

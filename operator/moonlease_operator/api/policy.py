@@ -98,11 +98,30 @@ class FailurePolicy(str, enum.Enum):
 DEFAULT_STAGES: tuple[StageName, ...] = (StageName.MASTER, StageName.PREFILL, StageName.DECODE)
 
 
+#: Annotation on the policy that approves one master restart: its value must equal
+#: `status.pendingApproval` (the hash of the master settings waiting to be applied).
+APPROVE_MASTER_RESTART_ANNOTATION = f"{GROUP}/approve-master-restart"
+
+ConfigMapKey = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+
+
+class MasterConfigMapSpec(ApiModel):
+    """A ConfigMap holding mooncake_master's config file (read with --config_path)."""
+
+    name: ObjectName
+    """Name of the ConfigMap, in the policy's namespace."""
+    key: ConfigMapKey
+    """Key of the config file in the ConfigMap; `.yaml`/`.yml` keys are written as YAML, any
+    other as JSON. The settings are written under Mooncake's flag names."""
+
+
 class MasterSpec(ApiModel):
     """The Mooncake master workload and the settings the operator manages on it.
 
     Each setting is a master flag under its camelCase name; an unset one leaves the flag as the
-    workload has it (Mooncake's default if absent).
+    workload has it (Mooncake's default if absent). The settings go into the master container's
+    args (`--flag=value`), or into its config file when `configMap` is set; a change restarts
+    the master through its workload's rolling update, which empties the store.
     """
 
     kind: WorkloadKind = WorkloadKind.DEPLOYMENT
@@ -115,7 +134,8 @@ class MasterSpec(ApiModel):
     """Declared Mooncake version of the master (e.g. 0.3.14); checked against what modes need."""
     require_approval_for_restart: bool = False
     """Restarting the master empties the store (object metadata lives in its memory): when true,
-    the master stage waits for an explicit approval before restarting it."""
+    the master stage waits for an explicit approval before restarting it: annotate the policy
+    with moonlease.io/approve-master-restart set to status.pendingApproval."""
     eviction_high_watermark_ratio: Ratio | None = None
     """--eviction_high_watermark_ratio: usage ratio above which eviction runs (Mooncake: 0.9)."""
     eviction_ratio: Ratio | None = None
@@ -126,6 +146,9 @@ class MasterSpec(ApiModel):
     """--default_kv_soft_pin_ttl, in milliseconds (Mooncake: 1800000)."""
     allow_evict_soft_pinned_objects: bool | None = None
     """--allow_evict_soft_pinned_objects (Mooncake: true)."""
+    config_map: MasterConfigMapSpec | None = None
+    """Write the settings into this ConfigMap's config file instead of the container args; the
+    master's pod template then gets a configuration-hash annotation so that it restarts."""
 
 
 #: Python field -> mooncake_master flag. The only place the two spellings meet.
@@ -297,14 +320,23 @@ class PolicySpec(ApiModel):
 
 
 class Phase(str, enum.Enum):
-    """The policy's phase, for humans and `kubectl get`; conditions carry the detail."""
+    """The policy's phase, for humans and `kubectl get`; conditions carry the detail.
+
+    Pending: accepted, waiting for its workloads to exist. Progressing: a stage is rolling out.
+    AwaitingApproval: the master stage waits for approval of a restart. Paused: held by
+    `spec.rollout.paused` before a stage. Ready: every stage runs the policy, verified.
+    RollingBack: a stage failed and changed stages are being restored. Degraded: a stage failed
+    (rolled back, or halted by `onFailure: halt`). Invalid: refused (spec, compatibility, overlap).
+    """
 
     PENDING = "Pending"
     PROGRESSING = "Progressing"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PAUSED = "Paused"
     READY = "Ready"
+    ROLLING_BACK = "RollingBack"
     DEGRADED = "Degraded"
     INVALID = "Invalid"
-    PAUSED = "Paused"
 
 
 class ConditionType(str, enum.Enum):
@@ -319,20 +351,51 @@ class ConditionType(str, enum.Enum):
 class Reason(str, enum.Enum):
     """Condition and event reasons (CamelCase, as the API requires)."""
 
+    # Acceptance (Invalid condition)
     ACCEPTED = "Accepted"
     SPEC_VALID = "SpecValid"
     INVALID_SPEC = "InvalidSpec"
+    INCOMPATIBLE = "Incompatible"
+    CONFLICTING_POLICY = "ConflictingPolicy"
+    FOREIGN_CONNECTOR = "ForeignConnector"
+    UNMANAGEABLE_WORKLOAD = "UnmanageableWorkload"
+    WORKLOAD_NOT_FOUND = "WorkloadNotFound"
+    # Rollout (Ready, Progressing, Degraded conditions; events)
+    ROLLOUT_STARTED = "RolloutStarted"
+    STAGE_PROGRESSING = "StageProgressing"
+    STAGE_SUCCEEDED = "StageSucceeded"
+    STAGE_SKIPPED = "StageSkipped"
+    STAGE_FAILED = "StageFailed"
+    STAGE_ROLLING_BACK = "StageRollingBack"
+    STAGE_ROLLED_BACK = "StageRolledBack"
+    STAGE_ROLLBACK_FAILED = "StageRollbackFailed"
+    STAGE_AWAITING_APPROVAL = "StageAwaitingApproval"
+    MASTER_RESTART = "MasterRestart"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PAUSED = "Paused"
+    PAUSE_BETWEEN_STAGES = "PauseBetweenStages"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    ROLLBACK_INCOMPLETE = "RollbackIncomplete"
+    HALTED = "Halted"
+    AS_EXPECTED = "AsExpected"
+    RELEASED = "Released"
+    RESTORED = "Restored"
 
 
 class StagePhase(str, enum.Enum):
     """Progress of one rollout stage."""
 
     PENDING = "Pending"
+    AWAITING_APPROVAL = "AwaitingApproval"
     PROGRESSING = "Progressing"
     SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    ROLLED_BACK = "RolledBack"
     SKIPPED = "Skipped"
+    FAILED = "Failed"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    ROLLBACK_FAILED = "RollbackFailed"
 
 
 class TargetPhase(str, enum.Enum):
@@ -342,6 +405,7 @@ class TargetPhase(str, enum.Enum):
     UPDATING = "Updating"
     READY = "Ready"
     FAILED = "Failed"
+    ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
 
 
@@ -349,51 +413,82 @@ class StageStatus(StatusModel):
     """Progress of one stage of the current rollout."""
 
     name: StageName
+    """The stage."""
     phase: StagePhase
+    """Where the stage is: Pending, AwaitingApproval, Progressing, Succeeded, Skipped (nothing
+    to change), Failed, RollingBack, RolledBack, RollbackFailed."""
     started_at: datetime | None = None
+    """When the stage (or its rollback) started; the stage timeout counts from here."""
     finished_at: datetime | None = None
+    """When the stage succeeded, failed or was rolled back; the pause between stages counts
+    from here."""
     message: Annotated[str, Field(max_length=32768)] = ""
+    """What the stage is doing or why it ended so."""
 
 
 class TargetStatus(StatusModel):
     """Progress of one workload (a selector target yields one entry per selected workload)."""
 
     kind: WorkloadKind
+    """Kind of the workload."""
     name: ObjectName
-    role: Role
+    """Name of the workload."""
+    role: StageName
+    """The stage the workload belongs to (master, prefill or decode)."""
     phase: TargetPhase
+    """Pending (not changed yet), Updating (rolling out), Ready (runs the policy, verified),
+    Failed, RollingBack, RolledBack."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
-    """The workload's metadata.generation the operator last wrote."""
+    """The workload's metadata.generation when last observed."""
     replicas: Annotated[int, Field(ge=0)] | None = None
+    """Desired replicas."""
     updated_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Replicas on the current pod template, as the workload's controller reports."""
     ready_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Ready replicas, as the workload's controller reports."""
     config_hash: Annotated[str, Field(max_length=128)] | None = None
-    """Hash of the connector configuration this workload runs."""
+    """The configuration-hash annotation of the workload's pod template."""
     message: Annotated[str, Field(max_length=32768)] = ""
+    """Why the workload is in this phase."""
 
 
 class PolicyStatus(StatusModel):
     """Observed state of the policy, written only by the operator."""
 
     phase: Phase | None = None
+    """Summary for humans; the conditions carry the detail."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     """The metadata.generation this status describes."""
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    """Ready, Progressing, Degraded and Invalid, each with a reason and a message."""
     current_stage: StageName | None = None
     """The stage now rolling out (or the last one that ran)."""
     stages: list[StageStatus] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    """Progress of each stage of the current rollout, in rollout order."""
     targets: list[TargetStatus] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["kind", "name"]},
     )
+    """Progress of each workload, the master first."""
+    desired_config_hash: Annotated[str, Field(max_length=128)] | None = None
+    """Hash of the configuration the current rollout applies (master settings and connector)."""
     applied_config_hash: Annotated[str, Field(max_length=128)] | None = None
-    """Hash of the spec fully rolled out to every stage."""
+    """Hash of the configuration last rolled out to every stage and verified."""
+    revision: Annotated[int, Field(ge=0)] | None = None
+    """Number of the current rollout attempt; workloads record it with their rollback data."""
+    applied_revision: Annotated[int, Field(ge=0)] | None = None
+    """The last rollout attempt that completed (what a later rollback returns to)."""
+    failed_stage: StageName | None = None
+    """The stage whose failure degraded the policy, if any."""
+    pending_approval: Annotated[str, Field(max_length=128)] | None = None
+    """Master settings hash waiting for approval of the master restart: approve with
+    `kubectl annotate mlp NAME moonlease.io/approve-master-restart=<this value>`."""
     last_transition_time: datetime | None = None
     """When `phase` last changed."""
 
@@ -401,6 +496,10 @@ class PolicyStatus(StatusModel):
         """The condition of this type, if set."""
         wanted = type_.value if isinstance(type_, ConditionType) else type_
         return next((c for c in self.conditions if c.type == wanted), None)
+
+    def stage(self, name: StageName) -> StageStatus | None:
+        """The status of this stage, if the current rollout has it."""
+        return next((s for s in self.stages if s.name == name), None)
 
 
 class PolicySpecError(ValueError):

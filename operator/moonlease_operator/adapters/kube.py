@@ -1,0 +1,147 @@
+"""A small asynchronous Kubernetes API client on aiohttp, logged in as kopf is. Not pure.
+
+Why not the `kubernetes` package: it is synchronous (a thread per call inside kopf's loop) and
+its pydantic models refuse partial objects. kopf's own API helpers are private. This client
+speaks plain JSON over the same `kopf.ConnectionInfo` that kopf's login produced (server, CA,
+client certificate, token), so it works against a real cluster and against the local API
+server alike, where every request it makes is recorded (`LocalApiServer.api_calls()`) under the
+User-Agent `moonlease-operator/<version>`.
+
+Retries: 429 and 5xx answers and connection errors are retried with exponential backoff, a
+few times, then raised as `ApiError`. A 409 is never retried here: the caller re-reads the object
+and decides again (see `adapters.workloads.apply_change`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+try:
+    _VERSION = importlib.metadata.version("moonlease")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    _VERSION = "dev"
+USER_AGENT = f"moonlease-operator/{_VERSION}"
+RETRIABLE = frozenset({429, 500, 502, 503, 504})
+
+
+class ApiError(Exception):
+    """A Kubernetes API error answer (or a transport failure, with status 0)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class KubeClient:
+    """JSON requests to one API server. Create it inside the loop that uses it; `close()` it."""
+
+    def __init__(self, connection: Any, *, user_agent: str = USER_AGENT, retries: int = 4,
+                 backoff: float = 0.1, timeout: float = 30.0,
+                 on_retry: Callable[[str, int], None] | None = None) -> None:
+        self.server = str(connection.server).rstrip("/")
+        self.retries, self.backoff, self.on_retry = retries, backoff, on_retry
+        self._tempfiles: list[str] = []
+        headers = {"User-Agent": user_agent, "Accept": "application/json"}
+        headers.update(connection.as_http_headers())
+        self._session = aiohttp.ClientSession(
+            headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
+            connector=aiohttp.TCPConnector(ssl=self._ssl(connection), limit=32),
+            trust_env=bool(getattr(connection, "trust_env", False)),
+        )
+        self.default_namespace = getattr(connection, "default_namespace", None)
+
+    def _ssl(self, info: Any) -> ssl.SSLContext | bool:
+        if not self.server.startswith("https"):
+            return True
+        if info.insecure:
+            return False
+        cadata = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
+        context = ssl.create_default_context(cafile=os.fspath(info.ca_path) if info.ca_path else None, cadata=cadata)
+        cert = self._file(info.certificate_path, info.certificate_data)
+        key = self._file(info.private_key_path, info.private_key_data)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+        return context
+
+    def _file(self, path: Any, data: str | bytes | None) -> str | None:
+        if path:
+            return os.fspath(path)
+        if not data:
+            return None
+        handle, name = tempfile.mkstemp(prefix="moonlease-", suffix=".pem")
+        with os.fdopen(handle, "wb") as out:
+            out.write(data if isinstance(data, bytes) else data.encode())
+        self._tempfiles.append(name)
+        return name
+
+    async def close(self) -> None:
+        await self._session.close()
+        for name in self._tempfiles:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                      body: Any = None, content_type: str = "application/json") -> Any:
+        """One request, retried on 429/5xx/transport errors; the decoded JSON answer."""
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        for attempt in range(self.retries + 1):
+            try:
+                async with self._session.request(method, self.server + path, params=params, data=data,
+                                                 headers=headers) as rsp:
+                    text = await rsp.text()
+                    if rsp.status < 400:
+                        return json.loads(text) if text else None
+                    error = _api_error(rsp.status, text)
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+                error = ApiError(0, "Unreachable", str(exc) or type(exc).__name__)
+            if error.status not in RETRIABLE and error.status != 0:
+                raise error
+            if attempt == self.retries:
+                raise error
+            if self.on_retry is not None:
+                self.on_retry(method, error.status)
+            await asyncio.sleep(self.backoff * (2 ** attempt))
+        raise AssertionError("unreachable")
+
+    async def get(self, path: str) -> Any:
+        return await self.request("GET", path)
+
+    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        answer = await self.request("GET", path, params=params)
+        return list((answer or {}).get("items") or [])
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+        return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> Any:
+        return await self.request("POST", path, body=body)
+
+
+def _api_error(status: int, text: str) -> ApiError:
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    return ApiError(status, str(payload.get("reason") or "Error"), str(payload.get("message") or text[:200]))

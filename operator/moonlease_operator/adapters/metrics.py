@@ -1,0 +1,74 @@
+"""The operator's Prometheus metrics (prometheus-client). Not pure: it holds collectors.
+
+One `OperatorMetrics` per operator, on a registry of its choosing (the process default for
+`moonlease operator`, a private one per operator in tests, so two operators in one process do
+not collide). Names follow Prometheus conventions:
+
+* `moonlease_operator_reconciles_total{result}`: reconciles by outcome (`success`, `invalid`,
+  `error`);
+* `moonlease_operator_reconcile_errors_total{kind}`: errors by kind (`api_<status>`, `other`);
+* `moonlease_operator_api_retries_total{reason}`: requests retried (`conflict`, `status_<code>`);
+* `moonlease_operator_reconcile_duration_seconds`: reconcile wall time (histogram);
+* `moonlease_operator_current_stage{namespace,policy,stage}`: 1 for the stage a policy is at,
+  0 for its other stages;
+* `moonlease_operator_targets{namespace,policy,state}`: a policy's workloads per state
+  (Pending, Updating, Ready, Failed, RollingBack, RolledBack);
+* `moonlease_operator_policy_phase{namespace,policy,phase}`: 1 for the policy's phase.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from moonlease_operator.api import Phase, PolicyStatus, StageName, TargetPhase
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        kwargs = {"registry": registry} if registry is not None else {}
+        self.registry = registry
+        self.reconciles = Counter("moonlease_operator_reconciles", "Reconciles of MooncakeLeasePolicies by result",
+                                  ["result"], **kwargs)
+        self.errors = Counter("moonlease_operator_reconcile_errors", "Reconcile errors by kind", ["kind"], **kwargs)
+        self.retries = Counter("moonlease_operator_api_retries", "Kubernetes API requests retried, by reason",
+                               ["reason"], **kwargs)
+        self.duration = Histogram("moonlease_operator_reconcile_duration_seconds", "Reconcile wall time",
+                                  buckets=_BUCKETS, **kwargs)
+        self.current_stage = Gauge("moonlease_operator_current_stage",
+                                   "1 for the rollout stage a policy is at, 0 for its other stages",
+                                   ["namespace", "policy", "stage"], **kwargs)
+        self.targets = Gauge("moonlease_operator_targets", "Workloads of a policy per state",
+                             ["namespace", "policy", "state"], **kwargs)
+        self.phase = Gauge("moonlease_operator_policy_phase", "1 for the phase a policy is in",
+                           ["namespace", "policy", "phase"], **kwargs)
+
+    def observe_reconcile(self, result: str, seconds: float) -> None:
+        self.reconciles.labels(result=result).inc()
+        self.duration.observe(seconds)
+
+    def observe_error(self, kind: str) -> None:
+        self.errors.labels(kind=kind).inc()
+
+    def observe_retry(self, reason: str) -> None:
+        self.retries.labels(reason=reason).inc()
+
+    def observe_status(self, namespace: str, policy: str, status: PolicyStatus) -> None:
+        for stage in StageName:
+            self.current_stage.labels(namespace, policy, stage.value).set(
+                1 if status.current_stage is stage else 0)
+        for state in TargetPhase:
+            self.targets.labels(namespace, policy, state.value).set(
+                sum(1 for t in status.targets if t.phase is state))
+        for phase in Phase:
+            self.phase.labels(namespace, policy, phase.value).set(1 if status.phase is phase else 0)
+
+    def forget(self, namespace: str, policy: str) -> None:
+        """Drop a deleted policy's series."""
+        for gauge, values in ((self.current_stage, StageName), (self.targets, TargetPhase), (self.phase, Phase)):
+            for value in values:
+                try:
+                    gauge.remove(namespace, policy, value.value)
+                except KeyError:
+                    pass

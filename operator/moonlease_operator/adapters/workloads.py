@@ -1,0 +1,174 @@
+"""Kubernetes I/O of the rollout: read what the planner needs, write what it decided. Not pure.
+
+`fetch_observed` costs a fixed number of requests whatever the fleet size (one LIST per kind,
+not one GET per workload): policies, Deployments and StatefulSets of the namespace, the master's
+ConfigMap when it has one, and the namespace's pods only while a stage is being verified.
+
+`apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
+sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
+reads the object again and asks again (never re-sending a stale decision). Retried writes are
+idempotent because `build_update` is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
+from moonlease_operator.core.acceptance import dump_status
+from moonlease_operator.core.desired_state import POLICY_LABEL, WorkloadChange, build_merge_patch, build_update
+from moonlease_operator.core.fleet import WORKLOAD_KINDS
+from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
+
+_PREFIXES: Mapping[str, tuple[str, str]] = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Pod": ("/api/v1", "pods"),
+    "Event": ("/api/v1", "events"),
+    KIND: (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+CONFLICT_ATTEMPTS = 8
+
+
+def object_path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+    prefix, plural = _PREFIXES[kind]
+    path = f"{prefix}/namespaces/{namespace}/{plural}"
+    if name is not None:
+        path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+    return path
+
+
+async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
+                         policies: list[dict[str, Any]] | None = None) -> Observed:
+    """Everything `plan_reconcile` looks at, in a handful of requests (see the module doc);
+    `policies`: the namespace's policies when the caller has just listed them."""
+    kinds = WORKLOAD_KINDS if policies is not None else (KIND, *WORKLOAD_KINDS)
+    lists = [client.list(object_path(kind, namespace)) for kind in kinds]
+    if plan.pods:
+        lists.append(client.list(object_path("Pod", namespace)))
+    answers = list(await asyncio.gather(*lists))
+    if policies is None:
+        policies = answers.pop(0)
+    workloads = {(kind, obj["metadata"]["name"]): _with_kind(obj, kind)
+                 for kind, items in zip(WORKLOAD_KINDS, answers, strict=False) for obj in items}
+    config_maps = {}
+    for name in plan.config_maps:
+        try:
+            config_maps[name] = _with_kind(await client.get(object_path("ConfigMap", namespace, name)), "ConfigMap")
+        except ApiError as exc:
+            if not exc.not_found:
+                raise
+    pods = answers[len(WORKLOAD_KINDS)] if plan.pods else None
+    return Observed(workloads=workloads, config_maps=config_maps, policies=policies, pods=pods)
+
+
+def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    # List items carry no kind on every server (kmock's don't); the planner reads it.
+    obj.setdefault("kind", kind)
+    return obj
+
+
+async def fetch_managed(client: KubeClient, namespace: str, policy: str) -> list[dict[str, Any]]:
+    """Every workload and ConfigMap of the namespace that carries this policy's label."""
+    selector = f"{POLICY_LABEL}={policy}"
+    kinds = (*WORKLOAD_KINDS, "ConfigMap")
+    answers = await asyncio.gather(*(client.list(object_path(k, namespace), label_selector=selector) for k in kinds))
+    return [_with_kind(obj, kind) for kind, items in zip(kinds, answers, strict=True) for obj in items]
+
+
+@dataclass
+class ApplyReport:
+    """What a batch of changes did: patched objects, vanished ones, conflicts met on the way."""
+
+    patched: int = 0
+    unchanged: int = 0
+    vanished: int = 0
+    conflicts: int = 0
+
+
+async def apply_change(client: KubeClient, namespace: str, change: WorkloadChange,
+                       current: Mapping[str, Any] | None, report: ApplyReport) -> None:
+    """Write one change, re-reading and re-deciding on 409 (see the module docstring)."""
+    path = object_path(change.kind, namespace, change.name)
+    obj = current
+    for _ in range(CONFLICT_ATTEMPTS):
+        if obj is None:
+            try:
+                obj = _with_kind(await client.get(path), change.kind)
+            except ApiError as exc:
+                if exc.not_found:
+                    report.vanished += 1
+                    return
+                raise
+        new = build_update(obj, change)
+        if new is None:
+            report.unchanged += 1
+            return
+        patch = build_merge_patch(obj, new)
+        patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        try:
+            await client.merge_patch(path, patch)
+        except ApiError as exc:
+            if exc.not_found:
+                report.vanished += 1
+                return
+            if not exc.conflict:
+                raise
+            report.conflicts += 1
+            obj = None  # someone else wrote it: read again, decide again
+            continue
+        report.patched += 1
+        return
+    raise ApiError(409, "Conflict", f"{change.kind}/{change.name}: still conflicting after {CONFLICT_ATTEMPTS} tries")
+
+
+async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[WorkloadChange],
+                        lookup: Callable[[WorkloadChange], Mapping[str, Any] | None], *,
+                        concurrency: int = 8) -> ApplyReport:
+    """Apply the planner's changes: ConfigMaps first (a master's file before its restart), then
+    the workloads, up to `concurrency` at a time. The first error is raised after the rest ran."""
+    report = ApplyReport()
+    for change in (c for c in changes if c.kind == "ConfigMap"):
+        await apply_change(client, namespace, change, lookup(change), report)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(change: WorkloadChange) -> None:
+        async with gate:
+            await apply_change(client, namespace, change, lookup(change), report)
+
+    results = await asyncio.gather(*(one(c) for c in changes if c.kind != "ConfigMap"), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
+    return report
+
+
+async def apply_status(client: KubeClient, namespace: str, name: str, status: PolicyStatus) -> None:
+    """Merge-patch the policy's status subresource with the whole status (stale fields nulled)."""
+    await client.merge_patch(object_path(KIND, namespace, name, "status"), {"status": dump_status(status)})
+
+
+async def post_event(client: KubeClient, policy: Mapping[str, Any], note: EventNote, *,
+                     component: str, now: datetime.datetime) -> None:
+    """A core/v1 Event about the policy (posted synchronously: it must precede what it announces)."""
+    meta = policy.get("metadata") or {}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'policy')}.", "namespace": meta.get("namespace")},
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta.get("name"),
+                           "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                           "resourceVersion": meta.get("resourceVersion")},
+        "type": note.type, "reason": note.reason, "message": note.message[:1024],
+        "source": {"component": component}, "reportingComponent": component, "reportingInstance": component,
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+    await client.create(object_path("Event", meta.get("namespace") or "default"), body)

@@ -1,0 +1,683 @@
+"""The rollout state machine: given the policy, what the cluster shows and the last status,
+what to change now, what the status becomes, and which events say so. Pure.
+
+The kopf timer (`handlers.py`) calls `plan_fetch` (what to read), then `plan_reconcile`, then
+writes the status, posts the events and applies the changes — in that order, so that the status
+and an event announce every change (a master restart above all) before it happens. State lives in
+the policy status (stages, revision) and in the workloads' own annotations (rollback snapshots),
+so a restarted operator resumes where the last one stopped, and re-planning an applied policy
+yields the same status and no changes: no writes.
+
+A rollout attempt (`status.revision`) walks `spec.rollout.stages` in order. A stage whose
+workloads already hold the desired configuration is Skipped (nothing restarts: the master only
+restarts when its settings change); otherwise it is patched (Progressing) and Succeeds once every
+workload's controller reports the rollout complete and its pods run the new configuration hash.
+A stage that times out, or whose pods fail, Fails; with `onFailure: rollback` every stage the
+attempt changed is then restored, last stage first, each through its workload's own rolling
+update (so `maxUnavailable` holds; Dynamo #13620), and the policy is Degraded until its spec
+changes. `onFailure: halt` leaves everything where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moonlease_operator.api import (
+    APPROVE_MASTER_RESTART_ANNOTATION,
+    ConditionStatus,
+    ConditionType,
+    FailurePolicy,
+    Phase,
+    PolicySpec,
+    PolicySpecError,
+    PolicyStatus,
+    Reason,
+    StageName,
+    StagePhase,
+    StageStatus,
+    TargetPhase,
+    TargetStatus,
+    WorkloadKind,
+    parse_spec,
+)
+from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
+from moonlease_operator.core.conditions import set_condition
+from moonlease_operator.core.config_hash import build_config_hash
+from moonlease_operator.core.desired_state import (
+    ORIGINAL_ANNOTATION,
+    ChangeAction,
+    ConnectorSettings,
+    MasterSettings,
+    WorkloadChange,
+    build_config_map_desired,
+    build_connector_settings,
+    build_master_desired,
+    build_master_settings,
+    build_target_desired,
+    build_update,
+    describe_update,
+    evaluate_config_map,
+    evaluate_master,
+    evaluate_target,
+    managed_by,
+    rollback_revision,
+    template_config_hash,
+)
+from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
+from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
+
+MAX_LISTED = 5  # problems named in one condition message
+
+_DONE = (StagePhase.SUCCEEDED, StagePhase.SKIPPED)
+_UNWINDING = (StagePhase.FAILED, StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED)
+_WARNING_STAGES = (StagePhase.FAILED, StagePhase.ROLLING_BACK, StagePhase.ROLLBACK_FAILED)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and outputs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """The policy's identity and metadata, as the planner needs them."""
+
+    name: str
+    namespace: str
+    generation: int | None
+    created: str
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """What to read before planning: ConfigMaps by name, and the namespace's pods (only while a
+    stage or rollback is verifying, so that a policy at rest costs no pod listing)."""
+
+    config_maps: tuple[str, ...]
+    pods: bool
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the cluster showed. `workloads` holds every Deployment and StatefulSet of the
+    namespace; `policies` every MooncakeLeasePolicy (raw objects, this one included); `pods` is
+    None when not fetched."""
+
+    workloads: Mapping[WorkloadKey, Mapping[str, Any]]
+    config_maps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    policies: Sequence[Mapping[str, Any]] = ()
+    pods: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class EventNote:
+    """An event to post on the policy."""
+
+    type: str  # "Normal" | "Warning"
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    """The decision: the status to write, the events to post, then the changes to apply."""
+
+    status: PolicyStatus
+    events: tuple[EventNote, ...]
+    changes: tuple[WorkloadChange, ...]
+    spec: PolicySpec | None = None
+
+
+def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus) -> FetchPlan:
+    try:
+        spec = parse_spec(raw_spec)
+    except PolicySpecError:
+        return FetchPlan(config_maps=(), pods=False)
+    config_map = spec.master.config_map
+    verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
+    return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying)
+
+
+# --------------------------------------------------------------------------------------------
+# The decision
+# --------------------------------------------------------------------------------------------
+
+def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
+                   observed: Observed, now: datetime.datetime) -> ReconcilePlan:
+    """Decide one reconcile of one policy (see the module docstring)."""
+    try:
+        spec = parse_spec(raw_spec)
+    except PolicySpecError as exc:
+        return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+
+    fleet = resolve_fleet(spec, observed.workloads)
+    if fleet.missing:
+        return _waiting_for_workloads(previous, policy, fleet.missing, now, spec)
+    claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
+                             others=_other_claims(policy, observed), workloads=observed.workloads)
+    if claims:
+        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now, spec)
+
+    connector = build_connector_settings(spec.connector)
+    master = build_master_settings(spec.master)
+    problems: dict[Reason, list[str]] = {}
+    for member in fleet.members:
+        assert member.obj is not None  # missing workloads were handled above
+        problem = (evaluate_master(member.obj, member.container, master) if member.stage is StageName.MASTER
+                   else evaluate_target(member.obj, member.container))
+        if problem is not None:
+            problems.setdefault(Reason(problem.kind.value), []).append(problem.message)
+    if master.config_map is not None:
+        config_map = observed.config_maps.get(master.config_map.name)
+        if config_map is None:
+            return _waiting_for_workloads(previous, policy, [f"ConfigMap/{master.config_map.name} (master) not found"],
+                                          now, spec)
+        problem = evaluate_config_map(config_map, master.config_map.key)
+        if problem is not None:
+            problems.setdefault(Reason.UNMANAGEABLE_WORKLOAD, []).append(problem.message)
+    sources = [VersionSource(m.stage, m.kind, m.name,
+                             spec.master.version if m.target is None else spec.targets[m.target].mooncake_version,
+                             container_image(m.obj or {}, m.container)) for m in fleet.members]
+    incompatible = evaluate_compatibility(spec, sources)
+    if incompatible:
+        problems.setdefault(Reason.INCOMPATIBLE, []).extend(incompatible)
+    for reason in (Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE, Reason.UNMANAGEABLE_WORKLOAD):
+        if reason in problems:
+            return _refused(previous, policy, reason, problems[reason], now, spec)
+
+    planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                       fleet=fleet, connector=connector, master=master)
+    return planner.plan()
+
+
+def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
+    claims = []
+    for raw in observed.policies:
+        meta = raw.get("metadata") or {}
+        if meta.get("name") == policy.name:
+            continue
+        try:
+            spec = parse_spec(raw.get("spec") or {})
+        except PolicySpecError:
+            continue  # a refused policy claims nothing
+        claims.append(build_claim(meta.get("name", ""), meta.get("creationTimestamp", ""), spec, observed.workloads))
+    return claims
+
+
+@dataclass
+class _Planner:
+    """One planning pass (mutable scratch state; the result is frozen)."""
+
+    spec: PolicySpec
+    policy: PolicyRef
+    previous: PolicyStatus
+    observed: Observed
+    now: datetime.datetime
+    fleet: Fleet
+    connector: ConnectorSettings
+    master: MasterSettings
+    changes: list[WorkloadChange] = field(default_factory=list)
+    notes: list[EventNote] = field(default_factory=list)
+
+    def plan(self) -> ReconcilePlan:
+        desired_hash = build_config_hash({"master": self.master.config_hash, "connector": self.connector.config_hash})
+        self.desired_hash = desired_hash
+        prev = self.previous
+        self.revision = prev.revision or 0
+        self.applied_revision = prev.applied_revision
+        self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
+        out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
+        drifted = prev.phase is Phase.READY and bool(out_of_sync)
+        if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
+            self.revision += 1
+            stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
+            self.failed_stage: StageName | None = None
+            what = "re-applying to workloads that drifted or joined" if drifted and \
+                prev.desired_config_hash == desired_hash else f"configuration {desired_hash}"
+            self.notes.append(EventNote("Normal", Reason.ROLLOUT_STARTED.value,
+                                        f"Rollout {self.revision}: {what}; stages "
+                                        + " -> ".join(s.value for s in self.spec.rollout.stages)))
+        else:
+            stages = [prev.stage(s) or StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
+            self.failed_stage = prev.failed_stage
+        self.stages = {s.name: s for s in stages}
+        self.order = list(self.spec.rollout.stages)
+        self.pending_approval: str | None = None
+        self.applied_hash = prev.applied_config_hash
+        self._release_orphans()
+
+        if any(s.phase in _UNWINDING for s in stages):
+            outcome = self._unwind()
+        else:
+            outcome = self._advance()
+            if outcome.phase is Phase.READY:
+                self.applied_hash, self.applied_revision = desired_hash, self.revision
+        status = self._status(outcome, desired_hash)
+        events = (*self.notes, *_phase_events(prev, status))
+        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes), spec=self.spec)
+
+    # ---- per-member decisions ---------------------------------------------------------------
+
+    def _apply_changes(self, member: Member) -> list[WorkloadChange]:
+        """The changes that bring `member` to the policy (a master with a ConfigMap has two: the
+        file first, then the pod template's hash annotation that restarts it)."""
+        common = {"policy": self.policy.name, "revision": self.revision, "applied_revision": self.applied_revision,
+                  "action": ChangeAction.APPLY}
+        if member.stage is not StageName.MASTER:
+            desired = build_target_desired(member.obj or {}, member.container, self.connector)
+            return [WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired=desired,
+                                   config_hash=self.connector.config_hash, **common)]
+        if self.master.config_map is None:
+            return [WorkloadChange(kind=member.kind, name=member.name, place=member.container,
+                                   desired=build_master_desired(self.master), config_hash=self.master.config_hash,
+                                   **common)]
+        ref = self.master.config_map
+        file_change = WorkloadChange(kind="ConfigMap", name=ref.name, place=ref.key,
+                                     desired=build_config_map_desired(self.master), **common)
+        config_map = self.observed.config_maps.get(ref.name) or {}
+        owned = build_update(config_map, file_change) is not None or \
+            ORIGINAL_ANNOTATION in ((config_map.get("metadata") or {}).get("annotations") or {})
+        restart = WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired={},
+                                 config_hash=self.master.config_hash, require_annotation=owned, **common)
+        return [file_change, restart]
+
+    def _object(self, change: WorkloadChange) -> Mapping[str, Any]:
+        if change.kind == "ConfigMap":
+            return self.observed.config_maps.get(change.name) or {}
+        return self.observed.workloads.get(change.ref) or {}
+
+    def _pending(self, changes: Sequence[WorkloadChange]) -> list[WorkloadChange]:
+        return [c for c in changes if build_update(self._object(c), c) is not None]
+
+    def _in_sync(self, member: Member) -> bool:
+        return not self._pending(self._apply_changes(member))
+
+    def _rollback_changes(self, member: Member) -> list[WorkloadChange]:
+        changes = [WorkloadChange(kind=member.kind, name=member.name, action=ChangeAction.ROLLBACK,
+                                  policy=self.policy.name, revision=self.revision)]
+        if member.stage is StageName.MASTER and self.master.config_map is not None:
+            changes.insert(0, WorkloadChange(kind="ConfigMap", name=self.master.config_map.name,
+                                             action=ChangeAction.ROLLBACK, policy=self.policy.name,
+                                             revision=self.revision))
+        return changes
+
+    def _changed_in_attempt(self, member: Member) -> bool:
+        return rollback_revision(member.obj or {}) == self.revision
+
+    def _release_orphans(self) -> None:
+        """Workloads this policy changed but no longer covers get their original back."""
+        for key, obj in sorted(self.observed.workloads.items()):
+            if managed_by(obj) == self.policy.name and key not in self.fleet.keys:
+                change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
+                if build_update(obj, change) is not None:
+                    self.changes.append(change)
+                    self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                                f"{key[0]}/{key[1]} is no longer covered: restoring its original"
+                                                " configuration"))
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def _advance(self) -> _Outcome:
+        rollout = self.spec.rollout
+        last_finished: datetime.datetime | None = None
+        for name in self.order:
+            stage = self.stages[name]
+            members = self.fleet.in_stage(name)
+            if stage.phase in _DONE:
+                if stage.phase is StagePhase.SUCCEEDED:
+                    last_finished = stage.finished_at
+                continue
+            if stage.phase in (StagePhase.PENDING, StagePhase.AWAITING_APPROVAL):
+                pending = [m for m in members if not self._in_sync(m)]
+                if not pending:
+                    self._set_stage(name, StagePhase.SKIPPED, "nothing to change", finished=True)
+                    continue
+                if last_finished is not None and rollout.pause_between_stages_seconds:
+                    resume = last_finished + datetime.timedelta(seconds=rollout.pause_between_stages_seconds)
+                    if self.now < resume:
+                        return _Outcome(Phase.PROGRESSING, name, Reason.PAUSE_BETWEEN_STAGES,
+                                        f"Stage {name.value} starts at {_ts(resume)} (pause between stages)")
+                if rollout.paused:
+                    return _Outcome(Phase.PAUSED, name, Reason.PAUSED,
+                                    f"Paused by spec.rollout.paused before stage {name.value}")
+                lines = [line for m in pending for c in self._pending(self._apply_changes(m))
+                         for line in describe_update(self._object(c), c)]
+                if name is StageName.MASTER:
+                    approval = self.policy.annotations.get(APPROVE_MASTER_RESTART_ANNOTATION)
+                    restart = (f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply "
+                               + "; ".join(sorted(set(lines))) + ": restarting the master empties the Mooncake store")
+                    if self.spec.master.require_approval_for_restart and approval != self.master.config_hash:
+                        self.pending_approval = self.master.config_hash
+                        message = (f"{restart}. Approve with: kubectl annotate mlp {self.policy.name}"
+                                   f" {APPROVE_MASTER_RESTART_ANNOTATION}={self.master.config_hash} --overwrite")
+                        self._set_stage(name, StagePhase.AWAITING_APPROVAL, message)
+                        return _Outcome(Phase.AWAITING_APPROVAL, name, Reason.AWAITING_APPROVAL, message)
+                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value, restart))
+                for member in pending:
+                    self.changes.extend(self._pending(self._apply_changes(member)))
+                self._set_stage(name, StagePhase.PROGRESSING, f"updating {len(pending)} workload(s)", started=True)
+                return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING,
+                                f"Stage {name.value}: updating {len(pending)} workload(s)")
+            # Progressing: re-apply what is not there (a write that failed), then verify.
+            for member in members:
+                self.changes.extend(self._pending(self._apply_changes(member)))
+            failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
+            waiting = [(m, self.health[m.key]) for m in members
+                       if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
+            started = stage.started_at or self.now
+            if failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+                why = (_describe_health(failed) if failed else
+                       f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
+                self.failed_stage = name
+                self._set_stage(name, StagePhase.FAILED, why, finished=True)
+                self.changes = [c for c in self.changes if c.action is not ChangeAction.APPLY]
+                if rollout.on_failure is FailurePolicy.HALT:
+                    return _Outcome(Phase.DEGRADED, name, Reason.HALTED,
+                                    f"Stage {name.value} failed ({why}); halted as spec.rollout.onFailure says")
+                return self._unwind()
+            if waiting:
+                return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING,
+                                f"Stage {name.value}: {_describe_health(waiting)}")
+            self._set_stage(name, StagePhase.SUCCEEDED, f"{len(members)} workload(s) updated and verified",
+                            finished=True)
+            last_finished = self.now
+        return _Outcome(Phase.READY, self.order[-1], Reason.ROLLOUT_COMPLETE,
+                        f"Every stage runs configuration {self.desired_hash}")
+
+    # ---- backward -----------------------------------------------------------------------------
+
+    def _unwind(self) -> _Outcome:
+        """Roll back, last stage first, every stage this attempt changed."""
+        failed = self.failed_stage
+        failure = _failure_of(self.stages[failed].message) if failed is not None and failed in self.stages else ""
+        if self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
+                s.phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK) for s in self.stages.values()):
+            name = failed or self.order[-1]
+            return _Outcome(Phase.DEGRADED, name, Reason.HALTED,
+                            f"Stage {name.value} failed ({failure}); halted as spec.rollout.onFailure says")
+        for name in reversed(self.order):
+            stage = self.stages[name]
+            members = [m for m in self.fleet.in_stage(name) if self._changed_in_attempt(m)]
+            if stage.phase in (StagePhase.SUCCEEDED, StagePhase.FAILED, StagePhase.PROGRESSING):
+                changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
+                if not changes:
+                    self._set_stage(name, StagePhase.ROLLED_BACK, self._rolled_back_message(name, "nothing to restore"),
+                                    finished=True)
+                    continue
+                if name is StageName.MASTER:
+                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
+                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
+                                                " back its settings: restarting the master empties the Mooncake store"))
+                self.changes.extend(changes)
+                self._set_stage(name, StagePhase.ROLLING_BACK, self._rolled_back_message(name, "rolling back"),
+                                started=True)
+                return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
+                                f"Stage {(failed or name).value} failed ({failure}); rolling back stage {name.value}")
+            if stage.phase is StagePhase.ROLLING_BACK:
+                changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
+                self.changes.extend(changes)
+                health = [(m, self.health[m.key]) for m in members]
+                broken = [(m, h) for m, h in health if h.health is Health.FAILED]
+                waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
+                started = stage.started_at or self.now
+                timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
+                if broken or self.now - started > timeout:
+                    self._set_stage(name, StagePhase.ROLLBACK_FAILED,
+                                    self._rolled_back_message(name, "rollback did not complete: "
+                                                              + _describe_health(broken or waiting)), finished=True)
+                    continue
+                if changes or waiting:
+                    return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
+                                    f"Stage {(failed or name).value} failed ({failure}); rolling back stage"
+                                    f" {name.value}: {_describe_health(waiting) or 'restoring'}")
+                self._set_stage(name, StagePhase.ROLLED_BACK, self._rolled_back_message(name, "rolled back"),
+                                finished=True)
+        incomplete = [n.value for n in self.order if self.stages[n].phase is StagePhase.ROLLBACK_FAILED]
+        name = failed or self.order[-1]
+        if incomplete:
+            return _Outcome(Phase.DEGRADED, name, Reason.ROLLBACK_INCOMPLETE,
+                            f"Stage {name.value} failed ({failure}); rollback incomplete for stage(s)"
+                            f" {', '.join(incomplete)}")
+        return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
+                        f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _rolled_back_message(self, name: StageName, what: str) -> str:
+        if name is self.failed_stage:
+            return f"{_failure_of(self.stages[name].message)}; {what}"
+        return what
+
+    # ---- status ------------------------------------------------------------------------------
+
+    def _set_stage(self, name: StageName, phase: StagePhase, message: str, *,
+                   started: bool = False, finished: bool = False) -> None:
+        """Move a stage; every transition is announced by an event, in the order it happens."""
+        old = self.stages[name]
+        if phase is not old.phase and phase is not StagePhase.PENDING:
+            self.notes.append(EventNote("Warning" if phase in _WARNING_STAGES else "Normal", f"Stage{phase.value}",
+                                        f"Stage {name.value}: {message}"))
+        self.stages[name] = old.model_copy(update={
+            "phase": phase, "message": message,
+            "started_at": self.now if started else old.started_at,
+            "finished_at": self.now if finished else (None if started else old.finished_at),
+        })
+
+    def _status(self, outcome: _Outcome, desired_hash: str) -> PolicyStatus:
+        prev, generation = self.previous, self.policy.generation
+        conditions = list(prev.conditions)
+        conditions = set_condition(conditions, type_=ConditionType.INVALID.value, status=ConditionStatus.FALSE,
+                                   reason=Reason.SPEC_VALID.value, message="The spec is valid and the fleet can run it",
+                                   generation=generation, now=self.now)
+        ready = outcome.phase is Phase.READY
+        progressing = outcome.phase in (Phase.PROGRESSING, Phase.ROLLING_BACK)
+        degraded = outcome.phase in (Phase.DEGRADED, Phase.ROLLING_BACK)
+        for type_, flag in ((ConditionType.READY, ready), (ConditionType.PROGRESSING, progressing)):
+            conditions = set_condition(conditions, type_=type_.value, status=_flag(flag), reason=outcome.reason.value,
+                                       message=outcome.message, generation=generation, now=self.now)
+        conditions = set_condition(conditions, type_=ConditionType.DEGRADED.value, status=_flag(degraded),
+                                   reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
+                                   message=outcome.message if degraded else "", generation=generation, now=self.now)
+        return prev.model_copy(update={
+            "phase": outcome.phase,
+            "observed_generation": generation,
+            "conditions": _ordered(conditions),
+            "current_stage": outcome.stage,
+            "stages": [self.stages[name] for name in self.order],
+            "targets": self._targets(),
+            "desired_config_hash": desired_hash,
+            "applied_config_hash": self.applied_hash,
+            "revision": self.revision,
+            "applied_revision": self.applied_revision,
+            "failed_stage": self.failed_stage,
+            "pending_approval": self.pending_approval,
+            "last_transition_time": prev.last_transition_time if prev.phase == outcome.phase else self.now,
+        })
+
+    def _targets(self) -> list[TargetStatus]:
+        result = []
+        for member in self.fleet.members:
+            stage = self.stages.get(member.stage)
+            health = self.health[member.key]
+            phase = self._target_phase(member, stage, health)
+            result.append(TargetStatus(
+                kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=phase,
+                observed_generation=health.generation, replicas=health.replicas, updated_replicas=health.updated,
+                ready_replicas=health.ready, config_hash=template_config_hash(member.obj or {}),
+                message=health.message))
+        return result
+
+    def _target_phase(self, member: Member, stage: StageStatus | None, health: WorkloadHealth) -> TargetPhase:
+        stage_phase = stage.phase if stage is not None else StagePhase.PENDING
+        if stage_phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED):
+            if not self._changed_in_attempt(member):
+                return TargetPhase.READY if health.health is Health.COMPLETE else TargetPhase.UPDATING
+            restored = not self._pending(self._rollback_changes(member))
+            if stage_phase is StagePhase.ROLLBACK_FAILED:
+                return TargetPhase.FAILED
+            return TargetPhase.ROLLED_BACK if restored and health.health is Health.COMPLETE else TargetPhase.ROLLING_BACK
+        if health.health is Health.FAILED:
+            return TargetPhase.FAILED
+        if not self._in_sync(member):
+            return TargetPhase.PENDING
+        return TargetPhase.READY if health.health is Health.COMPLETE else TargetPhase.UPDATING
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    phase: Phase
+    stage: StageName | None
+    reason: Reason
+    message: str
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals and waiting
+# --------------------------------------------------------------------------------------------
+
+def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems: Sequence[str],
+             now: datetime.datetime, spec: PolicySpec | None = None) -> ReconcilePlan:
+    """Phase Invalid: nothing changes in the cluster; the rollout state is kept for later."""
+    message = _join(problems)
+    conditions = list(previous.conditions)
+    conditions = set_condition(conditions, type_=ConditionType.INVALID.value, status=ConditionStatus.TRUE,
+                               reason=reason.value, message=message, generation=policy.generation, now=now)
+    for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
+        conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
+                                   message=message, generation=policy.generation, now=now)
+    return _held(previous, policy, Phase.INVALID, conditions, now, spec, "Warning", reason, message)
+
+
+def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: Sequence[str],
+                           now: datetime.datetime, spec: PolicySpec) -> ReconcilePlan:
+    """Phase Pending: the spec is fine, the workloads are not there (yet)."""
+    message = "Waiting for " + _join(missing)
+    reason = Reason.WORKLOAD_NOT_FOUND
+    conditions = list(previous.conditions)
+    conditions = set_condition(conditions, type_=ConditionType.INVALID.value, status=ConditionStatus.FALSE,
+                               reason=Reason.SPEC_VALID.value, message="The spec is valid",
+                               generation=policy.generation, now=now)
+    for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
+        conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
+                                   message=message, generation=policy.generation, now=now)
+    return _held(previous, policy, Phase.PENDING, conditions, now, spec, "Warning", reason, message)
+
+
+def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: list[Any], now: datetime.datetime,
+          spec: PolicySpec | None, event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+    status = previous.model_copy(update={
+        "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
+        "last_transition_time": previous.last_transition_time if previous.phase == phase else now,
+    })
+    old = previous.condition(ConditionType.READY)
+    repeated = (previous.phase == phase and previous.observed_generation == policy.generation
+                and old is not None and old.reason == reason.value and old.message == message)
+    events = () if repeated else (EventNote(event_type, reason.value, message),)
+    return ReconcilePlan(status=status, events=events, changes=(), spec=spec)
+
+
+# --------------------------------------------------------------------------------------------
+# Events from phase transitions
+# --------------------------------------------------------------------------------------------
+
+def _phase_events(previous: PolicyStatus, status: PolicyStatus) -> list[EventNote]:
+    if status.phase == previous.phase:
+        return []
+    ready = status.condition(ConditionType.READY)
+    message = ready.message if ready is not None else ""
+    match status.phase:
+        case Phase.READY:
+            return [EventNote("Normal", Reason.ROLLOUT_COMPLETE.value, message)]
+        case Phase.DEGRADED:
+            degraded = status.condition(ConditionType.DEGRADED)
+            return [EventNote("Warning", degraded.reason if degraded else Reason.ROLLED_BACK.value, message)]
+        case Phase.PAUSED:
+            return [EventNote("Normal", Reason.PAUSED.value, message)]
+        case Phase.AWAITING_APPROVAL:
+            return [EventNote("Normal", Reason.AWAITING_APPROVAL.value, message)]
+    return []
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+
+_CONDITION_ORDER = {t.value: i for i, t in enumerate(
+    (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.INVALID))}
+
+
+def _ordered(conditions: Sequence[Any]) -> list[Any]:
+    return sorted(conditions, key=lambda c: _CONDITION_ORDER.get(c.type, len(_CONDITION_ORDER)))
+
+
+def _flag(value: bool) -> ConditionStatus:
+    return ConditionStatus.TRUE if value else ConditionStatus.FALSE
+
+
+def _join(lines: Sequence[str]) -> str:
+    shown = "; ".join(lines[:MAX_LISTED])
+    return shown + (f"; and {len(lines) - MAX_LISTED} more" if len(lines) > MAX_LISTED else "")
+
+
+def _describe_health(items: Sequence[tuple[Member, WorkloadHealth]]) -> str:
+    return _join([f"{m.kind}/{m.name}: {h.message}" for m, h in items])
+
+
+def _failure_of(message: str) -> str:
+    """A failed stage's message without what the rollback appended to it."""
+    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete"):
+        message = message.split(suffix)[0]
+    return message
+
+
+def _ts(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --------------------------------------------------------------------------------------------
+# Deletion
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """What deleting the policy does: restore every object it changed, announced first."""
+
+    events: tuple[EventNote, ...]
+    changes: tuple[WorkloadChange, ...]
+
+
+def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
+                 managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
+    """Restore every object carrying this policy's label to its state before the policy.
+
+    All at once: each workload's own rolling update paces its restart (maxUnavailable holds),
+    and a deletion is an explicit request to undo. A master whose pod template changes back
+    restarts, which empties the store: a warning event says so first.
+    """
+    try:
+        master = parse_spec(raw_spec).master
+        master_key: tuple[str, str] | None = (master.kind.value, master.name)
+    except PolicySpecError:
+        master_key = None
+    changes, restarts = [], []
+    for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
+        meta = obj.get("metadata") or {}
+        change = WorkloadChange(kind=str(obj.get("kind")), name=str(meta.get("name")), action=ChangeAction.RELEASE,
+                                policy=policy.name)
+        new = build_update(obj, change)
+        if new is None:
+            continue
+        changes.append(change)
+        if change.ref == master_key and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+            restarts.append(f"{change.kind}/{change.name}")
+    events = []
+    if restarts:
+        events.append(EventNote("Warning", Reason.MASTER_RESTART.value,
+                                f"{restarts[0]} restarts to get its settings back from before the policy:"
+                                " restarting the master empties the Mooncake store"))
+    if changes:
+        events.append(EventNote("Normal", Reason.RESTORED.value,
+                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in changes])
+                                + " to their configuration before the policy"))
+    return ReleasePlan(events=tuple(events), changes=tuple(changes))

@@ -1,0 +1,364 @@
+"""The desired state of targets and master, and the exact undo of every change. Pure: plain dicts."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moonlease.testbed.kube import merge_patch
+from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_operator.api import ConnectorSpec, LeaseMode, MasterConfigMapSpec, MasterSpec
+from moonlease_operator.core.desired_state import (
+    CONFIG_HASH_ANNOTATION,
+    ORIGINAL_ANNOTATION,
+    POLICY_LABEL,
+    ROLLBACK_ANNOTATION,
+    ChangeAction,
+    ProblemKind,
+    WorkloadChange,
+    build_config_map_desired,
+    build_connector_settings,
+    build_master_desired,
+    build_master_settings,
+    build_merge_patch,
+    build_target_desired,
+    build_update,
+    describe_update,
+    evaluate_config_map,
+    evaluate_master,
+    evaluate_target,
+)
+
+pytestmark = pytest.mark.unit
+
+SELECTIVE = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE))
+LEASE_ALL = build_connector_settings(ConnectorSpec())
+
+
+def workload(*containers: dict[str, Any], kind: str = "Deployment", annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    template: dict[str, Any] = {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": list(containers)}}
+    if annotations is not None:
+        template["metadata"]["annotations"] = annotations
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "w", "namespace": "ns", "labels": {"app": "x"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "x"}}, "template": template}}
+
+
+def vllm(*args: str, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai:v0.9.1", "args": list(args)}
+    if env is not None:
+        container["env"] = env
+    return container
+
+
+SIDECAR = {"name": "proxy", "image": "envoy:1", "args": ["--kv-transfer-config", "{}"]}
+
+
+def apply(obj: dict[str, Any], settings: Any = SELECTIVE, *, revision: int = 1, applied: int | None = None,
+          container: str | None = "vllm") -> dict[str, Any] | None:
+    change = WorkloadChange(kind=obj["kind"], name="w", action=ChangeAction.APPLY, policy="fleet", place=container,
+                            desired=build_target_desired(obj, container, settings), config_hash=settings.config_hash,
+                            revision=revision, applied_revision=applied)
+    return build_update(obj, change)
+
+
+def rollback(obj: dict[str, Any], revision: int) -> dict[str, Any] | None:
+    return build_update(obj, WorkloadChange(kind=obj["kind"], name="w", action=ChangeAction.ROLLBACK, policy="fleet",
+                                            revision=revision))
+
+
+def release(obj: dict[str, Any]) -> dict[str, Any] | None:
+    return build_update(obj, WorkloadChange(kind=obj["kind"], name="w", action=ChangeAction.RELEASE, policy="fleet"))
+
+
+def container_of(obj: dict[str, Any], name: str = "vllm") -> dict[str, Any]:
+    return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+def kv_config(obj: dict[str, Any]) -> dict[str, Any]:
+    args = container_of(obj)["args"]
+    for i, token in enumerate(args):
+        if token in ("--kv-transfer-config", "--kv_transfer_config"):
+            return json.loads(args[i + 1])
+        if token.startswith(("--kv-transfer-config=", "--kv_transfer_config=")):
+            return json.loads(token.split("=", 1)[1])
+    raise AssertionError("no --kv-transfer-config")
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", list(LeaseMode))
+def test_connector_settings_come_from_the_connector_config(mode: LeaseMode) -> None:
+    settings = build_connector_settings(ConnectorSpec(lease_mode=mode, junction_retention=True))
+    config = MoonleaseConnectorConfig.from_sources(settings.extra_config, settings.env)
+    assert config.lease_mode.value == mode.value and config.mooncake_junction_retention is True
+    # Only the switches the policy decides; mooncake_max_lease_rounds stays the user's.
+    assert set(settings.extra_config) == {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
+                                          "mooncake_junction_retention"}
+    assert settings.env == {SELECTIVE_LEASE_ENV: "1" if mode is LeaseMode.SELECTIVE else "0"}
+
+
+def test_each_connector_setting_has_its_own_hash() -> None:
+    hashes = {build_connector_settings(ConnectorSpec(lease_mode=m, junction_retention=j)).config_hash
+              for m in LeaseMode for j in (False, True)}
+    assert len(hashes) == 6
+
+
+def test_master_settings_render_typed_values_and_flags() -> None:
+    settings = build_master_settings(MasterSpec(name="m", eviction_ratio=0.1, default_kv_lease_ttl_ms=5000,
+                                                allow_evict_soft_pinned_objects=False))
+    assert settings.values == {"eviction_ratio": 0.1, "default_kv_lease_ttl": 5000,
+                               "allow_evict_soft_pinned_objects": False}
+    assert build_master_desired(settings) == {
+        "flag:eviction_ratio": {"v": ["--eviction_ratio=0.1"]},
+        "flag:default_kv_lease_ttl": {"v": ["--default_kv_lease_ttl=5000"]},
+        "flag:allow_evict_soft_pinned_objects": {"v": ["--allow_evict_soft_pinned_objects=false"]},
+    }
+    assert build_master_settings(MasterSpec(name="m")).config_hash != settings.config_hash
+
+
+# ---- targets --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["two tokens", "equals", "underscore"])
+def test_our_keys_merge_into_the_users_kv_transfer_config(form: str) -> None:
+    user = {"kv_connector_extra_config": {"lookup_rpc_port": 5557, "mooncake_max_lease_rounds": 5},
+            "kv_buffer_size": 1e9}
+    text = json.dumps(user)
+    args = {"two tokens": ["--kv-transfer-config", text], "equals": [f"--kv-transfer-config={text}"],
+            "underscore": ["--kv_transfer_config", text]}[form]
+    obj = workload(vllm("serve", "m", *args, "--port=8000"), copy.deepcopy(SIDECAR))
+    new = apply(obj)
+    assert new is not None
+    config = kv_config(new)
+    assert config["kv_connector"] == "MooncakeStoreConnector"
+    assert config["kv_connector_module_path"] == "moonlease_connector" and config["kv_role"] == "kv_both"
+    assert config["kv_buffer_size"] == 1e9
+    assert config["kv_connector_extra_config"] == {"lookup_rpc_port": 5557, "mooncake_max_lease_rounds": 5,
+                                                   "mooncake_selective_lease": True, "mooncake_kda_last_hit_only": False,
+                                                   "mooncake_junction_retention": False}
+    vllm_args = container_of(new)["args"]
+    assert vllm_args[:2] == ["serve", "m"] and vllm_args[-1] == "--port=8000"
+    assert len(vllm_args) == len(obj["spec"]["template"]["spec"]["containers"][0]["args"])  # same form, same place
+    assert container_of(new, "proxy") == SIDECAR  # another container, even with the same flag, untouched
+    assert container_of(new)["env"] == [{"name": SELECTIVE_LEASE_ENV, "value": "1"}]
+    assert new["spec"]["template"]["metadata"]["annotations"] == {CONFIG_HASH_ANNOTATION: SELECTIVE.config_hash}
+    assert new["metadata"]["labels"][POLICY_LABEL] == "fleet"
+    assert apply(new) is None  # in sync: nothing more to do
+
+
+def test_users_connector_choices_are_kept() -> None:
+    text = json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector.x",
+                       "kv_role": "kv_consumer"})
+    new = apply(workload(vllm("--kv-transfer-config", text)))
+    assert new is not None
+    config = kv_config(new)
+    assert (config["kv_connector_module_path"], config["kv_role"]) == ("moonlease_connector.x", "kv_consumer")
+
+
+def test_an_env_var_from_elsewhere_is_replaced_and_restored() -> None:
+    original_env = [{"name": "A", "value": "1"},
+                    {"name": SELECTIVE_LEASE_ENV, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
+    obj = workload(vllm("serve", env=copy.deepcopy(original_env)))
+    new = apply(obj)
+    assert new is not None
+    assert container_of(new)["env"] == [original_env[0], {"name": SELECTIVE_LEASE_ENV, "value": "1"}]
+    assert release(new) == obj
+
+
+@pytest.mark.parametrize("obj", [
+    workload(vllm("serve", "m")),
+    workload({"name": "vllm", "image": "x"}),  # no args, no env
+    workload(vllm("serve", "--kv-transfer-config", '{ "kv_role" : "kv_both" }'), annotations={"a": "b"}),
+    workload(vllm("--kv_transfer_config={\"kv_connector_extra_config\": {}}", env=[])),
+    workload(vllm("serve"), kind="StatefulSet"),
+], ids=["args", "bare", "spaced-json", "empty-extra", "statefulset"])
+def test_release_restores_the_original_exactly(obj: dict[str, Any]) -> None:
+    first = apply(obj)
+    assert first is not None
+    later = apply(first, LEASE_ALL, revision=2, applied=1)
+    assert later is not None and later != first
+    assert release(later) == obj
+    assert release(obj) is None  # nothing of ours: nothing to do
+
+
+def test_release_keeps_what_the_user_changed_meanwhile() -> None:
+    obj = workload(vllm("serve", "--kv-transfer-config", json.dumps({"kv_buffer_size": 1})))
+    new = apply(obj)
+    assert new is not None
+    edited = copy.deepcopy(new)
+    config = kv_config(edited)
+    config["kv_buffer_size"] = 2
+    container_of(edited)["args"][2] = json.dumps(config)
+    container_of(edited)["args"].append("--max-model-len=4096")
+    restored = release(edited)
+    assert restored is not None
+    assert kv_config(restored) == {"kv_buffer_size": 2}
+    assert container_of(restored)["args"][-1] == "--max-model-len=4096"
+    assert "env" not in container_of(restored) and POLICY_LABEL not in restored["metadata"]["labels"]
+
+
+@pytest.mark.parametrize(("args", "kind", "needle"), [
+    (["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})], ProblemKind.FOREIGN_CONNECTOR,
+     "LMCacheConnectorV1"),
+    (["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeStoreConnector"})], ProblemKind.FOREIGN_CONNECTOR,
+     "vLLM itself"),
+    (["--kv-transfer-config", "{not json"], ProblemKind.UNMANAGEABLE, "not valid JSON"),
+    (["--kv-transfer-config", '{"kv_connector_extra_config": 3}'], ProblemKind.UNMANAGEABLE, "JSON object"),
+    (["--kv-transfer-config"], ProblemKind.UNMANAGEABLE, "no value"),
+])
+def test_targets_the_policy_must_not_touch(args: list[str], kind: ProblemKind, needle: str) -> None:
+    problem = evaluate_target(workload(vllm(*args)), "vllm")
+    assert problem is not None and problem.kind is kind and needle in problem.message
+
+
+def test_a_missing_container_is_a_problem() -> None:
+    problem = evaluate_target(workload(vllm("serve")), "engine")
+    assert problem is not None and "container engine not found" in problem.message
+    assert evaluate_target(workload(vllm("serve")), None) is None  # the first container
+
+
+# ---- rollback snapshots ---------------------------------------------------------------------------
+
+def test_rollback_returns_to_the_last_completed_attempt() -> None:
+    base = workload(vllm("serve"))
+    first = apply(base, LEASE_ALL, revision=1)  # attempt 1 completes
+    assert first is not None
+    second = apply(first, SELECTIVE, revision=2, applied=1)  # attempt 2 changes it ...
+    assert second is not None
+    junction = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE, junction_retention=True))
+    third = apply(second, junction, revision=3, applied=1)  # ... and is superseded by attempt 3
+    assert third is not None
+    back = rollback(third, 3)
+    assert back is not None
+    assert back["spec"] == first["spec"]  # attempt 1's configuration, not attempt 2's
+    assert rollback(back, 3) is None and rollback(third, 2) is None  # idempotent; other attempts untouched
+    assert release(back) == base
+
+
+def test_an_attempt_after_a_completed_one_snapshots_afresh() -> None:
+    first = apply(workload(vllm("serve")), LEASE_ALL, revision=1)
+    assert first is not None
+    second = apply(first, SELECTIVE, revision=4, applied=3)  # attempts 2 and 3 completed without touching it
+    assert second is not None
+    back = rollback(second, 4)
+    assert back is not None and back["spec"] == first["spec"]
+
+
+def test_rollback_and_original_annotations_live_in_the_workload_metadata() -> None:
+    new = apply(workload(vllm("serve")), revision=7)
+    assert new is not None
+    annotations = new["metadata"]["annotations"]
+    assert json.loads(annotations[ROLLBACK_ANNOTATION])["revision"] == 7
+    assert json.loads(annotations[ORIGINAL_ANNOTATION])["slots"]["env:" + SELECTIVE_LEASE_ENV] is None
+
+
+# ---- master --------------------------------------------------------------------------------------
+
+def master(*args: str) -> dict[str, Any]:
+    return workload({"name": "master", "image": "mooncake/mooncake-master:v0.3.14", "args": list(args)})
+
+
+def apply_master(obj: dict[str, Any], spec: MasterSpec, revision: int = 1) -> dict[str, Any] | None:
+    settings = build_master_settings(spec)
+    return build_update(obj, WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy="fleet",
+                                            desired=build_master_desired(settings), config_hash=settings.config_hash,
+                                            revision=revision))
+
+
+@pytest.mark.parametrize("args", [
+    ["--eviction_ratio=0.10", "--allow_evict_soft_pinned_objects=false"],
+    ["--eviction_ratio", "0.1", "--noallow_evict_soft_pinned_objects"],
+    ["-eviction_ratio=.1", "-allow_evict_soft_pinned_objects=0"],
+])
+def test_master_already_running_the_settings_is_not_restarted(args: list[str]) -> None:
+    spec = MasterSpec(name="m", eviction_ratio=0.1, allow_evict_soft_pinned_objects=False)
+    assert apply_master(master("--rpc_port=50051", *args), spec) is None
+
+
+def test_master_flags_change_in_place_and_restore_verbatim() -> None:
+    obj = master("--rpc_port=50051", "--eviction_ratio", "0.05", "--allow_evict_soft_pinned_objects")
+    spec = MasterSpec(name="m", eviction_ratio=0.1, default_kv_lease_ttl_ms=5000, allow_evict_soft_pinned_objects=False)
+    settings = build_master_settings(spec)
+    change = WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy="fleet",
+                            desired=build_master_desired(settings), config_hash=settings.config_hash, revision=1)
+    assert describe_update(obj, change) == [
+        "--allow_evict_soft_pinned_objects: true -> false", "--default_kv_lease_ttl: (unset) -> 5000",
+        "--eviction_ratio: 0.05 -> 0.1"]
+    new = build_update(obj, change)
+    assert new is not None
+    assert container_of(new, "master")["args"] == ["--rpc_port=50051", "--eviction_ratio=0.1",
+                                                   "--allow_evict_soft_pinned_objects=false",
+                                                   "--default_kv_lease_ttl=5000"]
+    assert release(new) == obj
+
+
+def test_a_setting_the_policy_stops_declaring_goes_back() -> None:
+    obj = master("--eviction_ratio=0.05")
+    new = apply_master(obj, MasterSpec(name="m", eviction_ratio=0.1, default_kv_lease_ttl_ms=5000))
+    assert new is not None
+    fewer = apply_master(new, MasterSpec(name="m", default_kv_lease_ttl_ms=5000), revision=2)
+    assert fewer is not None
+    assert container_of(fewer, "master")["args"] == ["--eviction_ratio=0.05", "--default_kv_lease_ttl=5000"]
+
+
+def test_master_problems() -> None:
+    with_map = build_master_settings(MasterSpec(name="m", eviction_ratio=0.1,
+                                                config_map=MasterConfigMapSpec(name="cfg", key="master.json")))
+    problem = evaluate_master(master("--eviction_ratio=0.2"), None, with_map)
+    assert problem is not None and "--eviction_ratio" in problem.message and "ConfigMap cfg" in problem.message
+    assert evaluate_master(master("--rpc_port=1"), None, with_map) is None
+    assert evaluate_master(master(), "nope", with_map) is not None
+
+
+@pytest.mark.parametrize(("key", "text"), [
+    ("master.json", '{"rpc_port": 50051, "eviction_ratio": 0.05}'),
+    ("master.yaml", "# mooncake master\nrpc_port: 50051\neviction_ratio: 0.05\n"),
+    ("master.json", None),
+])
+def test_config_map_settings_and_exact_restore(key: str, text: str | None) -> None:
+    config_map: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}}
+    if text is not None:
+        config_map["data"] = {key: text, "other": "kept"}
+    settings = build_master_settings(MasterSpec(name="m", eviction_ratio=0.1, allow_evict_soft_pinned_objects=True,
+                                                config_map=MasterConfigMapSpec(name="cfg", key=key)))
+    change = WorkloadChange(kind="ConfigMap", name="cfg", action=ChangeAction.APPLY, policy="fleet", place=key,
+                            desired=build_config_map_desired(settings), revision=1)
+    new = build_update(config_map, change)
+    assert new is not None
+    loader = yaml.safe_load if key.endswith(".yaml") else json.loads
+    doc = loader(new["data"][key])
+    assert doc["eviction_ratio"] == 0.1 and doc["allow_evict_soft_pinned_objects"] is True
+    assert text is None or doc["rpc_port"] == 50051
+    assert build_update(new, change) is None
+    assert release(new) == config_map
+    assert evaluate_config_map(new, key) is None
+    assert evaluate_config_map({"kind": "ConfigMap", "data": {key: "[1, 2]"}}, key) is not None
+
+
+# ---- patches -------------------------------------------------------------------------------------
+
+_json = st.recursive(st.one_of(st.integers(), st.text(max_size=3), st.booleans()),
+                     lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                             st.dictionaries(st.text("abc", max_size=2), inner, max_size=3)),
+                     max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(old=st.dictionaries(st.text("abcd", max_size=2), _json, max_size=4),
+       new=st.dictionaries(st.text("abcd", max_size=2), _json, max_size=4))
+def test_merge_patch_turns_old_into_new(old: dict[str, Any], new: dict[str, Any]) -> None:
+    assert merge_patch(old, build_merge_patch(old, new)) == new
+
+
+def test_merge_patch_of_a_target_change_is_small() -> None:
+    obj = workload(vllm("serve"), copy.deepcopy(SIDECAR))
+    new = apply(obj)
+    assert new is not None
+    patch = build_merge_patch(obj, new)
+    assert set(patch) == {"metadata", "spec"} and set(patch["spec"]) == {"template"}
+    assert merge_patch(obj, patch) == new

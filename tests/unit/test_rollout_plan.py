@@ -1,0 +1,566 @@
+"""The rollout state machine, walked through hand-checked scenarios on plain dicts.
+
+`Cluster` plays the API server (objects, generations) and, on `settle()`, the workload
+controllers; every reconcile round-trips the status through its JSON form, as the operator reads
+it back from the API, so nothing is carried between reconciles but what the cluster stores.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName
+from moonlease_operator.core.acceptance import dump_status, read_status
+from moonlease_operator.core.compatibility import (
+    VersionSource,
+    evaluate_compatibility,
+    image_mooncake_version,
+    parse_mooncake_version,
+)
+from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
+from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
+from moonlease_operator.core.health import Health, evaluate_health
+from moonlease_operator.core.rollout import Observed, PolicyRef, ReconcilePlan, plan_fetch, plan_reconcile, plan_release
+from moonlease_operator.api import parse_spec
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)
+
+
+def deployment(name: str, *containers: dict[str, Any], replicas: int = 2, labels: dict[str, str] | None = None,
+               kind: str = "Deployment") -> dict[str, Any]:
+    pod_labels = {"app": name, **(labels or {})}
+    return {"apiVersion": "apps/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ns", "generation": 1, "labels": dict(pod_labels),
+                         "resourceVersion": "1"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": pod_labels},
+                                  "spec": {"containers": list(containers) or [
+                                      {"name": "vllm", "image": "vllm:1", "args": ["serve", "m"]}]}}}}
+
+
+def master_deployment() -> dict[str, Any]:
+    return deployment("mooncake-master", {"name": "master", "image": "reg/mooncake-master:v0.3.14",
+                                          "args": ["--rpc_port=50051", "--eviction_ratio=0.05"]}, replicas=1)
+
+
+SPEC: dict[str, Any] = {
+    "master": {"name": "mooncake-master", "evictionRatio": 0.1},
+    "connector": {"leaseMode": "selective"},
+    "targets": [{"name": "prefill", "role": "prefill", "mooncakeVersion": "0.3.14"},
+                {"name": "decode", "role": "decode", "mooncakeVersion": "0.3.14"}],
+    "rollout": {"stageTimeoutSeconds": 60},
+}
+
+
+def spec_with(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    for path, value in changes.items():
+        node = spec
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return spec
+
+
+class Cluster:
+    """Objects, a clock, and controllers that do what the test says."""
+
+    def __init__(self, *workloads: dict[str, Any]) -> None:
+        self.workloads = {(w["kind"], w["metadata"]["name"]): w for w in workloads}
+        self.config_maps: dict[str, dict[str, Any]] = {}
+        self.status_json: dict[str, Any] = {}
+        self.now = T0
+        self.annotations: dict[str, str] = {}
+        self.generation = 1
+        self.others: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.writes: list[tuple[str, str]] = []
+        for key in self.workloads:
+            self.settle(key[1])
+
+    @property
+    def status(self) -> PolicyStatus:
+        return read_status(self.status_json)
+
+    def reconcile(self, spec: Mapping[str, Any]) -> ReconcilePlan:
+        previous = read_status(self.status_json)
+        fetch = plan_fetch(spec, previous)
+        observed = Observed(workloads=copy.deepcopy(self.workloads), config_maps=copy.deepcopy(self.config_maps),
+                            policies=self.others, pods=self.pods() if fetch.pods else None)
+        plan = plan_reconcile(raw_spec=spec, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
+                                                              self.annotations),
+                              previous=previous, observed=observed, now=self.now)
+        self.status_json = json.loads(json.dumps(dump_status(plan.status)))
+        self.events.extend((e.type, e.reason, e.message) for e in plan.events)
+        for change in plan.changes:
+            store = self.config_maps if change.kind == "ConfigMap" else self.workloads
+            key = change.name if change.kind == "ConfigMap" else change.ref
+            new = build_update(store[key], change)
+            assert new is not None, "the planner asked for a change that changes nothing"
+            if new.get("spec") != store[key].get("spec"):
+                new["metadata"]["generation"] += 1
+            store[key] = new
+            self.writes.append(change.ref)
+        return plan
+
+    def run(self, spec: Mapping[str, Any], *, rounds: int = 12) -> PolicyStatus:
+        """Reconcile and settle every workload until the phase stops changing."""
+        for _ in range(rounds):
+            self.reconcile(spec)
+            for key in self.workloads:
+                self.settle(key[1])
+        return self.status
+
+    def obj(self, name: str) -> dict[str, Any]:
+        return next(o for (_, n), o in self.workloads.items() if n == name)
+
+    def settle(self, name: str, *, fail: bool = False) -> None:
+        """The controller finishes (or fails) the workload's rollout."""
+        obj = self.obj(name)
+        replicas = obj["spec"]["replicas"]
+        progressing = {"type": "Progressing", "status": "False" if fail else "True",
+                       "reason": "ProgressDeadlineExceeded" if fail else "NewReplicaSetAvailable", "message": "m"}
+        obj["status"] = {"observedGeneration": obj["metadata"]["generation"], "replicas": replicas,
+                         "updatedReplicas": replicas if not fail else 1, "readyReplicas": replicas - int(fail),
+                         "availableReplicas": replicas - int(fail), "conditions": [progressing]}
+        obj["_settled_template"] = None if fail else copy.deepcopy(obj["spec"]["template"])
+
+    def observe_only(self, name: str) -> None:
+        """The controller sees the new generation but nothing moves (a stalled rollout)."""
+        obj = self.obj(name)
+        obj["status"] = {**obj.get("status", {}), "observedGeneration": obj["metadata"]["generation"],
+                         "updatedReplicas": 0}
+
+    def pods(self) -> list[dict[str, Any]]:
+        pods = []
+        for obj in self.workloads.values():
+            template = obj.get("_settled_template")
+            if template is None:
+                continue
+            for i in range(obj["spec"]["replicas"]):
+                pods.append({"metadata": {"name": f"{obj['metadata']['name']}-{i}", "namespace": "ns",
+                                          "labels": template["metadata"]["labels"],
+                                          "annotations": dict(template["metadata"].get("annotations") or {})},
+                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+        return pods
+
+    def stage_phases(self) -> dict[str, str]:
+        return {s.name.value: s.phase.value for s in self.status.stages}
+
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.events]
+
+
+def fleet() -> Cluster:
+    return Cluster(master_deployment(), deployment("prefill"), deployment("decode"))
+
+
+def template(cluster: Cluster, name: str) -> dict[str, Any]:
+    return cluster.obj(name)["spec"]["template"]
+
+
+# ---- the happy path -------------------------------------------------------------------------------
+
+def test_stages_roll_out_one_after_the_other() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases() == {"master": "Progressing", "prefill": "Pending", "decode": "Pending"}
+    assert cluster.writes == [("Deployment", "mooncake-master")]
+    assert cluster.reasons() == ["RolloutStarted", "MasterRestart", "StageProgressing"]
+    assert "--eviction_ratio: 0.05 -> 0.1" in cluster.events[1][2] and "empties the Mooncake store" in cluster.events[1][2]
+
+    cluster.reconcile(SPEC)  # the master's controller has not moved: keep waiting, change nothing
+    assert cluster.status.phase is Phase.PROGRESSING and len(cluster.writes) == 1
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Progressing", "decode": "Pending"}
+    assert cluster.writes[1:] == [("Deployment", "prefill")]
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)
+    assert cluster.writes[2:] == [("Deployment", "decode")] and cluster.status.current_stage is StageName.DECODE
+    cluster.settle("decode")
+    cluster.reconcile(SPEC)
+    status = cluster.status
+    assert status.phase is Phase.READY and status.applied_config_hash == status.desired_config_hash
+    assert [t.phase.value for t in status.targets] == ["Ready", "Ready", "Ready"]
+    assert cluster.reasons()[-2:] == ["StageSucceeded", "RolloutComplete"]
+    assert {c.type: (c.status.value, c.reason) for c in status.conditions} == {
+        "Ready": ("True", "RolloutComplete"), "Progressing": ("False", "RolloutComplete"),
+        "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid")}
+
+    # At rest: the same status, no events, no changes — however often it is planned.
+    before, events = cluster.status_json, len(cluster.events)
+    cluster.now += datetime.timedelta(hours=1)
+    plan = cluster.reconcile(SPEC)
+    assert plan.changes == () and plan.events == () and cluster.status_json == before and len(cluster.events) == events
+
+
+def test_a_stage_waits_until_pods_run_the_new_configuration() -> None:
+    cluster = fleet()
+    cluster.run(spec_with(**{"master.evictionRatio": 0.05}))  # the master already has it
+    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    # The controller claims success but the pods still run the old template.
+    obj = cluster.obj("prefill")
+    obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
+    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    prefill = next(t for t in cluster.status.targets if t.name == "prefill")
+    assert prefill.phase.value == "Updating" and "ready pods run configuration" in prefill.message
+    assert cluster.stage_phases()["prefill"] == "Progressing"
+
+
+def test_decode_before_prefill_when_asked() -> None:
+    cluster = fleet()
+    cluster.run(spec_with(**{"rollout.stages": ["master", "decode", "prefill"]}))
+    order = [name for _, name in cluster.writes]
+    assert order == ["mooncake-master", "decode", "prefill"]
+
+
+def test_a_connector_change_does_not_restart_the_master() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    master_generation = cluster.obj("mooncake-master")["metadata"]["generation"]
+    cluster.writes.clear()
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert status.phase is Phase.READY and status.revision == 2
+    assert cluster.obj("mooncake-master")["metadata"]["generation"] == master_generation
+    assert cluster.stage_phases() == {"master": "Skipped", "prefill": "Succeeded", "decode": "Succeeded"}
+    assert [n for _, n in cluster.writes] == ["prefill", "decode"]
+    assert "MasterRestart" not in cluster.reasons()[cluster.reasons().index("RolloutComplete") + 1:]
+
+
+def test_a_master_without_settings_is_never_touched() -> None:
+    cluster = fleet()
+    spec = spec_with(master={"name": "mooncake-master", "version": "0.3.14"})
+    cluster.run(spec)
+    assert cluster.stage_phases()["master"] == "Skipped" and "MasterRestart" not in cluster.reasons()
+    assert POLICY_LABEL not in cluster.obj("mooncake-master")["metadata"]["labels"]
+
+
+# ---- approval, pause --------------------------------------------------------------------------
+
+def test_a_master_restart_waits_for_approval_of_exactly_this_change() -> None:
+    cluster = fleet()
+    spec = spec_with(**{"master.requireApprovalForRestart": True})
+    for _ in range(3):
+        cluster.reconcile(spec)
+    status = cluster.status
+    assert status.phase is Phase.AWAITING_APPROVAL and cluster.writes == []
+    assert status.pending_approval is not None and status.pending_approval in status.stages[0].message
+    assert "empties the Mooncake store" in status.stages[0].message
+    assert cluster.reasons().count("StageAwaitingApproval") == 1  # announced once
+
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = "something-else"
+    cluster.reconcile(spec)
+    assert cluster.writes == []
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval
+    assert cluster.run(spec).phase is Phase.READY and cluster.status.pending_approval is None
+    assert cluster.writes[0] == ("Deployment", "mooncake-master")
+
+
+def test_paused_holds_before_the_next_stage_and_resumes() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)  # the master stage starts
+    paused = spec_with(**{"rollout.paused": True})
+    cluster.settle("mooncake-master")
+    for _ in range(3):
+        cluster.reconcile(paused)
+    assert cluster.status.phase is Phase.PAUSED and cluster.stage_phases()["prefill"] == "Pending"
+    assert cluster.writes == [("Deployment", "mooncake-master")]  # the running stage finished; nothing new
+    assert cluster.reasons().count("Paused") == 1
+    assert cluster.run(SPEC).phase is Phase.READY
+
+
+def test_pause_between_stages_counts_on_the_clock() -> None:
+    cluster = fleet()
+    spec = spec_with(**{"rollout.pauseBetweenStagesSeconds": 300})
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Succeeded" and cluster.stage_phases()["prefill"] == "Pending"
+    cluster.now += datetime.timedelta(seconds=299)
+    cluster.reconcile(spec)
+    assert cluster.writes == [("Deployment", "mooncake-master")]
+    ready = cluster.status.condition("Progressing")
+    assert ready is not None and ready.reason == "PauseBetweenStages"
+    cluster.now += datetime.timedelta(seconds=2)
+    cluster.reconcile(spec)
+    assert cluster.writes[-1] == ("Deployment", "prefill")
+
+
+# ---- failure --------------------------------------------------------------------------------------
+
+def test_a_stalled_stage_times_out_and_every_changed_stage_rolls_back_last_first() -> None:
+    cluster = fleet()
+    before = {name: copy.deepcopy(template(cluster, name)) for name in ("mooncake-master", "prefill", "decode")}
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)  # decode starts ...
+    cluster.observe_only("decode")  # ... and never moves
+    cluster.now += datetime.timedelta(seconds=60)
+    cluster.reconcile(SPEC)
+    assert cluster.status.phase is Phase.PROGRESSING  # exactly the timeout: not yet
+    cluster.now += datetime.timedelta(seconds=1)
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Succeeded", "decode": "RollingBack"}
+    assert cluster.status.phase is Phase.ROLLING_BACK and cluster.status.failed_stage is StageName.DECODE
+    assert template(cluster, "decode") == before["decode"]
+    cluster.settle("decode")
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["decode"] == "RolledBack" and cluster.stage_phases()["prefill"] == "RollingBack"
+    assert template(cluster, "prefill") == before["prefill"] and template(cluster, "mooncake-master") != before["mooncake-master"]
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["master"] == "RollingBack"
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    status = cluster.status
+    assert status.phase is Phase.DEGRADED and cluster.stage_phases() == dict.fromkeys(("master", "prefill", "decode"), "RolledBack")
+    assert {name: template(cluster, name) for name in before} == before
+    degraded = status.condition("Degraded")
+    assert degraded is not None and degraded.reason == "RolledBack" and "not ready within 60s" in degraded.message
+    assert "not ready within 60s" in status.stages[2].message and status.stages[2].message.endswith("rolled back")
+    assert cluster.reasons()[cluster.reasons().index("StageFailed"):] == [
+        "StageFailed", "StageRollingBack", "StageRolledBack",  # decode, which failed
+        "StageRollingBack", "StageRolledBack",  # prefill
+        "MasterRestart", "StageRollingBack", "StageRolledBack",  # the master, announced as a restart
+        "RolledBack"]
+    warnings = {r for t, r, _ in cluster.events if t == "Warning"}
+    assert {"StageFailed", "StageRollingBack", "MasterRestart", "RolledBack"} <= warnings
+
+    # Degraded is a resting state: nothing more happens until the spec changes.
+    writes = len(cluster.writes)
+    plan = cluster.reconcile(SPEC)
+    assert plan.changes == () and plan.events == () and len(cluster.writes) == writes
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert status.phase is Phase.READY and status.revision == 2 and status.applied_revision == 2
+
+
+def test_failing_pods_fail_the_stage_at_once() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master", fail=True)
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["master"] == "RollingBack"
+    assert cluster.status.stages[0].message == "Deployment/mooncake-master: rollout failed: m; rolling back"
+    assert cluster.now == cluster.status.stages[0].started_at  # failed on sight, no timeout waited for
+
+
+def test_halt_leaves_the_fleet_where_it_failed() -> None:
+    cluster = fleet()
+    spec = spec_with(**{"rollout.onFailure": "halt"})
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(spec)
+    cluster.settle("prefill", fail=True)
+    changed = copy.deepcopy(template(cluster, "prefill"))
+    for _ in range(3):
+        cluster.reconcile(spec)
+    status = cluster.status
+    assert status.phase is Phase.DEGRADED and cluster.stage_phases()["prefill"] == "Failed"
+    assert template(cluster, "prefill") == changed and len(cluster.writes) == 2
+    degraded = status.condition("Degraded")
+    assert degraded is not None and degraded.reason == "Halted"
+    assert cluster.reasons().count("Halted") == 1
+
+
+# ---- drift, release -------------------------------------------------------------------------------
+
+def test_a_drifted_workload_is_brought_back_alone() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    args = cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[-1] = args[-1].replace('"mooncake_selective_lease":true', '"mooncake_selective_lease":false')
+    cluster.obj("decode")["metadata"]["generation"] += 1
+    cluster.writes.clear()
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.READY and status.revision == 2
+    assert cluster.writes == [("Deployment", "decode")]
+
+
+def test_a_workload_no_longer_covered_gets_its_original_back() -> None:
+    cluster = fleet()
+    original = copy.deepcopy(cluster.obj("decode"))
+    cluster.run(SPEC)
+    spec = spec_with(targets=[SPEC["targets"][0]], **{"rollout.stages": ["master", "prefill"]})
+    cluster.run(spec)
+    restored = cluster.obj("decode")
+    assert restored["spec"] == original["spec"] and restored["metadata"]["labels"] == original["metadata"]["labels"]
+    assert "Released" in cluster.reasons()
+
+
+def test_release_plan_restores_everything_and_warns_about_the_master() -> None:
+    cluster = fleet()
+    originals = copy.deepcopy(cluster.workloads)
+    cluster.run(SPEC)
+    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), raw_spec=SPEC, managed=list(cluster.workloads.values()))
+    assert [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
+    for change in plan.changes:
+        restored = build_update(cluster.workloads[change.ref], change)
+        assert restored is not None
+        assert restored["spec"] == originals[change.ref]["spec"]
+        assert restored["metadata"]["labels"] == originals[change.ref]["metadata"]["labels"]
+        assert "annotations" not in restored["metadata"]
+    assert len(plan.changes) == 3
+
+
+# ---- refusals -----------------------------------------------------------------------------------
+
+def test_an_invalid_spec_changes_nothing_and_says_why_once_per_generation() -> None:
+    cluster = fleet()
+    bad = spec_with(**{"rollout.stages": ["master", "decode"]})
+    for _ in range(3):
+        plan = cluster.reconcile(bad)
+        assert plan.changes == ()
+    assert cluster.status.phase is Phase.INVALID and cluster.reasons() == ["InvalidSpec"]
+    cluster.generation = 2
+    cluster.reconcile(bad)
+    assert cluster.reasons() == ["InvalidSpec", "InvalidSpec"]
+
+
+@pytest.mark.parametrize(("setup", "reason", "needle"), [
+    ("foreign", "ForeignConnector", "LMCacheConnectorV1"),
+    ("old-master", "Incompatible", "runs Mooncake 0.3.13"),
+    ("undeclared", "Incompatible", "Mooncake version unknown"),
+    ("conflict", "ConflictingPolicy", "already claimed by policy older"),
+])
+def test_refusals_change_nothing(setup: str, reason: str, needle: str) -> None:
+    cluster = fleet()
+    spec = copy.deepcopy(SPEC)
+    if setup == "foreign":
+        cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"] += [
+            "--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})]
+    elif setup == "old-master":
+        cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["image"] = "reg/mooncake:0.3.13"
+    elif setup == "undeclared":
+        del spec["targets"][1]["mooncakeVersion"]
+    else:
+        cluster.others = [{"metadata": {"name": "older", "creationTimestamp": "2025-12-31T00:00:00Z"},
+                           "spec": {"master": {"name": "other-master"}, "targets": [{"name": "decode", "role": "decode"}]}}]
+    before = copy.deepcopy(cluster.workloads)
+    for _ in range(2):
+        plan = cluster.reconcile(spec)
+        assert plan.changes == ()
+    assert cluster.workloads == before
+    status = cluster.status
+    invalid = status.condition("Invalid")
+    assert status.phase is Phase.INVALID and invalid is not None and invalid.reason == reason and needle in invalid.message
+    assert cluster.reasons() == [reason]
+
+
+def test_missing_workloads_keep_the_policy_pending() -> None:
+    cluster = Cluster(master_deployment(), deployment("prefill"))
+    cluster.reconcile(SPEC)
+    status = cluster.status
+    ready = status.condition("Ready")
+    assert status.phase is Phase.PENDING and ready is not None and "Deployment/decode (targets[1]) not found" in ready.message
+    assert cluster.writes == []
+    cluster.workloads[("Deployment", "decode")] = deployment("decode")
+    cluster.settle("decode")
+    assert cluster.run(SPEC).phase is Phase.READY
+
+
+def test_plan_fetch_lists_pods_only_while_verifying() -> None:
+    assert plan_fetch(SPEC, PolicyStatus()).pods is False
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    assert plan_fetch(SPEC, cluster.status).pods is True
+    assert plan_fetch({"master": {}}, cluster.status).pods is False
+    with_map = spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}})
+    assert plan_fetch(with_map, PolicyStatus()).config_maps == ("cfg",)
+
+
+def test_master_settings_in_a_config_map_restart_the_master_through_its_annotation() -> None:
+    cluster = fleet()
+    cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"] = ["--config_path=/etc/m.json"]
+    cluster.config_maps["cfg"] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
+                                  "data": {"m.json": '{"rpc_port": 50051}'}}
+    spec = spec_with(master={"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.2,
+                             "configMap": {"name": "cfg", "key": "m.json"}})
+    assert cluster.run(spec).phase is Phase.READY
+    assert json.loads(cluster.config_maps["cfg"]["data"]["m.json"]) == {"rpc_port": 50051, "eviction_ratio": 0.2}
+    annotations = template(cluster, "mooncake-master")["metadata"]["annotations"]
+    assert annotations[CONFIG_HASH_ANNOTATION] == cluster.status.targets[0].config_hash
+    assert cluster.writes[:2] == [("ConfigMap", "cfg"), ("Deployment", "mooncake-master")]
+
+
+# ---- fleet, claims, compatibility, health -----------------------------------------------------
+
+def test_selectors_resolve_to_sorted_workloads_once() -> None:
+    workloads = {("Deployment", n): deployment(n, labels={"tier": "vllm"}) for n in ("b", "a", "mooncake-master")}
+    workloads[("StatefulSet", "c")] = deployment("c", labels={"tier": "vllm"}, kind="StatefulSet")
+    spec = parse_spec({"master": {"name": "mooncake-master"},
+                       "targets": [{"name": "b", "role": "decode"},
+                                   {"selector": {"matchLabels": {"tier": "vllm"}}, "role": "prefill"},
+                                   {"kind": "StatefulSet", "selector": {"matchLabels": {"tier": "none"}}, "role": "prefill"}]})
+    resolved = resolve_fleet(spec, workloads)
+    assert [(m.stage.value, m.name) for m in resolved.members] == [
+        ("master", "mooncake-master"), ("decode", "b"), ("prefill", "a")]
+    assert resolved.missing == ("no StatefulSet matches the selector of targets[2]",)
+
+
+def test_claims_go_to_the_label_then_the_oldest() -> None:
+    workloads = {("Deployment", n): deployment(n) for n in ("m", "x")}
+    spec = parse_spec({"master": {"name": "m"}, "targets": [{"name": "x", "role": "decode"}]})
+    mine = resolve_fleet(spec, workloads)
+    older = Claim("a-older", "2026-01-01T00:00:00Z", frozenset({("Deployment", "x")}))
+    assert evaluate_claims(name="b", created="2026-01-02T00:00:00Z", fleet=mine, others=[older], workloads=workloads)
+    assert not evaluate_claims(name="b", created="2025-12-31T00:00:00Z", fleet=mine, others=[older], workloads=workloads)
+    workloads[("Deployment", "x")]["metadata"]["labels"][POLICY_LABEL] = "a-older"
+    assert evaluate_claims(name="b", created="2025-12-31T00:00:00Z", fleet=mine, others=[older], workloads=workloads)
+    assert not evaluate_claims(name="b", created="2025-12-31T00:00:00Z", fleet=mine, others=[], workloads=workloads)
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("0.3.14", True), ("v0.3.14", True), ("0.3.14.post1", True), ("0.3.15", True), ("1.0.0", True),
+    ("0.3.13", False), ("0.3.13.post1", False), ("0.3.14.dev20261022", False), ("0.3.14-rc1", False),
+    ("0.2.99", False),
+])
+def test_mooncake_versions_compare_like_releases(text: str, ok: bool) -> None:
+    version = parse_mooncake_version(text)
+    assert version is not None and version.at_least((0, 3, 14)) is ok
+
+
+@pytest.mark.parametrize(("image", "tag"), [
+    ("reg.local:5000/mooncake/mooncake-master:v0.3.14", "v0.3.14"),
+    ("vllm/vllm-openai:v0.9.1", None), ("reg.local:5000/mooncake-master", None),
+    ("ghcr.io/x/vllm-mooncake:0.3.14@sha256:abc", "0.3.14"),
+])
+def test_only_mooncake_images_tell_a_mooncake_version(image: str, tag: str | None) -> None:
+    assert image_mooncake_version(image) == tag
+
+
+def test_compatibility_gate() -> None:
+    spec = parse_spec({**SPEC, "connector": {"leaseMode": "leaseAll"}})
+    unknown = [VersionSource(StageName.DECODE, "Deployment", "d", None, "vllm:0.9.1")]
+    assert evaluate_compatibility(spec, unknown) == []  # leaseAll needs nothing
+    selective = parse_spec(SPEC)
+    assert "Mooncake version unknown" in evaluate_compatibility(selective, unknown)[0]
+    assert evaluate_compatibility(selective, [VersionSource(StageName.MASTER, "Deployment", "m", "0.3.14", None)]) == []
+
+
+def test_health_from_the_controller_and_the_pods() -> None:
+    obj = deployment("w")
+    obj["metadata"]["generation"] = 3
+    obj["status"] = {"observedGeneration": 2}
+    assert evaluate_health(obj, None).health is Health.PROGRESSING
+    obj["status"] = {"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+                     "availableReplicas": 2}
+    assert evaluate_health(obj, None).health is Health.COMPLETE
+    obj["spec"]["template"]["metadata"]["annotations"] = {CONFIG_HASH_ANNOTATION: "h2"}
+    crashing = {"metadata": {"name": "w-1", "namespace": "ns", "labels": {"app": "w"},
+                             "annotations": {CONFIG_HASH_ANNOTATION: "h2"}},
+                "status": {"containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}}
+    assert evaluate_health(obj, [crashing]).health is Health.FAILED
+    crashing["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "h1"  # an older template's pod
+    assert evaluate_health(obj, [crashing]).health is Health.PROGRESSING  # and no pod runs h2 yet
