@@ -27,6 +27,7 @@ from vllm.v1.kv_cache_interface import (
 from moonlease_connector.adapters.mooncake_store import StoreCalls
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from moonlease_connector.config import MoonleaseConnectorConfig
 
 HASH_BLOCK = 16
 
@@ -78,7 +79,8 @@ class RecordingStore:
         return [self.answer_for.get(key, 0) for key in keys]
 
 
-def build_worker(cls: type, layout: Layout, store: RecordingStore) -> Any:
+def build_worker(cls: type, layout: Layout, store: Any,
+                 config: MoonleaseConnectorConfig | None = None) -> Any:
     groups = [KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=spec)
               for i, spec in enumerate(layout.specs)]
     coord = MooncakeStoreCoordinator(groups, layout.scheduler_block, HASH_BLOCK,
@@ -97,5 +99,51 @@ def build_worker(cls: type, layout: Layout, store: RecordingStore) -> Any:
     worker._kv_connector_stats_lock = threading.Lock()
     worker.kv_connector_stats = MoonleaseConnectorStats()
     if cls is MoonleaseStoreWorker:
+        worker.moonlease_config = config or MoonleaseConnectorConfig()
         worker.store_calls = StoreCalls(store, worker._record_kv_connector_operation)
     return worker
+
+
+class PatternStore(RecordingStore):
+    """A recorder that also probes: `batch_probe_key` answers like `batch_is_exist`, and each
+    call records whether it leases (is_exist) or not (probe)."""
+
+    def batch_probe_key(self, keys: list[str], policy: str = "none", candidate_size: int = 1) -> list[int]:
+        self.calls.append((f"batch_probe_key:{policy}:{candidate_size}", tuple(keys)))
+        return [self.answer_for.get(key, 0) for key in keys]
+
+    def leased_keys(self) -> set[str]:
+        return {key for name, keys in self.calls if name == "batch_is_exist"
+                for key, answer in zip(keys, (self.answer_for.get(k, 0) for k in keys)) if answer == 1}
+
+    def probed_keys(self) -> set[str]:
+        return {key for name, keys in self.calls if name.startswith("batch_probe_key") for key in keys}
+
+
+def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> set[str]:
+    """Every key the receiver reads to load `result`, across all rank namespaces.
+
+    An independent reading of upstream's receive path (KVCacheStoreRecvingThread): chunks from
+    upstream's `ChunkedTokenDatabase.process_tokens`, kept by `coord.load_mask`, the chunk that
+    ends the hit keyed at its tail boundary.
+    """
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import ChunkedTokenDatabase
+
+    hit = result.hit_length
+    if hit <= 0:
+        return set()
+    masks = worker.coord.load_mask(block_hashes, hit)
+    tails = {boundary.group_id: boundary.num_tokens for boundary in result.tail_key_boundaries}
+    keys: set[str] = set()
+    for group, db in enumerate(worker.token_dbs):
+        if not worker._kv_cache_groups[group].kv_cache_spec.prefix_cacheable:
+            continue
+        database = SimpleNamespace(block_size=db.block_size, hash_block_size=worker.hash_block_size)
+        for start, end, chunk_hash in ChunkedTokenDatabase.process_tokens(database, hit, block_hashes):
+            chunk = start // db.block_size
+            if chunk >= len(masks[group]) or not masks[group][chunk]:
+                continue
+            if end == hit and group in tails:
+                chunk_hash = block_hashes[tails[group] // worker.hash_block_size - 1]
+            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in worker._lookup_key_prefixes[group])
+    return keys

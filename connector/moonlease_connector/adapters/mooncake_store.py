@@ -11,8 +11,9 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
+
+from moonlease_connector.core.capabilities import StoreCapabilities
 
 logger = logging.getLogger("moonlease.connector.store")
 
@@ -26,18 +27,6 @@ class RecordOperation(Protocol):
 
     def __call__(self, operation: str, duration_seconds: float, num_keys: int, *,
                  num_bytes: int = 0, status: str = "ok", num_failed_keys: int = 0) -> None: ...
-
-
-@dataclass(frozen=True)
-class StoreCapabilities:
-    """What the installed Mooncake client can do; logged and exported at start-up."""
-
-    mooncake_version: str
-    batch_probe_key: bool
-    probe_policies: tuple[str, ...]
-
-    def supports(self, policy: str) -> bool:
-        return self.batch_probe_key and policy in self.probe_policies
 
 
 def mooncake_version() -> str:

@@ -23,7 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import 
     MooncakeStorePromMetrics,
 )
 
-from moonlease_connector.adapters.mooncake_store import StoreCapabilities
+from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.lookup import LookupOutcome
 
 #: Reserved keys in the stats' `data` dict; upstream's keys are store operation names.

@@ -32,7 +32,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, UniformTypeKVCa
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.capabilities import missing_capability
 from moonlease_connector.core.lookup import (
     GroupNamespaces,
     LookupOutcome,
@@ -42,6 +43,7 @@ from moonlease_connector.core.lookup import (
     present_units,
     resolve_hit,
 )
+from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
 
 logger = logging.getLogger("moonlease.connector.worker")
 
@@ -68,6 +70,14 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                     ",".join(self.capabilities.probe_policies) or "-", config.lease_mode.value)
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
+        self._check_mode_requirements()
+
+    def _check_mode_requirements(self) -> None:
+        """Refuse to start in a mode the installed Mooncake client cannot serve."""
+        problem = missing_capability(self.moonlease_config.lease_mode, self.capabilities)
+        if problem is not None:
+            self.close()
+            raise ConnectorConfigError(problem)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
@@ -130,20 +140,42 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         if not candidates.keys:
             return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
 
+        hashes = [bytes(h) for h in block_hashes]
+
+        def hit_for(present: frozenset[tuple[int, bytes]]) -> int:
+            pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
+            return resolve_hit(num_tokens, lookup_length,
+                               lambda length: self.coord.find_longest_cache_hit(block_hashes, length, pool)[1],
+                               self.coord.align_lookup_length)
+
+        if self.moonlease_config.lease_mode is LeaseMode.SELECTIVE:
+            def plan_for(hit: int, present: frozenset[tuple[int, bytes]]) -> LoadPlan:
+                masks = self.coord.load_mask(block_hashes, hit)
+                return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
+                                       hashes, self.hash_block_size, hit, present)
+
+            selective = lease_selectively(
+                candidates,
+                probe=self.store_calls.probe,
+                lease=lambda keys: self.store_calls.exists_with_lease(keys, operation="lookup_lease"),
+                hit_for=hit_for, plan_for=plan_for,
+                max_rounds=self.moonlease_config.mooncake_max_lease_rounds)
+            if selective.plan is None:
+                return MooncakeLookupResult(0), selective.outcome
+            boundaries = tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in selective.plan.tails)
+            return MooncakeLookupResult(selective.hit_length, boundaries), selective.outcome
+
         answers = self.store_calls.exists_with_lease(candidates.keys)
         if answers is None:
             return MooncakeLookupResult(0), LookupOutcome.miss(
                 MissReason.STORE_ERROR, rounds=1, keys_probed=len(candidates))
         present = present_units(candidates, answers)
         leased = sum(1 for answer in answers if answer == 1)
-        pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
-        hit = resolve_hit(num_tokens, lookup_length,
-                          lambda length: self.coord.find_longest_cache_hit(block_hashes, length, pool)[1],
-                          self.coord.align_lookup_length)
+        hit = hit_for(present)
         if hit <= 0:
             return MooncakeLookupResult(0), LookupOutcome.miss(
                 MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased)
-        tails = build_tail_keys(groups, [bytes(h) for h in block_hashes], self.hash_block_size, hit,
+        tails = build_tail_keys(groups, hashes, self.hash_block_size, hit,
                                 lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
         boundaries = tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in tails)
         return (MooncakeLookupResult(hit, boundaries),

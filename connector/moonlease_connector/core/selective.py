@@ -1,0 +1,134 @@
+"""Selective lease (seed 002): probe without leasing, lease only what loading the hit reads.
+
+Pure decision logic. The store calls and vLLM's hit rule come in as callables, so the whole
+protocol — probe, hit, load set, lease, shorten on eviction, give up — is exercised in tests
+with plain functions, and against the real master through the adapter.
+
+Why: `batch_is_exist` leases every key it finds and moves it to the safe end of the eviction
+order. Leasing every candidate of a prompt protects keys loading never reads (blocks outside a
+sliding window, recurrent states before the resumed one), so they survive eviction while keys
+later requests would load are evicted. Here a lookup probes with `batch_probe_key` (no lease),
+computes the hit exactly as upstream would, and leases only that hit's load set.
+
+Rules (seed 002):
+- a hit is returned only when every key its load reads was leased in the final round;
+- keys that vanished between probe and lease shorten the hit; the shorter hit may read keys the
+  previous round did not lease (an earlier boundary state), so it is leased in a further round,
+  at most `max_rounds` rounds in all; then the lookup reports a miss;
+- an error result (a negative code) or a raising RPC is a miss, never a partial hit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from moonlease_connector.core.lookup import (
+    CandidateSet,
+    GroupNamespaces,
+    LookupOutcome,
+    MissReason,
+    TailKey,
+    Unit,
+    build_tail_keys,
+    present_units,
+)
+
+
+@dataclass(frozen=True)
+class LoadKey:
+    """One store key a load reads, with the unit it belongs to."""
+
+    key: str
+    unit: Unit
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What loading a hit of `hit_length` tokens reads, and under which tail keys."""
+
+    hit_length: int
+    keys: tuple[LoadKey, ...]
+    tails: tuple[TailKey, ...]
+
+
+def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, Sequence[bool]],
+                    block_hashes: Sequence[bytes], hash_block_size: int, hit_length: int,
+                    present: frozenset[Unit]) -> LoadPlan:
+    """The keys the receiver reads for a hit, across every rank namespace that loads.
+
+    Mirrors how the load is keyed: per group, the chunks its load mask keeps (a sliding
+    window keeps only its tail, a Mamba group only the last state), each keyed by the hash at
+    the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary.
+    """
+    tails = build_tail_keys(groups, block_hashes, hash_block_size, hit_length,
+                            lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
+    tail_by_group = {tail.group_id: tail.num_tokens for tail in tails}
+    keys: list[LoadKey] = []
+    for group in groups:
+        mask = load_masks.get(group.group_id, ())
+        chunks = -(-hit_length // group.block_size)
+        for chunk in range(chunks):
+            if chunk >= len(mask) or not mask[chunk]:
+                continue
+            end = min((chunk + 1) * group.block_size, hit_length)
+            boundary = tail_by_group.get(group.group_id, end) if end == hit_length else end
+            chunk_hash = bytes(block_hashes[boundary // hash_block_size - 1])
+            unit = (group.group_id, chunk_hash)
+            keys.extend(LoadKey(key, unit) for key in group.keys_for(chunk_hash))
+    return LoadPlan(hit_length, tuple(keys), tails)
+
+
+@dataclass(frozen=True)
+class SelectiveResult:
+    """The outcome of a selective lookup: the plan it leased (or none) and what it did."""
+
+    plan: LoadPlan | None
+    outcome: LookupOutcome
+
+    @property
+    def hit_length(self) -> int:
+        return self.plan.hit_length if self.plan is not None else 0
+
+
+StoreAnswer = Callable[[Sequence[str]], "list[int] | None"]
+
+
+def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: StoreAnswer,
+                      hit_for: Callable[[frozenset[Unit]], int],
+                      plan_for: Callable[[int, frozenset[Unit]], LoadPlan],
+                      max_rounds: int) -> SelectiveResult:
+    """Probe, decide the hit, lease its load set; shorten and retry while keys vanish.
+
+    `probe` must not lease (`batch_probe_key(..., "none")`); `lease` must (`batch_is_exist`).
+    Both return one answer per key, or None when the RPC failed.
+    """
+    if max_rounds < 1:
+        raise ValueError("max_rounds must be at least 1")
+    probed = len(candidates.keys)
+    answers = probe(candidates.keys)
+    if answers is None or any(answer < 0 for answer in answers):
+        return SelectiveResult(None, LookupOutcome.miss(MissReason.STORE_ERROR, keys_probed=probed))
+    present = present_units(candidates, answers)
+    leased_total = 0
+    for round_number in range(1, max_rounds + 1):
+        hit = hit_for(present)
+        if hit <= 0:
+            reason = MissReason.NOT_FOUND if round_number == 1 else MissReason.LEASE_LOST
+            return SelectiveResult(None, LookupOutcome.miss(
+                reason, rounds=round_number - 1, keys_probed=probed, keys_leased=leased_total))
+        plan = plan_for(hit, present)
+        keys = [load_key.key for load_key in plan.keys]
+        leased = lease(keys)
+        if leased is None or any(answer < 0 for answer in leased):
+            return SelectiveResult(None, LookupOutcome.miss(
+                MissReason.STORE_ERROR, rounds=round_number, keys_probed=probed,
+                keys_leased=leased_total))
+        leased_total += sum(1 for answer in leased if answer == 1)
+        vanished = {load_key.unit for load_key, answer in zip(plan.keys, leased, strict=True)
+                    if answer != 1}
+        if not vanished:
+            return SelectiveResult(plan, LookupOutcome(hit, None, round_number, probed, leased_total))
+        present = present - vanished
+    return SelectiveResult(None, LookupOutcome.miss(
+        MissReason.LEASE_LOST, rounds=max_rounds, keys_probed=probed, keys_leased=leased_total))

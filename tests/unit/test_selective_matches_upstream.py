@@ -1,0 +1,91 @@
+"""Selective lease against upstream's own lookup, over thousands of random patterns.
+
+For every group layout (full attention; + sliding window; + align-mode Mamba; partial-hash hits;
+several rank namespaces) and random existence pattern with no eviction:
+- the selective hit (and its tail keys) equals upstream's;
+- probing leases nothing and leasing only touches probed keys (leased ⊆ probed);
+- the leased keys are exactly what the load reads (so leased ⊇ reads, with nothing extra);
+- default mode still leases every probed candidate that exists.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+
+from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from tests.support.lookup_workers import (
+    HASH_BLOCK,
+    LAYOUTS,
+    Layout,
+    PatternStore,
+    RecordingStore,
+    build_worker,
+    keys_the_load_reads,
+)
+
+pytestmark = pytest.mark.unit
+
+SELECTIVE = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE)
+
+
+def every_possible_key(worker, hashes: list[bytes]) -> list[str]:
+    keys = set()
+    for group, prefixes in enumerate(worker._lookup_key_prefixes):
+        spec = worker._kv_cache_groups[group].kv_cache_spec
+        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
+        for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
+            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
+    return sorted(keys)
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[Layout, int, list[bytes], dict[str, int]]:
+    layout = draw(st.sampled_from(LAYOUTS))
+    num_hashes = draw(st.integers(min_value=1, max_value=24))
+    hashes = [bytes([index, 7]) * 4 for index in range(num_hashes)]
+    num_tokens = draw(st.integers(min_value=1, max_value=num_hashes * HASH_BLOCK))
+    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
+    rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
+    density = draw(st.sampled_from([1.0, 1.0, 0.97, 0.85, 0.6]))
+    pattern = {key: int(rng.random() < density) for key in every_possible_key(probe_worker, hashes)}
+    return layout, num_tokens, hashes, pattern
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_selective_hit_equals_upstream_and_leases_exactly_the_load(case) -> None:
+    layout, num_tokens, hashes, pattern = case
+    upstream_store = RecordingStore(pattern)
+    upstream = build_worker(MooncakeStoreWorker, layout, upstream_store).lookup(num_tokens, hashes)
+
+    store = PatternStore(pattern)
+    worker = build_worker(MoonleaseStoreWorker, layout, store, SELECTIVE)
+    ours = worker.lookup(num_tokens, hashes)
+
+    event(f"{layout.name}: {'hit' if ours.hit_length else 'miss'}")
+    assert (ours.hit_length, ours.tail_key_boundaries) == (upstream.hit_length, upstream.tail_key_boundaries)
+    assert all(name in ("batch_probe_key:none:1", "batch_is_exist") for name, _ in store.calls)
+    leased = store.leased_keys()
+    assert leased <= store.probed_keys()
+    assert leased == keys_the_load_reads(worker, hashes, ours)
+    if upstream.hit_length == 0:
+        assert not any(name == "batch_is_exist" for name, _ in store.calls) or leased == set()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_default_mode_leases_every_probed_candidate(case) -> None:
+    layout, num_tokens, hashes, pattern = case
+    store = PatternStore(pattern)
+    build_worker(MoonleaseStoreWorker, layout, store).lookup(num_tokens, hashes)
+    lease_calls = [keys for name, keys in store.calls if name == "batch_is_exist"]
+    assert not store.probed_keys()
+    assert len(lease_calls) <= 1
+    if lease_calls:
+        assert store.leased_keys() == {key for key in lease_calls[0] if pattern.get(key) == 1}
