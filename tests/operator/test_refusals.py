@@ -1,0 +1,188 @@
+"""Bad policies change nothing: the schema refuses what it can (the API server answers 422), and
+the operator refuses the rest (CEL rules the local server does not evaluate, compatibility,
+overlaps, foreign connectors) with an Invalid condition and a warning event."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from moonlease.testbed.kube import LocalApiServer
+from moonlease_operator.core.desired_state import POLICY_LABEL
+from moonlease_operator.runner import OperatorThread
+from tests.operator.fleet import (
+    NS,
+    WORKLOADS,
+    condition,
+    configured,
+    create_fleet,
+    operator_writes,
+    phase,
+    policy,
+    reasons,
+    reconciles,
+    status,
+    workload,
+)
+
+pytestmark = pytest.mark.operator
+
+WAIT = 15.0
+POLICIES = f"/apis/moonlease.io/v1alpha1/namespaces/{NS}/mooncakeleasepolicies"
+
+
+async def post(kube: LocalApiServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """`kubectl create` over HTTP."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(kube.url + POLICIES, data=json.dumps(body),
+                                headers={"Content-Type": "application/json"}) as rsp:
+            return rsp.status, await rsp.json()
+
+
+def unchanged(kube: LocalApiServer, originals: dict[str, dict[str, Any]]) -> bool:
+    """Spec, generation, labels and annotations as they were (the controllers still write status)."""
+    def view(obj: dict[str, Any]) -> tuple[Any, ...]:
+        meta = obj["metadata"]
+        return obj["spec"], meta["generation"], meta.get("labels"), meta.get("annotations")
+
+    return all(view(workload(kube, name)) == view(original) for name, original in originals.items())
+
+
+SCHEMA_REFUSES = {
+    "eviction ratio 0": {"master.evictionRatio": 0},
+    "watermark above 1": {"master.evictionHighWatermarkRatio": 1.01},
+    "lease ttl 0": {"master.defaultKvLeaseTtlMs": 0},
+    "soft-pin ttl negative": {"master.defaultKvSoftPinTtlMs": -5},
+    "master kind": {"master.kind": "DaemonSet"},
+    "unknown mode": {"connector.leaseMode": "leaseNone"},
+    "empty targets": {"targets": []},
+    "target role": {"targets": [{"name": "llama-prefill", "role": "both"}]},
+    "unknown stage": {"rollout.stages": ["master", "canary"]},
+    "stage timeout 0": {"rollout.stageTimeoutSeconds": 0},
+    "negative pause": {"rollout.pauseBetweenStagesSeconds": -1},
+    "on failure": {"rollout.onFailure": "retry"},
+    "config map key": {"master.configMap": {"name": "cfg", "key": "a/b"}},
+}
+
+CEL_REFUSES = {
+    "name and selector": ({"targets": [{"name": "llama-prefill", "role": "prefill",
+                                         "selector": {"matchLabels": {"a": "b"}}}]},
+                          "exactly one of name or selector"),
+    "lastHitOnly without hybrid": ({"connector.leaseMode": "lastHitOnly"}, "needs every target to be hybrid"),
+    "role without stage": ({"rollout.stages": ["master", "prefill"]}, "every target role must have a stage"),
+    "master as target": ({"targets": [{"name": "mooncake-master", "role": "prefill"}],
+                          "rollout.stages": ["master", "prefill"]}, "the master workload cannot also be a target"),
+    "empty selector": ({"targets": [{"role": "decode", "selector": {"matchLabels": {}}}]},
+                       "a selector must match on at least one label"),
+}
+
+
+async def test_the_schema_refuses_bad_fields_and_nothing_changes(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    for case, changes in SCHEMA_REFUSES.items():
+        code, answer = await post(kube, policy(name="bad", **changes))
+        assert code == 422 and answer["kind"] == "Status", case
+        assert kube.get("mlp", NS, "bad") is None, case
+    assert operator_writes(kube) == [] and unchanged(kube, originals)
+
+
+async def test_cel_rule_violations_are_refused_by_the_operator(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    for index, (case, (changes, message)) in enumerate(CEL_REFUSES.items()):
+        name = f"bad-{index}"
+        code, _ = await post(kube, policy(name=name, **changes))
+        assert code == 201, f"{case}: the local server does not evaluate CEL, so the operator must"
+        await kube.wait_for(lambda: phase(kube, name) == "Invalid", timeout=WAIT, what=f"{case} refused")
+        invalid = condition(kube, "Invalid", name)
+        assert (invalid["status"], invalid["reason"]) == ("True", "InvalidSpec") and message in invalid["message"], case
+        await kube.wait_for(lambda: reasons(kube, name) == ["InvalidSpec"], what=f"{case}: one warning event")
+        event = kube.events(NS, involved_name=name)[0]
+        assert event["type"] == "Warning" and message in event["message"], case
+    assert unchanged(kube, originals)
+    assert not any(configured(workload(kube, n)["spec"]["template"]) for n in WORKLOADS)
+
+
+@pytest.mark.parametrize(("case", "reason", "needle"), [
+    ("foreign connector", "ForeignConnector", "LMCacheConnectorV1"),
+    ("old master", "Incompatible", "runs Mooncake 0.3.13"),
+    ("undeclared client version", "Incompatible", "Mooncake version unknown"),
+    ("missing container", "UnmanageableWorkload", "container engine not found"),
+])
+async def test_a_fleet_that_cannot_run_the_policy_is_refused_untouched(
+        kube: LocalApiServer, running_operator: OperatorThread, case: str, reason: str, needle: str) -> None:
+    originals = await create_fleet(kube)
+    body = policy()
+    if case == "foreign connector":
+        await kube.patch("statefulsets", NS, "llama-decode", {"spec": {"template": {"spec": {"containers": [
+            {**originals["llama-decode"]["spec"]["template"]["spec"]["containers"][0],
+             "args": ["serve", "--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})]}]}}}})
+        originals["llama-decode"] = workload(kube, "llama-decode")
+    elif case == "old master":
+        body["spec"]["master"]["version"] = "0.3.13"
+    elif case == "undeclared client version":
+        del body["spec"]["targets"][0]["mooncakeVersion"]
+    else:
+        body["spec"]["targets"][0]["container"] = "engine"
+    await kube.create(body)
+    await kube.wait_for(lambda: phase(kube) == "Invalid", timeout=WAIT, what="phase Invalid")
+    invalid = condition(kube, "Invalid")
+    assert invalid["reason"] == reason and needle in invalid["message"]
+    mark = len(kube.api_calls())
+    await kube.wait_for(lambda: reconciles(kube, mark) >= 3, what="more reconciles")
+    assert reasons(kube) == [reason]  # said once
+    assert unchanged(kube, originals)
+    assert not any(POLICY_LABEL in (workload(kube, n)["metadata"].get("labels") or {}) for n in WORKLOADS)
+
+    # Fixing the cause lets the policy through.
+    if case == "foreign connector":
+        await kube.patch("statefulsets", NS, "llama-decode", {"spec": {"template": {"spec": {"containers": [
+            {**originals["llama-decode"]["spec"]["template"]["spec"]["containers"][0], "args": ["serve"]}]}}}})
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready once fixed")
+
+
+async def test_overlapping_policies_the_later_one_is_refused(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    await kube.create(policy(name="first"))
+    await kube.wait_for(lambda: phase(kube, "first") == "Ready", timeout=WAIT, what="the first policy Ready")
+    first = copy.deepcopy(status(kube, "first"))
+    versions = {n: workload(kube, n)["metadata"]["resourceVersion"] for n in WORKLOADS}
+
+    second = policy(name="second", **{"connector.leaseMode": "leaseAll"})
+    second["spec"]["master"] = {"name": "other-master"}
+    await kube.create({"apiVersion": "apps/v1", "kind": "Deployment",
+                       "metadata": {"name": "other-master", "namespace": NS},
+                       "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m2"}},
+                                "template": {"metadata": {"labels": {"app": "m2"}},
+                                             "spec": {"containers": [{"name": "m", "image": "mooncake:0.3.14"}]}}}})
+    await kube.create(second)
+    await kube.wait_for(lambda: phase(kube, "second") == "Invalid", timeout=WAIT, what="the second refused")
+    invalid = condition(kube, "Invalid", "second")
+    assert invalid["reason"] == "ConflictingPolicy"
+    assert "Deployment/llama-prefill is managed by policy first" in invalid["message"]
+    await kube.wait_for(lambda: reasons(kube, "second") == ["ConflictingPolicy"], what="its warning event")
+    assert {n: workload(kube, n)["metadata"]["resourceVersion"] for n in WORKLOADS} == versions
+    assert status(kube, "first") == first
+
+    # Once the first policy is gone (and has restored its workloads), the second may proceed.
+    await kube.delete("mlp", NS, "first")
+    await kube.wait_for(lambda: phase(kube, "second") == "Ready", timeout=WAIT, what="the second Ready")
+    extra = json.loads(workload(kube, "llama-prefill")["spec"]["template"]["spec"]["containers"][0]["args"][3])
+    assert extra["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+
+
+async def test_a_policy_waits_for_its_workloads(kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Pending", timeout=WAIT, what="phase Pending")
+    ready = condition(kube, "Ready")
+    assert ready["reason"] == "WorkloadNotFound" and "Deployment/mooncake-master (master) not found" in ready["message"]
+    assert "no StatefulSet matches the selector of targets[1]" in ready["message"]
+    await create_fleet(kube)
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert reasons(kube)[0] == "WorkloadNotFound"

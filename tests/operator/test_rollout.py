@@ -1,0 +1,355 @@
+"""The operator rolling policies out for real: kopf against the local API server, whose simulator
+plays the Deployment and StatefulSet controllers (complete, stall or fail, as each test says)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
+from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
+from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
+from moonlease_operator.runner import OperatorThread
+from tests.fixtures.kube import FAST_OPTIONS
+from tests.operator.fleet import (
+    NS,
+    USER_KV_CONFIG,
+    WORKLOADS,
+    ManualClock,
+    as_left_by_users,
+    condition,
+    configured,
+    create_fleet,
+    operator_writes,
+    phase,
+    policy,
+    reasons,
+    reconciles,
+    stage_phases,
+    status,
+    workload,
+)
+
+pytestmark = pytest.mark.operator
+
+WAIT = 15.0
+
+
+def vllm_container(obj: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in obj["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+
+
+def kv_config(container: dict[str, Any]) -> dict[str, Any]:
+    args = container["args"]
+    return json.loads(args[args.index("--kv-transfer-config") + 1])
+
+
+def template_versions(kube: LocalApiServer, name: str) -> list[dict[str, Any]]:
+    """The distinct pod templates a workload went through, in order."""
+    seen: list[dict[str, Any]] = []
+    for version in kube.history(WORKLOADS[name], NS, name):
+        if version is not None and (not seen or version["spec"]["template"] != seen[-1]):
+            seen.append(version["spec"]["template"])
+    return seen
+
+
+def first_rv(kube: LocalApiServer, name: str, predicate: Any) -> int:
+    return next(int(v["metadata"]["resourceVersion"]) for v in kube.history(WORKLOADS[name], NS, name)
+                if v is not None and predicate(v))
+
+
+def done_with_our_config(obj: dict[str, Any]) -> bool:
+    return configured(obj["spec"]["template"]) and is_rollout_complete(obj)
+
+
+async def test_a_policy_rolls_out_stage_by_stage_verified_and_then_rests(kube: LocalApiServer) -> None:
+    originals = await create_fleet(kube)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS) as operator:
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        await kube.wait_for(lambda: "RolloutComplete" in reasons(kube), what="the RolloutComplete event")
+
+        # Stage order, proven by resourceVersions: a stage is patched only after the previous
+        # stage's controller reported its rollout complete.
+        master_done = first_rv(kube, "mooncake-master", done_with_our_config)
+        prefill_patched = first_rv(kube, "llama-prefill", lambda v: configured(v["spec"]["template"]))
+        prefill_done = first_rv(kube, "llama-prefill", done_with_our_config)
+        decode_patched = first_rv(kube, "llama-decode", lambda v: configured(v["spec"]["template"]))
+        assert master_done < prefill_patched < prefill_done < decode_patched
+
+        # The master got its flags, in Mooncake's names, and nothing else changed in it.
+        master = workload(kube, "mooncake-master")
+        assert master["spec"]["template"]["spec"]["containers"][0]["args"] == [
+            "--rpc_port=50051", "--eviction_ratio=0.1", "--default_kv_lease_ttl=5000"]
+        # The targets: our keys merged into the user's JSON, the sidecar untouched, env set.
+        expected_extra = {**USER_KV_CONFIG["kv_connector_extra_config"], "mooncake_selective_lease": True,
+                          "mooncake_kda_last_hit_only": False, "mooncake_junction_retention": False}
+        prefill = workload(kube, "llama-prefill")
+        config = kv_config(vllm_container(prefill))
+        assert MoonleaseConnectorConfig.from_sources(config["kv_connector_extra_config"], {}).lease_mode.value == \
+            "selective"  # what the connector itself will read
+        assert config == {"kv_connector_extra_config": expected_extra, "kv_connector": "MooncakeStoreConnector",
+                          "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
+        assert prefill["spec"]["template"]["spec"]["containers"][1] == \
+            originals["llama-prefill"]["spec"]["template"]["spec"]["containers"][1]
+        decode = vllm_container(workload(kube, "llama-decode"))
+        assert decode["env"] == [{"name": "HF_HOME", "value": "/cache"}, {"name": SELECTIVE_LEASE_ENV, "value": "1"}]
+        assert kv_config(decode)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+        # Each workload restarted once, and its pods run what was rolled out.
+        assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
+        for name in WORKLOADS:
+            obj = workload(kube, name)
+            digest = obj["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+            pods = kube.list(PODS, NS, label_selector=f"app.kubernetes.io/name={name}")
+            assert len(pods) == obj["spec"]["replicas"]
+            assert {p["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] for p in pods} == {digest}
+
+        # Status: phase, conditions with reasons, stages, every workload, hashes, columns.
+        result = status(kube)
+        assert result["observedGeneration"] == 1 and result["appliedConfigHash"] == result["desiredConfigHash"]
+        assert result["currentStage"] == "decode" and result["revision"] == result["appliedRevision"] == 1
+        assert {c["type"]: (c["status"], c["reason"]) for c in result["conditions"]} == {
+            "Ready": ("True", "RolloutComplete"), "Progressing": ("False", "RolloutComplete"),
+            "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid")}
+        assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
+        assert [(t["kind"], t["name"], t["role"], t["phase"]) for t in result["targets"]] == [
+            ("Deployment", "mooncake-master", "master", "Ready"), ("Deployment", "llama-prefill", "prefill", "Ready"),
+            ("StatefulSet", "llama-decode", "decode", "Ready")]
+        assert reasons(kube) == [
+            "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+            "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
+
+        # At rest: the operator keeps reconciling and writes nothing at all.
+        mark = len(kube.api_calls())
+        await kube.wait_for(lambda: reconciles(kube, mark) >= 5, what="five more reconciles")
+        assert operator_writes(kube, mark) == []
+
+        registry = operator.metrics.registry
+        assert registry is not None
+        assert (registry.get_sample_value("moonlease_operator_reconciles_total", {"result": "success"}) or 0) >= 5
+        assert registry.get_sample_value("moonlease_operator_targets",
+                                         {"namespace": NS, "policy": "fleet", "state": "Ready"}) == 3
+        assert registry.get_sample_value("moonlease_operator_current_stage",
+                                         {"namespace": NS, "policy": "fleet", "stage": "decode"}) == 1
+        assert registry.get_sample_value("moonlease_operator_reconcile_duration_seconds_count") >= 5
+
+
+async def test_decode_first_and_a_connector_change_leaves_the_master_alone(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    await kube.create(policy(**{"rollout.stages": ["master", "decode", "prefill"]}))
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert first_rv(kube, "llama-decode", done_with_our_config) < \
+        first_rv(kube, "llama-prefill", lambda v: configured(v["spec"]["template"]))
+    master_generation = workload(kube, "mooncake-master")["metadata"]["generation"]
+
+    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll", "junctionRetention": True}}})
+    await kube.wait_for(lambda: status(kube).get("appliedRevision") == 2 and phase(kube) == "Ready",
+                        timeout=WAIT, what="the second rollout")
+    assert workload(kube, "mooncake-master")["metadata"]["generation"] == master_generation
+    assert stage_phases(kube) == {"master": "Skipped", "decode": "Succeeded", "prefill": "Succeeded"}
+    assert reasons(kube).count("MasterRestart") == 1  # only for the first rollout
+    extra = kv_config(vllm_container(workload(kube, "llama-prefill")))["kv_connector_extra_config"]
+    assert (extra["mooncake_selective_lease"], extra["mooncake_junction_retention"]) == (False, True)
+    assert vllm_container(workload(kube, "llama-decode"))["env"][-1] == {"name": SELECTIVE_LEASE_ENV, "value": "0"}
+
+
+async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServer) -> None:
+    originals = await create_fleet(kube)
+    kube.simulator.stall("StatefulSet", NS, "llama-decode", when=configured)
+    clock = ManualClock()
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.create(policy())
+        # The status announces the stage before the operator patches it: wait for both.
+        await kube.wait_for(lambda: stage_phases(kube).get("decode") == "Progressing"
+                            and configured(workload(kube, "llama-decode")["spec"]["template"]),
+                            timeout=WAIT, what="the decode stage to start")
+        assert not is_rollout_complete(workload(kube, "llama-decode"))
+        clock.advance(31)  # past stageTimeoutSeconds
+        await kube.wait_for(lambda: phase(kube) == "Degraded", timeout=WAIT, what="phase Degraded")
+        # The status is written first, the events right after it.
+        await kube.wait_for(lambda: "RolledBack" in reasons(kube), what="the RolledBack event")
+
+    result = status(kube)
+    assert stage_phases(kube) == {"master": "RolledBack", "prefill": "RolledBack", "decode": "RolledBack"}
+    assert result["failedStage"] == "decode" and result.get("appliedConfigHash") is None
+    degraded = condition(kube, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "not ready within 30s" in degraded["message"] and "StatefulSet/llama-decode" in degraded["message"]
+    assert [t["phase"] for t in result["targets"]] == ["RolledBack"] * 3
+    # Every workload is back to its own configuration, through its own rolling update.
+    for name, original in originals.items():
+        now = workload(kube, name)
+        assert now["spec"] == original["spec"], name
+        assert is_rollout_complete(now) and now["metadata"]["generation"] == 3
+    # Rolled back last stage first, each announced; the master restart was announced again.
+    tail = reasons(kube)[reasons(kube).index("StageFailed"):]
+    assert tail == ["StageFailed", "StageRollingBack", "StageRolledBack", "StageRollingBack", "StageRolledBack",
+                    "MasterRestart", "StageRollingBack", "StageRolledBack", "RolledBack"]
+    decode_back = first_rv(kube, "llama-decode", lambda v: v["metadata"]["generation"] == 3)
+    prefill_back = first_rv(kube, "llama-prefill", lambda v: v["metadata"]["generation"] == 3)
+    master_back = first_rv(kube, "mooncake-master", lambda v: v["metadata"]["generation"] == 3)
+    assert decode_back < prefill_back < master_back
+
+
+async def test_failing_pods_roll_back_at_once_or_halt(kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    kube.simulator.fail("Deployment", NS, "llama-prefill", when=configured)
+    await kube.create(policy(name="halting", **{"rollout.onFailure": "halt"}))
+    await kube.wait_for(lambda: phase(kube, "halting") == "Degraded", timeout=WAIT, what="halted")
+    assert condition(kube, "Degraded", "halting")["reason"] == "Halted"
+    assert stage_phases(kube, "halting") == {"master": "Succeeded", "prefill": "Failed", "decode": "Pending"}
+    assert configured(workload(kube, "llama-prefill")["spec"]["template"])  # left where it failed
+    assert "CrashLoopBackOff" in status(kube, "halting")["stages"][1]["message"] or \
+        "rollout failed" in status(kube, "halting")["stages"][1]["message"]
+
+    # Switching the same policy to rollback undoes what it changed.
+    await kube.patch("mlp", NS, "halting", {"spec": {"rollout": {"onFailure": "rollback"}}})
+    await kube.wait_for(lambda: condition(kube, "Degraded", "halting").get("reason") == "RolledBack",
+                        timeout=WAIT, what="rolled back")
+    assert not configured(workload(kube, "llama-prefill")["spec"]["template"])
+    assert not configured(workload(kube, "mooncake-master")["spec"]["template"])
+    assert not configured(workload(kube, "llama-decode")["spec"]["template"])
+
+
+async def test_a_restarted_operator_resumes_mid_rollout(kube: LocalApiServer) -> None:
+    await create_fleet(kube)
+    kube.simulator.stall("Deployment", NS, "llama-prefill", when=configured)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(policy())
+        await kube.wait_for(lambda: stage_phases(kube).get("prefill") == "Progressing"
+                            and configured(workload(kube, "llama-prefill")["spec"]["template"]),
+                            timeout=WAIT, what="the prefill stage to start")
+    # The operator is gone mid-stage; the stall clears while nobody watches.
+    before = status(kube)
+    kube.simulator.heal("Deployment", NS, "llama-prefill")
+    await kube.wait_for(lambda: is_rollout_complete(workload(kube, "llama-prefill")), what="prefill to finish")
+    assert status(kube) == before
+
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        await kube.wait_for(lambda: "RolloutComplete" in reasons(kube), what="the RolloutComplete event")
+    assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)  # nobody patched twice
+    assert status(kube)["revision"] == 1
+    assert reasons(kube) == [
+        "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+        "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
+
+
+async def test_conflicts_and_server_errors_are_retried_without_damage(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    faults = [
+        kube.inject_failures(DEPLOYMENTS, NS, "llama-prefill", status=409, count=3),
+        kube.inject_failures(STATEFULSETS, NS, "llama-decode", status=500, count=2),
+        kube.inject_failures(DEPLOYMENTS, NS, "mooncake-master", status=409, count=1),
+        kube.inject_failures("mlp", NS, "fleet", status=503, count=2, subresource="status"),
+        kube.inject_failures(DEPLOYMENTS, status=500, count=2, verbs=("list",)),
+    ]
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert [f.fired for f in faults] == [3, 2, 1, 2, 2]
+    for name in ("llama-prefill", "llama-decode"):
+        container = vllm_container(workload(kube, name))
+        assert container["args"].count("--kv-transfer-config") == 1
+        assert [e["name"] for e in container.get("env", [])].count(SELECTIVE_LEASE_ENV) == 1
+        assert kv_config(container)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+    assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
+    registry = running_operator.metrics.registry
+    assert registry is not None
+    assert registry.get_sample_value("moonlease_operator_api_retries_total", {"reason": "conflict"}) >= 4
+    assert registry.get_sample_value("moonlease_operator_api_retries_total", {"reason": "status_500"}) >= 4
+
+
+@pytest.mark.parametrize("when", ["after Ready", "mid-rollout"])
+async def test_deleting_the_policy_restores_the_workloads_exactly(
+        kube: LocalApiServer, running_operator: OperatorThread, when: str) -> None:
+    originals = await create_fleet(kube)
+    if when == "mid-rollout":
+        kube.simulator.stall("StatefulSet", NS, "llama-decode", when=configured)
+    await kube.create(policy())
+    target = "Ready" if when == "after Ready" else "Progressing"
+    await kube.wait_for(lambda: (configured(workload(kube, "llama-decode")["spec"]["template"]))
+                        if when == "mid-rollout" else phase(kube) == target, timeout=WAIT, what=f"the policy {target}")
+    assert POLICY_LABEL in workload(kube, "llama-decode")["metadata"]["labels"]
+
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone")
+    for name, original in originals.items():
+        assert as_left_by_users(workload(kube, name)) == as_left_by_users(original), name
+    await kube.wait_for(lambda: all(is_rollout_complete(workload(kube, n)) for n in WORKLOADS), timeout=WAIT,
+                        what="the restored fleet to settle")
+    restored = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "Restored"]
+    assert len(restored) == 1 and "Deployment/mooncake-master" in restored[0]["message"]
+    assert "MasterRestart" in reasons(kube)
+
+
+async def test_a_master_restart_waits_for_approval(kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    await kube.create(policy(**{"master.requireApprovalForRestart": True}))
+    await kube.wait_for(lambda: phase(kube) == "AwaitingApproval", timeout=WAIT, what="AwaitingApproval")
+    mark = len(kube.api_calls())
+    await kube.wait_for(lambda: reconciles(kube, mark) >= 3, what="more reconciles")
+    pending = status(kube)["pendingApproval"]
+    assert not configured(workload(kube, "mooncake-master")["spec"]["template"])
+    stage = status(kube)["stages"][0]
+    assert stage["phase"] == "AwaitingApproval" and "empties the Mooncake store" in stage["message"]
+    assert f"{APPROVE_MASTER_RESTART_ANNOTATION}={pending}" in stage["message"]
+    assert reasons(kube).count("StageAwaitingApproval") == 1
+
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: pending}}})
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert status(kube).get("pendingApproval") is None
+    assert reasons(kube).index("StageAwaitingApproval") < reasons(kube).index("MasterRestart")
+
+
+async def test_paused_between_stages_and_by_the_spec(kube: LocalApiServer) -> None:
+    await create_fleet(kube)
+    clock = ManualClock()
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.create(policy(**{"rollout.pauseBetweenStagesSeconds": 600}))
+        await kube.wait_for(lambda: stage_phases(kube).get("master") == "Succeeded", timeout=WAIT,
+                            what="the master stage done")
+        mark = len(kube.api_calls())
+        await kube.wait_for(lambda: reconciles(kube, mark) >= 3, what="more reconciles")
+        assert stage_phases(kube)["prefill"] == "Pending" and condition(kube, "Progressing")["reason"] == \
+            "PauseBetweenStages"
+        await kube.patch("mlp", NS, "fleet", {"spec": {"rollout": {"paused": True}}})
+        # Let a reconcile that read the old spec finish before the pause runs out.
+        mark = len(kube.api_calls())
+        await kube.wait_for(lambda: reconciles(kube, mark) >= 2, what="reconciles of the paused spec")
+        clock.advance(601)
+        await kube.wait_for(lambda: phase(kube) == "Paused", timeout=WAIT, what="phase Paused")
+        assert not configured(workload(kube, "llama-prefill")["spec"]["template"])
+        await kube.patch("mlp", NS, "fleet", {"spec": {"rollout": {"paused": False, "pauseBetweenStagesSeconds": 0}}})
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+
+
+async def test_master_settings_in_a_config_map(kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    await kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "master-config", "namespace": NS},
+                       "data": {"master.yaml": "rpc_port: 50051\n"}})
+    await kube.patch(DEPLOYMENTS, NS, "mooncake-master", {"spec": {"template": {"spec": {"containers": [
+        {"name": "master", "image": "registry.local/mooncake/mooncake-master:v0.3.14",
+         "args": ["--config_path=/etc/mooncake/master.yaml"]}]}}}})
+    await kube.wait_for(lambda: is_rollout_complete(workload(kube, "mooncake-master")), what="the master settled")
+    original = workload(kube, "mooncake-master")
+    config_map = kube.get("configmaps", NS, "master-config")
+    await kube.create(policy(**{"master.configMap": {"name": "master-config", "key": "master.yaml"}}))
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    data = kube.get("configmaps", NS, "master-config")["data"]["master.yaml"]
+    assert data == "rpc_port: 50051\ndefault_kv_lease_ttl: 5000\neviction_ratio: 0.1\n"
+    master = workload(kube, "mooncake-master")
+    assert master["spec"]["template"]["spec"] == original["spec"]["template"]["spec"]  # args untouched
+    assert master["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # restarted by hash
+
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone")
+    assert as_left_by_users(kube.get("configmaps", NS, "master-config")) == as_left_by_users(config_map) | {
+        "spec": None}
+    assert kube.get("configmaps", NS, "master-config")["data"] == config_map["data"]
+    assert as_left_by_users(workload(kube, "mooncake-master")) == as_left_by_users(original)
+    assert ORIGINAL_ANNOTATION not in (workload(kube, "mooncake-master")["metadata"].get("annotations") or {})
