@@ -31,4 +31,4 @@ crds: setup
 	@$(VENV)/bin/moonlease crd > crds/mooncakeleasepolicies.yaml
 
 clean-setup:
-	rm -rf $(VENV) .venv-mooncake-0.3.13
+	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
-STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/mooncake-0.3.13.txt
+STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
               moonlease/devenv/libcuda_stub.c pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
@@ -50,6 +50,16 @@ if [[ ! -x "$OLD_MOONCAKE_VENV/bin/python" ]]; then
 fi
 say "installing Mooncake 0.3.13.post1 into $OLD_MOONCAKE_VENV"
 "$OLD_MOONCAKE_VENV/bin/pip" install -q --disable-pip-version-check -r requirements/mooncake-0.3.13.txt 2> >(grep -v "is ignored: it is neither" >&2)
+
+# 3b. vLLM 0.33.0's modules, for the compatibility tests of our adapters (tests/compat): --no-deps
+#     into a plain folder; tests put it first on PYTHONPATH in a subprocess.
+VLLM_033_DIR=.venv-vllm-0.33
+if [[ ! -f "$VLLM_033_DIR/vllm/__init__.py" ]]; then
+    say "installing vLLM 0.33.0's modules into $VLLM_033_DIR (compatibility tests)"
+    rm -rf "$VLLM_033_DIR"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --target "$VLLM_033_DIR" \
+        -r requirements/vllm-0.33.txt 2> >(grep -v "is ignored: it is neither" >&2)
+fi
 
 # 4. The libcuda stub that lets the CUDA 13 Mooncake wheel load on a machine without a GPU.
 say "building the CPU libcuda stub"

@@ -1,0 +1,37 @@
+"""vLLM 0.33.0: our adapters still match upstream's Mooncake store lookup, call for call.
+
+vllm 0.33.0 needs a CUDA torch to serve, so it cannot run an engine here; its modules import on
+the CPU torch. `make setup` installs them --no-deps into `.venv-vllm-0.33`; this test re-runs
+the property tests against upstream's lookup (default and selective lease) in a subprocess with
+that folder first on PYTHONPATH, so upstream's coordinator and worker are 0.33.0's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[2]
+VLLM_033 = REPO / ".venv-vllm-0.33"
+PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",
+                  "tests/unit/test_selective_matches_upstream.py"]
+
+
+def test_adapters_match_upstream_lookup_of_vllm_0_33() -> None:
+    assert (VLLM_033 / "vllm" / "__init__.py").exists(), "run `make setup` (installs vLLM 0.33.0's modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(VLLM_033), str(REPO)])}
+    version = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__, vllm.__file__)"],
+                             env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert version.returncode == 0, version.stderr[-2000:]
+    assert version.stdout.split()[0] == "0.33.0" and str(VLLM_033) in version.stdout
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:logging", *PROPERTY_TESTS],
+                         env=env, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout
