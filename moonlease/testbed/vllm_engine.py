@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,10 @@ def start_engine(model: str | os.PathLike[str], *,
                 f"an in-process engine on {_running[0].model_path} is still running; vLLM keeps "
                 f"the KV connector and distributed state in globals, so stop it first")
         wanted = dict(ENGINE_ENV)
+        # The connector's lookup socket is an IPC path under VLLM_RPC_BASE_PATH, named by port
+        # and host only: engines of two test processes would unlink each other's. One folder
+        # per process keeps concurrent runs apart.
+        wanted.setdefault("VLLM_RPC_BASE_PATH", _rpc_base_path())
         if mooncake_config_path is not None:
             wanted[MOONCAKE_CONFIG_ENV] = str(Path(mooncake_config_path).resolve())
         restore = {key: os.environ.get(key) for key in wanted}
@@ -252,6 +257,12 @@ def _close_lookup_channel(connector: Any) -> None:
         server.close()
     with contextlib.suppress(Exception):
         server.ctx.term()
+
+
+def _rpc_base_path() -> str:
+    path = Path(tempfile.gettempdir()) / f"moonlease-vllm-rpc-{os.getpid()}"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
 
 def _restore_env(saved: Mapping[str, str | None]) -> None:

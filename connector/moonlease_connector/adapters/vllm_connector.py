@@ -44,11 +44,11 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         assert vllm_config.kv_transfer_config is not None
         extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
-        if self.moonlease_config.lease_mode is not LeaseMode.LEASE_ALL or \
+        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY or \
                 self.moonlease_config.mooncake_junction_retention:
             raise ConnectorConfigError(
-                f"lease mode {self.moonlease_config.lease_mode.value!r} / junction retention is "
-                "not available in this Moonlease build yet: remove the mooncake_* mode keys")
+                "mooncake_kda_last_hit_only / mooncake_junction_retention are not available in "
+                "this Moonlease build yet: remove those keys (selective lease is available)")
 
         # Upstream's constructor, with our worker in place of upstream's.
         KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role,
