@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from moonlease_connector.core.capabilities import StoreCapabilities
 
-logger = logging.getLogger("moonlease.connector.store")
+logger = logging.getLogger("vllm.moonlease.connector.store")
 
 #: Distributions that ship the `mooncake` package, most specific first.
 MOONCAKE_DISTRIBUTIONS = ("mooncake-transfer-engine-cuda13", "mooncake-transfer-engine",

@@ -32,7 +32,8 @@ from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, M
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 
-logger = logging.getLogger("moonlease.connector")
+# Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
+logger = logging.getLogger("vllm.moonlease.connector")
 
 
 class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):

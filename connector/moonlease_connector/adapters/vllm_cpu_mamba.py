@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-logger = logging.getLogger("moonlease.connector")
+logger = logging.getLogger("vllm.moonlease.connector")
 
 _SSD_COMBINED = "vllm.model_executor.layers.mamba.ops.ssd_combined"
 _CPU_MAMBA_SSM = "vllm.model_executor.layers.mamba.ops.cpu.mamba_ssm"

@@ -45,7 +45,7 @@ from moonlease_connector.core.lookup import (
 )
 from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
 
-logger = logging.getLogger("moonlease.connector.worker")
+logger = logging.getLogger("vllm.moonlease.connector.worker")
 
 
 def _is_recurrent(spec: Any) -> bool:
