@@ -17,12 +17,14 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 def _cmd_operator(args: argparse.Namespace) -> int:
     import logging
 
+    from moonlease_operator.options import OperatorOptions
     from moonlease_operator.runner import run_operator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, liveness_endpoint=args.liveness,
-                 metrics_port=args.metrics_port)
+                 metrics_port=args.metrics_port,
+                 options=OperatorOptions(reconcile_interval=args.reconcile_interval))
     return 0
 
 
@@ -59,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="liveness endpoint URL (default http://0.0.0.0:8080/healthz)")
     operator.add_argument("--metrics-port", type=int, default=9090,
                           help="Prometheus metrics port (default 9090)")
+    operator.add_argument("--reconcile-interval", type=float, default=5.0,
+                          help="seconds between reconciles of a policy when nothing wakes it earlier (default 5)")
     operator.set_defaults(func=_cmd_operator)
 
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")

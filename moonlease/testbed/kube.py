@@ -33,6 +33,7 @@ import contextlib
 import copy
 import datetime
 import enum
+import functools
 import hashlib
 import json
 import logging
@@ -105,8 +106,10 @@ class ResourceType:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    @property
+    @functools.cached_property
     def ref(self) -> kmock.resource:
+        # Cached: building a kmock.resource is slow (a Protocol isinstance check), and the
+        # simulator compares refs for every object on every tick.
         return kmock.resource(self.group, self.version, self.plural)
 
     def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
@@ -602,6 +605,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             found.append(copy.deepcopy(raw))
         return found
 
+    def objects_by_owner(self, what: Any) -> dict[str, list[JsonObj]]:
+        """Live objects of a type (deep copies) grouped by the uid of each owner they name: one
+        pass over the store, for the simulator's per-tick pod bookkeeping."""
+        ref = self.resource_type(what).ref
+        found: dict[str, list[JsonObj]] = {}
+        for (obj_ref, _, _), obj in self.objects.items():
+            if obj_ref != ref or obj.deleted:
+                continue
+            raw = obj.raw
+            for owner in raw.get("metadata", {}).get("ownerReferences") or []:
+                found.setdefault(owner.get("uid", ""), []).append(copy.deepcopy(raw))
+        return found
+
     def history(self, what: Any, namespace: str | None, name: str) -> list[JsonObj | None]:
         """Every stored version of an object, oldest first (None marks a deletion)."""
         rtype = self.resource_type(what)
@@ -1084,6 +1100,7 @@ class RolloutSimulator:
         self._rules: dict[tuple[str, str, str], _Rule] = {}
         self._state: dict[tuple[str, str, str], WorkloadRollout] = {}
         self._task: asyncio.Task[None] | None = None
+        self._pods_by_owner: dict[str, list[JsonObj]] = {}
         self.ticks = 0
 
     # ---- test controls ------------------------------------------------------------------------
@@ -1137,6 +1154,7 @@ class RolloutSimulator:
     async def tick(self) -> None:
         """Advance every Deployment and StatefulSet by one step."""
         self.ticks += 1
+        self._pods_by_owner = self.emulator.objects_by_owner(PODS)
         for rtype in (DEPLOYMENTS, STATEFULSETS):
             for obj in self.emulator.list_objects(rtype):
                 if obj["metadata"].get("deletionTimestamp"):
@@ -1260,8 +1278,8 @@ class RolloutSimulator:
                 ordinal += 1
                 unready = with_broken and i == count - 1
                 wanted[pod_name] = (template, rev, unready)
-        existing = {p["metadata"]["name"]: p for p in self.emulator.list_objects(PODS, namespace)
-                    if any(o.get("uid") == meta["uid"] for o in p["metadata"].get("ownerReferences") or [])}
+        existing = {p["metadata"]["name"]: p for p in self._pods_by_owner.get(meta["uid"], [])
+                    if p["metadata"].get("namespace") == namespace}
         for pod_name, pod in existing.items():
             rev = (pod["metadata"].get("labels") or {}).get(hash_label, "")
             if pod_name not in wanted or (rtype == STATEFULSETS and rev != wanted[pod_name][1]):

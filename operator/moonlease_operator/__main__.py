@@ -7,6 +7,7 @@ import argparse
 
 import kopf
 
+from moonlease_operator.options import OperatorOptions
 from moonlease_operator.runner import run_operator
 
 
@@ -18,11 +19,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
+    parser.add_argument("--reconcile-interval", type=float, default=OperatorOptions.reconcile_interval,
+                        help="seconds between reconciles of a policy when nothing wakes it earlier")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     run_operator(namespaces=args.namespace, standalone=args.standalone,
-                 liveness_endpoint=args.liveness, metrics_port=args.metrics_port)
+                 liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
+                 options=OperatorOptions(reconcile_interval=args.reconcile_interval))
 
 
 if __name__ == "__main__":

@@ -362,3 +362,23 @@ def test_merge_patch_of_a_target_change_is_small() -> None:
     patch = build_merge_patch(obj, new)
     assert set(patch) == {"metadata", "spec"} and set(patch["spec"]) == {"template"}
     assert merge_patch(obj, patch) == new
+
+
+def test_needs_update_agrees_with_build_update() -> None:
+    from moonlease_operator.core.desired_state import needs_update
+
+    base = workload(vllm("serve", "--kv-transfer-config", json.dumps({"kv_role": "kv_producer"})))
+    states = [base]
+    for settings, revision in ((SELECTIVE, 1), (LEASE_ALL, 2), (SELECTIVE, 3)):
+        new = apply(states[-1], settings, revision=revision, applied=1)
+        assert new is not None
+        states.append(new)
+    states.append(rollback(states[-1], 3) or states[-1])
+    changes = [WorkloadChange(kind="Deployment", name="w", action=action, policy="fleet", place="vllm",
+                              desired=build_target_desired(base, "vllm", settings), config_hash=settings.config_hash,
+                              revision=revision, applied_revision=1)
+               for action in ChangeAction for settings in (SELECTIVE, LEASE_ALL) for revision in (1, 2, 3)]
+    verdicts = [(needs_update(obj, change), build_update(obj, change) is not None)
+                for obj in states for change in changes]
+    assert all(a == b for a, b in verdicts)
+    assert {a for a, _ in verdicts} == {True, False}

@@ -262,6 +262,18 @@ def build_update(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | No
             return _release(obj)
 
 
+def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
+    """Whether `change` would alter `obj`: `build_update(obj, change) is not None`, without
+    building the new object (the planner asks this for every workload on every reconcile)."""
+    match change.action:
+        case ChangeAction.APPLY:
+            return not _apply_in_sync(obj, change, _apply_targets(obj, change))
+        case ChangeAction.ROLLBACK:
+            return _rollback_snapshot(obj, change) is not None
+        case ChangeAction.RELEASE:
+            return _release(obj) is not None
+
+
 def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]:
     """Human lines for what `change` would alter, e.g. `--eviction_ratio: 0.05 -> 0.1`."""
     target = _targets_of(obj, change)
@@ -290,13 +302,16 @@ def _apply_targets(obj: Mapping[str, Any], change: WorkloadChange) -> dict[str, 
     return targets
 
 
+def _apply_in_sync(obj: Mapping[str, Any], change: WorkloadChange, targets: Mapping[str, Wrapped]) -> bool:
+    if not all(_slot_equal(s, read_slot(obj, change.place, s), v) for s, v in targets.items()):
+        return False
+    return not change.require_annotation or read_slot(obj, change.place, "annotation") == {"v": change.config_hash}
+
+
 def _apply(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     place = change.place
     targets = _apply_targets(obj, change)
-    in_sync = all(_slot_equal(s, read_slot(obj, place, s), v) for s, v in targets.items())
-    if change.require_annotation:
-        in_sync = in_sync and read_slot(obj, place, "annotation") == {"v": change.config_hash}
-    if in_sync:
+    if _apply_in_sync(obj, change, targets):
         return None
     shape = _CONFIG_MAP_SHAPE if obj.get("kind") == "ConfigMap" else _WORKLOAD_SHAPE
     touched = set(targets) | ({"annotation"} if change.config_hash and shape is _WORKLOAD_SHAPE else set())
@@ -330,12 +345,20 @@ def _apply(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     return new
 
 
-def _rollback(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
+def _rollback_snapshot(obj: Mapping[str, Any], change: WorkloadChange) -> dict[str, Any] | None:
+    """The snapshot a rollback would restore, or None when there is nothing to restore."""
     snapshot = _load(obj, ROLLBACK_ANNOTATION)
     if snapshot is None or snapshot.get("revision") != change.revision:
         return None  # not changed by this attempt
     if all(_slot_equal(s, read_slot(obj, snapshot.get("place"), s), v)
            for s, v in snapshot["slots"].items() if _is_value_slot(s)):
+        return None
+    return snapshot
+
+
+def _rollback(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
+    snapshot = _rollback_snapshot(obj, change)
+    if snapshot is None:
         return None
     new = copy.deepcopy(dict(obj))
     _restore(new, snapshot)

@@ -63,6 +63,7 @@ from moonlease_operator.core.desired_state import (
     evaluate_master,
     evaluate_target,
     managed_by,
+    needs_update,
     rollback_revision,
     template_config_hash,
 )
@@ -221,6 +222,7 @@ class _Planner:
     master: MasterSettings
     changes: list[WorkloadChange] = field(default_factory=list)
     notes: list[EventNote] = field(default_factory=list)
+    _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
         desired_hash = build_config_hash({"master": self.master.config_hash, "connector": self.connector.config_hash})
@@ -278,7 +280,7 @@ class _Planner:
         file_change = WorkloadChange(kind="ConfigMap", name=ref.name, place=ref.key,
                                      desired=build_config_map_desired(self.master), **common)
         config_map = self.observed.config_maps.get(ref.name) or {}
-        owned = build_update(config_map, file_change) is not None or \
+        owned = needs_update(config_map, file_change) or \
             ORIGINAL_ANNOTATION in ((config_map.get("metadata") or {}).get("annotations") or {})
         restart = WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired={},
                                  config_hash=self.master.config_hash, require_annotation=owned, **common)
@@ -290,10 +292,13 @@ class _Planner:
         return self.observed.workloads.get(change.ref) or {}
 
     def _pending(self, changes: Sequence[WorkloadChange]) -> list[WorkloadChange]:
-        return [c for c in changes if build_update(self._object(c), c) is not None]
+        return [c for c in changes if needs_update(self._object(c), c)]
 
     def _in_sync(self, member: Member) -> bool:
-        return not self._pending(self._apply_changes(member))
+        # Asked several times per member per plan; the observed objects do not change meanwhile.
+        if member.key not in self._sync_cache:
+            self._sync_cache[member.key] = not self._pending(self._apply_changes(member))
+        return self._sync_cache[member.key]
 
     def _rollback_changes(self, member: Member) -> list[WorkloadChange]:
         changes = [WorkloadChange(kind=member.kind, name=member.name, action=ChangeAction.ROLLBACK,
@@ -312,7 +317,7 @@ class _Planner:
         for key, obj in sorted(self.observed.workloads.items()):
             if managed_by(obj) == self.policy.name and key not in self.fleet.keys:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
-                if build_update(obj, change) is not None:
+                if needs_update(obj, change):
                     self.changes.append(change)
                     self.notes.append(EventNote("Normal", Reason.RELEASED.value,
                                                 f"{key[0]}/{key[1]} is no longer covered: restoring its original"
