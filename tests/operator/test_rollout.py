@@ -3,9 +3,15 @@ plays the Deployment and StatefulSet controllers (complete, stall or fail, as ea
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import socket
+import sys
 from typing import Any
 
+import aiohttp
 import pytest
 
 from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
@@ -353,3 +359,52 @@ async def test_master_settings_in_a_config_map(kube: LocalApiServer, running_ope
     assert kube.get("configmaps", NS, "master-config")["data"] == config_map["data"]
     assert as_left_by_users(workload(kube, "mooncake-master")) == as_left_by_users(original)
     assert ORIGINAL_ANNOTATION not in (workload(kube, "mooncake-master")["metadata"].get("annotations") or {})
+
+
+async def test_the_operator_process_serves_its_metrics(kube: LocalApiServer, tmp_path: Any) -> None:
+    """`python -m moonlease_operator --metrics-port`: the runner serves the operator's metrics."""
+    await create_fleet(kube)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig"))}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    log = tmp_path / "operator.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "moonlease_operator", "--standalone", "--metrics-port", str(port),
+            "--reconcile-interval", "0.2", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
+    try:
+        await kube.create(policy())
+        await kube.wait_for(lambda: proc.returncode is not None or phase(kube) == "Ready", timeout=30,
+                            what="phase Ready from the operator process")
+
+        async def scrape() -> str:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{port}/metrics") as rsp:
+                    return await rsp.text()
+
+        # The metrics follow the status at the end of the same reconcile.
+        samples = await kube.wait_for(lambda: _ready_samples(scrape()), what="the Ready gauge")
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 15)
+    assert phase(kube) == "Ready", log.read_text()[-3000:]
+    assert samples[("moonlease_operator_reconciles_total", (("result", "success"),))] >= 3
+    policy_labels = (("namespace", "default"), ("policy", "fleet"))
+    assert samples[("moonlease_operator_targets", (*policy_labels, ("state", "Ready")))] == 3
+    assert samples[("moonlease_operator_targets", (*policy_labels, ("state", "Pending")))] == 0
+    assert samples[("moonlease_operator_current_stage", (*policy_labels, ("stage", "decode")))] == 1
+    assert samples[("moonlease_operator_current_stage", (*policy_labels, ("stage", "master")))] == 0
+    assert samples[("moonlease_operator_reconcile_duration_seconds_count", ())] >= 3
+
+
+async def _ready_samples(text: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+    """Parsed samples of the operator's metrics once its phase gauge says Ready."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(await text) for s in family.samples}
+    ready = ("moonlease_operator_policy_phase", (("namespace", "default"), ("phase", "Ready"), ("policy", "fleet")))
+    return samples if samples.get(ready) == 1 else None

@@ -178,6 +178,10 @@ def test_stages_roll_out_one_after_the_other() -> None:
     assert cluster.reasons() == ["RolloutStarted", "MasterRestart", "StageProgressing"]
     assert "--eviction_ratio: 0.05 -> 0.1" in cluster.events[1][2] and "empties the Mooncake store" in cluster.events[1][2]
 
+    # The status says so too, before the operator patches anything.
+    assert "empties the Mooncake store" in cluster.status.stages[0].message
+    progressing = cluster.status.condition("Progressing")
+    assert progressing is not None and "--eviction_ratio: 0.05 -> 0.1" in progressing.message
     cluster.reconcile(SPEC)  # the master's controller has not moved: keep waiting, change nothing
     assert cluster.status.phase is Phase.PROGRESSING and len(cluster.writes) == 1
     cluster.settle("mooncake-master")

@@ -363,9 +363,10 @@ class _Planner:
                     self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value, restart))
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
-                self._set_stage(name, StagePhase.PROGRESSING, f"updating {len(pending)} workload(s)", started=True)
-                return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING,
-                                f"Stage {name.value}: updating {len(pending)} workload(s)")
+                # The status says what is about to happen (a master restart in so many words).
+                doing = restart if name is StageName.MASTER else f"updating {len(pending)} workload(s)"
+                self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
+                return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify.
             for member in members:
                 self.changes.extend(self._pending(self._apply_changes(member)))
