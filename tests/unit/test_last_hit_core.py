@@ -1,0 +1,101 @@
+"""Last-hit-only's pure core: checkpoint-major candidates and both response contracts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from moonlease_connector.core.last_hit import (
+    ProbeContract,
+    build_checkpoint_candidates,
+    contract_for,
+    legal_checkpoints,
+    select_checkpoint,
+)
+from moonlease_connector.core.lookup import GroupNamespaces
+
+pytestmark = pytest.mark.unit
+
+MAMBA_A = GroupNamespaces(1, 64, ("a@r0", "a@r1"), is_recurrent=True)
+MAMBA_B = GroupNamespaces(2, 64, ("b@r0", "b@r1"), is_recurrent=True)
+
+
+def state_hash(group: GroupNamespaces, position: int) -> bytes:
+    return bytes([position // 64]) * 4
+
+
+def candidates(groups=(MAMBA_A, MAMBA_B), positions=(64, 128, 192)):
+    return build_checkpoint_candidates(list(groups), list(positions), state_hash)
+
+
+def test_keys_are_checkpoint_major_across_groups_and_namespaces() -> None:
+    c = candidates(positions=(128, 64))
+    assert c.positions == (64, 128) and c.candidate_size == 4
+    assert c.keys == ("a@r0@01010101", "a@r1@01010101", "b@r0@01010101", "b@r1@01010101",
+                      "a@r0@02020202", "a@r1@02020202", "b@r0@02020202", "b@r1@02020202")
+    assert c.units[1] == ((1, b"\x02" * 4), (2, b"\x02" * 4))
+
+
+def test_unequal_namespace_counts_give_one_candidate_size() -> None:
+    odd = GroupNamespaces(3, 64, ("c@r0", "c@r1", "c@r2"), is_recurrent=True)
+    c = candidates(groups=(GroupNamespaces(1, 64, ("a@r0",), is_recurrent=True), odd))
+    assert c.candidate_size == 4 and len(c.keys) == 12
+    answers = [1, 1, 1, 1,  1, 1, 0, 1,  1, 1, 1, 1]
+    assert select_checkpoint(c, answers, ProbeContract.PER_KEY_EXISTENCE).index == 2
+
+
+def test_duplicate_keys_are_read_by_position() -> None:
+    twin = GroupNamespaces(1, 64, ("same", "same"), is_recurrent=True)
+    c = candidates(groups=(twin,))
+    assert c.keys_of(0) == ("same@01010101", "same@01010101")
+    assert select_checkpoint(c, [1, 1, 1, 0, 0, 0], ProbeContract.PER_KEY_EXISTENCE).index == 0
+
+
+def reference_last_complete(pattern: tuple[int, ...], size: int) -> int | None:
+    complete = [i for i in range(len(pattern) // size) if all(pattern[i * size:(i + 1) * size])]
+    return complete[-1] if complete else None
+
+
+def test_all_4096_physical_existence_patterns_under_both_contracts() -> None:
+    c = candidates()
+    assert len(c.keys) == 12
+    for pattern in itertools.product((0, 1), repeat=12):
+        expected = reference_last_complete(pattern, 4)
+        # Mooncake 0.3.14 answers per-key existence.
+        per_key = select_checkpoint(c, pattern, ProbeContract.PER_KEY_EXISTENCE)
+        assert per_key.valid and per_key.index == expected
+        # An RFC 4255 store answers ones on the selected candidate only.
+        mask = [0] * 12
+        if expected is not None:
+            mask[expected * 4:(expected + 1) * 4] = [1] * 4
+        selected_only = select_checkpoint(c, mask, ProbeContract.SELECTED_ONLY)
+        assert selected_only.valid and selected_only.index == expected
+        # A per-key answer read under RFC 4255 is valid only if it is a selected-only mask.
+        strict = select_checkpoint(c, pattern, ProbeContract.SELECTED_ONLY)
+        assert strict.valid == (list(pattern) == mask)
+
+
+@pytest.mark.parametrize(("answers", "contract", "why"), [
+    (None, ProbeContract.PER_KEY_EXISTENCE, "RPC failed"),
+    ([1] * 11, ProbeContract.PER_KEY_EXISTENCE, "11 answers"),
+    ([1] * 11 + [-600], ProbeContract.PER_KEY_EXISTENCE, "outside the contract"),
+    ([1] * 11 + [2], ProbeContract.PER_KEY_EXISTENCE, "outside the contract"),
+    ([1] * 8 + [0] * 4, ProbeContract.SELECTED_ONLY, "2 candidates selected"),
+    ([0, 1, 0, 0] + [1] * 4 + [0] * 4, ProbeContract.SELECTED_ONLY, "outside the selected"),
+])
+def test_answers_outside_the_contract_are_misses(answers, contract, why) -> None:
+    selection = select_checkpoint(candidates(), answers, contract)
+    assert not selection.valid and selection.index is None and why in selection.problem
+
+
+def test_contract_follows_the_release() -> None:
+    assert contract_for("0.3.14") is ProbeContract.PER_KEY_EXISTENCE
+    assert contract_for("0.3.15") is ProbeContract.SELECTED_ONLY
+
+
+def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> None:
+    assert legal_checkpoints(64, 200, lambda p: True) == (64, 128, 192)
+    assert legal_checkpoints(64, 191, lambda p: True) == (64, 128)
+    assert legal_checkpoints(64, 256, lambda p: p != 128) == (64, 192, 256)
+    assert legal_checkpoints(64, 63, lambda p: True) == ()
