@@ -568,3 +568,16 @@ def test_health_from_the_controller_and_the_pods() -> None:
     assert evaluate_health(obj, [crashing]).health is Health.FAILED
     crashing["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] = "h1"  # an older template's pod
     assert evaluate_health(obj, [crashing]).health is Health.PROGRESSING  # and no pod runs h2 yet
+
+
+def test_a_master_change_that_did_not_land_is_announced_again_before_the_retry() -> None:
+    cluster = fleet()
+    first = cluster.reconcile(SPEC)
+    assert [e.reason for e in first.events].count("MasterRestart") == 1
+    # The write never reached the server (an outage after the status was written).
+    cluster.workloads[("Deployment", "mooncake-master")] = master_deployment()
+    cluster.settle("mooncake-master")
+    retry = cluster.reconcile(SPEC)
+    assert [e.reason for e in retry.events] == ["MasterRestart"] and [c.name for c in retry.changes] == ["mooncake-master"]
+    # Once it landed, waiting for the controller announces nothing more.
+    assert cluster.reconcile(SPEC).events == ()

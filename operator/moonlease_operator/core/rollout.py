@@ -367,9 +367,16 @@ class _Planner:
                 doing = restart if name is StageName.MASTER else f"updating {len(pending)} workload(s)"
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
-            # Progressing: re-apply what is not there (a write that failed), then verify.
+            # Progressing: re-apply what is not there (a write that failed), then verify. A master
+            # still to be patched is announced again: the last announcement may be all that got out.
             for member in members:
-                self.changes.extend(self._pending(self._apply_changes(member)))
+                again = self._pending(self._apply_changes(member))
+                if again and name is StageName.MASTER:
+                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
+                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply"
+                                                " its new settings (retrying the change): restarting the master"
+                                                " empties the Mooncake store"))
+                self.changes.extend(again)
             failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
@@ -424,6 +431,11 @@ class _Planner:
                                 f"Stage {(failed or name).value} failed ({failure}); rolling back stage {name.value}")
             if stage.phase is StagePhase.ROLLING_BACK:
                 changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
+                if changes and name is StageName.MASTER:
+                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
+                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
+                                                " back its settings (retrying the change): restarting the master"
+                                                " empties the Mooncake store"))
                 self.changes.extend(changes)
                 health = [(m, self.health[m.key]) for m in members]
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
