@@ -60,7 +60,22 @@ class OperatorContext:
         self.options = options or OperatorOptions()
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())  # private unless given
         self.connection: kopf.ConnectionInfo | None = None
+        self._relogin: Callable[[], kopf.ConnectionInfo | None] | None = None
         self._client: KubeClient | None = None
+        self._stale: list[KubeClient] = []  # replaced clients, closed at cleanup (requests may be in flight)
+
+    def use_connection(self, connection: kopf.ConnectionInfo | None,
+                       relogin: Callable[[], kopf.ConnectionInfo | None] | None = None) -> None:
+        """kopf logged in (again): later requests use these credentials."""
+        self.connection, self._relogin = connection, relogin
+        if self._client is not None:
+            self._stale.append(self._client)
+            self._client = None
+
+    async def refresh_credentials(self) -> None:
+        """After a 401: log in again (a rotated service-account token, a refreshed kubeconfig)."""
+        if self._relogin is not None:
+            self.use_connection(self._relogin(), self._relogin)
 
     def client(self) -> KubeClient:
         if self._client is None:
@@ -73,9 +88,9 @@ class OperatorContext:
         return self._client
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        for client in [*self._stale, *([self._client] if self._client is not None else [])]:
+            await client.close()
+        self._client, self._stale = None, []
 
 
 def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
@@ -94,6 +109,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                     await reconcile_policy(context, meta["namespace"], meta["name"], logger)
             except Exception as exc:  # an API outage must not end the daemon; try again later
                 kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
+                if isinstance(exc, ApiError) and exc.status == 401:
+                    await context.refresh_credentials()
                 context.metrics.observe_error(kind)
                 context.metrics.observe_reconcile("error", 0.0)
                 logger.warning("Reconcile failed, retrying in %ss: %s", context.options.error_delay, exc)

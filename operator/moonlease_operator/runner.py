@@ -52,8 +52,11 @@ def build_registry(connection: kopf.ConnectionInfo | None = None, *,
     handlers.register(registry, context)
 
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        info = connection if connection is not None else kopf.login_via_client(**kwargs)
-        context.connection = info
+        def fresh() -> kopf.ConnectionInfo | None:
+            return connection if connection is not None else kopf.login_via_client(**kwargs)
+
+        info = fresh()
+        context.use_connection(info, relogin=fresh)
         return info
 
     kopf.on.login(id="login", registry=registry)(login)

@@ -12,12 +12,14 @@ import sys
 from typing import Any
 
 import aiohttp
+import kopf
 import pytest
 
 from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
+from moonlease_operator.handlers import OperatorContext
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
@@ -408,3 +410,31 @@ async def _ready_samples(text: Any) -> dict[tuple[str, tuple[tuple[str, str], ..
                for family in text_string_to_metric_families(await text) for s in family.samples}
     ready = ("moonlease_operator_policy_phase", (("namespace", "default"), ("phase", "Ready"), ("policy", "fleet")))
     return samples if samples.get(ready) == 1 else None
+
+
+async def test_an_expired_token_is_refreshed_by_logging_in_again(kube: LocalApiServer) -> None:
+    """A 401 (say, a rotated service-account token) makes the operator log in again and carry on."""
+    await create_fleet(kube)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS) as operator:
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        fault = kube.inject_failures("mlp", NS, None, status=401, count=1, verbs=("list",))
+        await kube.wait_for(lambda: fault.fired == 1, what="the 401")
+        mark = len(kube.api_calls())
+        await kube.wait_for(lambda: reconciles(kube, mark) >= 2, what="reconciles after the 401")
+        registry = operator.metrics.registry
+        assert registry is not None
+        assert registry.get_sample_value("moonlease_operator_reconcile_errors_total", {"kind": "api_401"}) == 1
+    assert phase(kube) == "Ready"
+
+
+async def test_the_context_builds_a_new_client_from_the_new_login() -> None:
+    logins = iter([kopf.ConnectionInfo(server="http://127.0.0.1:1"), kopf.ConnectionInfo(server="http://127.0.0.1:2")])
+    context = OperatorContext()
+    context.use_connection(next(logins), relogin=lambda: next(logins))
+    first = context.client()
+    assert context.client() is first and first.server.endswith(":1")
+    await context.refresh_credentials()
+    second = context.client()
+    assert second is not first and second.server.endswith(":2")
+    await context.close()
