@@ -37,8 +37,9 @@ from moonlease_operator.adapters.workloads import (
     post_event,
 )
 from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase
-from moonlease_operator.core.acceptance import dump_status, read_status
-from moonlease_operator.core.rollout import PolicyRef, plan_fetch, plan_reconcile, plan_release
+from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.desired_state import WorkloadChange
+from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
 from moonlease_operator.options import OperatorOptions
 
 Clock = Callable[[], datetime.datetime]
@@ -188,7 +189,7 @@ def _ref(policy: Mapping[str, Any]) -> PolicyRef:
                      annotations=dict(meta.get("annotations") or {}))
 
 
-def _current(observed: Any, change: Any) -> Mapping[str, Any] | None:
+def _current(observed: Observed, change: WorkloadChange) -> Mapping[str, Any] | None:
     if change.kind == "ConfigMap":
         return observed.config_maps.get(change.name)
     return observed.workloads.get(change.ref)

@@ -31,7 +31,8 @@ from moonlease_operator.api import (
 )
 from moonlease_operator.api.common import ApiModel, LabelSelectorRequirement
 from moonlease_operator.api.policy import TargetSpec
-from moonlease_operator.core.acceptance import dump_status, plan_acceptance, read_status
+from moonlease_operator.core.rollout import Observed, PolicyRef, plan_reconcile
+from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.crd import build_crd, render_crd_yaml, validation_schema
 
@@ -379,44 +380,53 @@ def test_set_condition_keeps_transition_time_while_status_holds() -> None:
     assert flipped[0].last_transition_time == later and len(flipped) == 1
 
 
-def test_acceptance_of_a_valid_spec() -> None:
-    plan = plan_acceptance(VALID, generation=3, previous=PolicyStatus(), now=T0)
-    assert plan.accepted and plan.warning is None and plan.problems == ()
+def judge(spec: dict[str, Any], *, generation: int, previous: PolicyStatus, now: datetime.datetime) -> Any:
+    """The operator's verdict on a spec whose workloads do not exist (yet)."""
+    return plan_reconcile(raw_spec=spec, policy=PolicyRef("p", "ns", generation, "2026-01-01T00:00:00Z"),
+                          previous=previous, observed=Observed(workloads={}), now=now)
+
+
+def test_a_valid_spec_waits_for_its_workloads() -> None:
+    plan = judge(VALID, generation=3, previous=PolicyStatus(), now=T0)
+    assert plan.changes == () and [e.reason for e in plan.events] == ["WorkloadNotFound"]
     status = plan.status
     assert (status.phase, status.observed_generation, status.last_transition_time) == (Phase.PENDING, 3, T0)
     ready, invalid = status.condition("Ready"), status.condition("Invalid")
-    assert ready is not None and (ready.status, ready.reason, ready.message) == (
-        ConditionStatus.FALSE, "Accepted", "Policy accepted")
-    assert invalid is not None and invalid.status is ConditionStatus.FALSE
+    assert ready is not None and (ready.status, ready.reason) == (ConditionStatus.FALSE, "WorkloadNotFound")
+    assert "Deployment/mooncake-master (master) not found" in ready.message
+    assert invalid is not None and (invalid.status, invalid.reason) == (ConditionStatus.FALSE, "SpecValid")
 
 
 def test_refusal_warns_once_per_generation_and_recovers() -> None:
     bad = CEL_VIOLATIONS["exactly one of name or selector must be set"]
-    first = plan_acceptance(bad, generation=1, previous=PolicyStatus(), now=T0)
-    assert not first.accepted and first.status.phase is Phase.INVALID
-    assert first.warning == "spec.targets[0]: exactly one of name or selector must be set"
+    first = judge(bad, generation=1, previous=PolicyStatus(), now=T0)
+    assert first.status.phase is Phase.INVALID and first.changes == ()
+    assert [(e.type, e.reason, e.message) for e in first.events] == [
+        ("Warning", "InvalidSpec", "spec.targets[0]: exactly one of name or selector must be set")]
     invalid = first.status.condition("Invalid")
     assert invalid is not None and (invalid.status, invalid.reason) == (ConditionStatus.TRUE, "InvalidSpec")
 
     # A resume re-judges the same generation: same status, no second event.
     later = T0 + datetime.timedelta(hours=1)
-    again = plan_acceptance(bad, generation=1, previous=read_status(dump_status(first.status)), now=later)
-    assert again.warning is None and again.status == first.status
+    again = judge(bad, generation=1, previous=read_status(dump_status(first.status)), now=later)
+    assert again.events == () and again.status == first.status
 
     # A new, still invalid generation warns again; a fixed one is accepted.
-    newer = plan_acceptance(bad, generation=2, previous=first.status, now=later)
-    assert newer.warning is not None
-    fixed = plan_acceptance(VALID, generation=3, previous=newer.status, now=later)
-    assert fixed.accepted and fixed.status.phase is Phase.PENDING and fixed.status.last_transition_time == later
+    newer = judge(bad, generation=2, previous=first.status, now=later)
+    assert [e.reason for e in newer.events] == ["InvalidSpec"]
+    fixed = judge(VALID, generation=3, previous=newer.status, now=later)
+    assert fixed.status.phase is Phase.PENDING and fixed.status.last_transition_time == later
+    fixed_invalid = fixed.status.condition("Invalid")
+    assert fixed_invalid is not None and fixed_invalid.status is ConditionStatus.FALSE
 
 
 def test_dumped_status_matches_the_crd_and_nulls_stale_fields(crd: dict[str, Any]) -> None:
-    plan = plan_acceptance(VALID, generation=1, previous=PolicyStatus(), now=T0)
+    plan = judge(VALID, generation=1, previous=PolicyStatus(), now=T0)
     dumped = dump_status(plan.status)
     assert dumped["currentStage"] is None and dumped["appliedConfigHash"] is None
     present = {k: v for k, v in dumped.items() if v is not None}
     jsonschema.Draft4Validator(validation_schema(crd, strict=True)).validate(
         {**doc(VALID), "status": present})
-    assert present["conditions"][1]["lastTransitionTime"] == "2026-01-01T12:00:00Z"
+    assert present["conditions"][0]["lastTransitionTime"] == "2026-01-01T12:00:00Z"
     assert read_status(dumped) == plan.status
     assert read_status({"phase": "Nonsense"}) == PolicyStatus()

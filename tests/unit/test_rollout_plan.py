@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName
-from moonlease_operator.core.acceptance import dump_status, read_status
+from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.compatibility import (
     VersionSource,
     evaluate_compatibility,
@@ -581,3 +581,23 @@ def test_a_master_change_that_did_not_land_is_announced_again_before_the_retry()
     assert [e.reason for e in retry.events] == ["MasterRestart"] and [c.name for c in retry.changes] == ["mooncake-master"]
     # Once it landed, waiting for the controller announces nothing more.
     assert cluster.reconcile(SPEC).events == ()
+
+
+def test_every_status_the_planner_writes_fits_the_crd() -> None:
+    import jsonschema
+
+    from moonlease_operator.crd import build_crd, validation_schema
+
+    validator = jsonschema.Draft4Validator(validation_schema(build_crd(), strict=True))
+    cluster = fleet()
+    seen = set()
+    for spec in (SPEC, spec_with(**{"master.requireApprovalForRestart": True}), spec_with(**{"rollout.onFailure": "halt"})):
+        cluster.reconcile(spec)
+        cluster.settle("mooncake-master", fail=True)
+        for _ in range(4):
+            cluster.reconcile(spec)
+            present = {k: v for k, v in cluster.status_json.items() if v is not None}
+            validator.validate({"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
+                                "metadata": {"name": "fleet"}, "spec": spec, "status": present})
+            seen.add(cluster.status.phase)
+    assert {Phase.ROLLING_BACK, Phase.DEGRADED} <= seen

@@ -352,7 +352,6 @@ class Reason(str, enum.Enum):
     """Condition and event reasons (CamelCase, as the API requires)."""
 
     # Acceptance (Invalid condition)
-    ACCEPTED = "Accepted"
     SPEC_VALID = "SpecValid"
     INVALID_SPEC = "InvalidSpec"
     INCOMPATIBLE = "Incompatible"

@@ -220,8 +220,18 @@ class _Planner:
     fleet: Fleet
     connector: ConnectorSettings
     master: MasterSettings
+    # Filled in by plan() and the steps it takes:
     changes: list[WorkloadChange] = field(default_factory=list)
-    notes: list[EventNote] = field(default_factory=list)
+    notes: list[EventNote] = field(default_factory=list)  # events, in the order things happen
+    desired_hash: str = ""
+    revision: int = 0  # this attempt
+    applied_revision: int | None = None  # the last attempt that completed
+    applied_hash: str | None = None
+    failed_stage: StageName | None = None
+    pending_approval: str | None = None
+    order: list[StageName] = field(default_factory=list)
+    stages: dict[StageName, StageStatus] = field(default_factory=dict)
+    health: dict[WorkloadKey, WorkloadHealth] = field(default_factory=dict)
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -236,7 +246,7 @@ class _Planner:
         if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
-            self.failed_stage: StageName | None = None
+            self.failed_stage = None
             what = "re-applying to workloads that drifted or joined" if drifted and \
                 prev.desired_config_hash == desired_hash else f"configuration {desired_hash}"
             self.notes.append(EventNote("Normal", Reason.ROLLOUT_STARTED.value,
@@ -247,7 +257,7 @@ class _Planner:
             self.failed_stage = prev.failed_stage
         self.stages = {s.name: s for s in stages}
         self.order = list(self.spec.rollout.stages)
-        self.pending_approval: str | None = None
+        self.pending_approval = None
         self.applied_hash = prev.applied_config_hash
         self._release_orphans()
 
