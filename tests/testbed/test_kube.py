@@ -268,6 +268,25 @@ async def test_deleting_a_workload_deletes_its_pods(kube_manual: LocalApiServer)
     assert kube_manual.list(PODS, "default") == []
 
 
+async def test_injected_failures_answer_before_anything_changes(kube_manual: LocalApiServer) -> None:
+    await kube_manual.create(deployment_manifest("web"))
+    path = "/apis/apps/v1/namespaces/default/deployments/web"
+    before = kube_manual.get(DEPLOYMENTS, "default", "web")
+    conflict = kube_manual.inject_failures(DEPLOYMENTS, "default", "web", status=409, count=2)
+    outage = kube_manual.inject_failures(DEPLOYMENTS, status=503, count=1, verbs=("list",))
+    patch = {"spec": {"replicas": 5}}
+    for _ in range(2):
+        status, body = await http(kube_manual, "PATCH", path, patch, content_type="application/merge-patch+json")
+        assert (status, body["reason"]) == (409, "Conflict")
+    assert kube_manual.get(DEPLOYMENTS, "default", "web") == before  # refused before touching it
+    status, body = await http(kube_manual, "PATCH", path, patch, content_type="application/merge-patch+json")
+    assert status == 200 and body["spec"]["replicas"] == 5 and conflict.fired == 2 and conflict.remaining == 0
+    status, _ = await http(kube_manual, "GET", "/apis/apps/v1/namespaces/default/deployments")
+    assert status == 503 and outage.fired == 1
+    status, _ = await http(kube_manual, "GET", "/apis/apps/v1/namespaces/default/deployments")
+    assert status == 200
+
+
 async def test_kubernetes_client_and_kubeconfig_reach_the_server(kube_manual: LocalApiServer, tmp_path: Path) -> None:
     def with_client() -> list[str]:
         api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(kube_manual.kubernetes_configuration()))
