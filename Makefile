@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint crds clean-setup
+.PHONY: setup demo test test-unit lint crds chart-docs clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -26,9 +26,14 @@ test-unit: setup
 lint: setup
 	@$(VENV)/bin/lint-imports
 
-## crds: regenerate crds/ from the pydantic models
+## crds: regenerate crds/ from the pydantic models, and the chart's copy (byte-identical)
 crds: setup
 	@$(VENV)/bin/moonlease crd > crds/mooncakeleasepolicies.yaml
+	@cp crds/mooncakeleasepolicies.yaml charts/moonlease/crds/mooncakeleasepolicies.yaml
+
+## chart-docs: regenerate the chart's values reference in README.md from values.schema.json
+chart-docs: setup
+	@$(PY) tools/chart_values_doc.py --write README.md
 
 clean-setup:
 	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33

@@ -7,9 +7,9 @@
  * and no GPU memory is ever touched, so without a driver the import fails. This stub exports
  * the driver entry points the wheel imports (list them with `nm -D --undefined-only` on
  * mooncake/_store*.so) and answers every call with CUDA_ERROR_NO_DEVICE, which Mooncake treats
- * as "no GPU here" and falls back to host memory. It is built by `make setup` and only ever
- * put on the library path of development and test processes; production images run on a real
- * driver and never see it.
+ * as "no GPU here" and falls back to host memory. It is built by `make setup` for development
+ * and test processes, and by the Dockerfile into the `mooncake` image, whose master and store
+ * pool never touch a GPU; the vLLM (connector) image runs on a real driver and never sees it.
  */
 #include <stddef.h>
 

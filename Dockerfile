@@ -1,0 +1,134 @@
+# syntax=docker/dockerfile:1.7
+#
+# Moonlease container images, one build target each (BuildKit; the build context is the
+# repository root, see .dockerignore):
+#
+#   docker build --target operator  -t moonlease/operator:0.1.0 .
+#   docker build --target connector -t moonlease/vllm-connector:0.1.0-vllm0.33.0 .
+#   docker build --target mooncake  -t moonlease/mooncake:0.3.14 .
+#
+# operator   slim Python + the `moonlease` distribution with its `operator` extra (kopf, the
+#            Kubernetes client); no torch, no vLLM, no Mooncake. Runs `moonlease operator`.
+# connector  vLLM's official image + the Mooncake 0.3.14 client (CUDA 13 build) + our connector
+#            package, nothing else. Runs `vllm serve ... --kv-transfer-config '{...
+#            "kv_connector_module_path": "moonlease_connector" ...}'`.
+# mooncake   slim Python + Mooncake 0.3.14 (mooncake_master, mooncake_client) for the master
+#            and the store pool on nodes without a GPU driver (see the stage's comment).
+#
+# Every version is pinned: base images by tag below, Python packages by requirements/lock.txt
+# (the set the test suite runs on, used as pip constraints), Debian packages by version.
+# tests/chart/test_dockerfile.py lints this file with hadolint; tests/packaging/ runs each
+# stage's install steps in clean virtualenvs (no Docker engine there).
+
+# The interpreter the test suite runs on (Python 3.11.7, Debian bookworm).
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+# The same interpreter with a compiler, for the one C file we build.
+ARG PYTHON_BUILD_IMAGE=python:3.11.7-bookworm
+# vLLM's official image at the release whose MooncakeStoreConnector our connector extends,
+# in its CUDA 13 variant: the only Mooncake 0.3.14 build on PyPI links libcudart.so.13.
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
+
+############################################################################################
+# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image.
+FROM ${PYTHON_IMAGE} AS wheel
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY moonlease/ moonlease/
+COPY connector/ connector/
+COPY operator/ operator/
+RUN python -m pip install --no-warn-script-location setuptools==78.1.1 \
+    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src
+
+############################################################################################
+# operator-venv: the operator's virtualenv, built apart so the image gets no pip cache or wheel.
+FROM ${PYTHON_IMAGE} AS operator-venv
+ARG MOONLEASE_VERSION=0.1.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt \
+    python -m venv /opt/moonlease \
+    && /opt/moonlease/bin/pip install --constraint /constraints/lock.txt \
+        "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl[operator]" \
+    && /opt/moonlease/bin/pip uninstall --yes pip setuptools
+
+############################################################################################
+# operator: `moonlease operator` as an unprivileged user; runs with a read-only root filesystem.
+FROM ${PYTHON_IMAGE} AS operator
+COPY --from=operator-venv /opt/moonlease /opt/moonlease
+ENV PATH=/opt/moonlease/bin:${PATH} \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+USER 65532:65532
+EXPOSE 8080 9090
+ENTRYPOINT ["moonlease"]
+CMD ["operator", "--standalone"]
+
+############################################################################################
+# connector: vLLM's image plus the Mooncake client and our connector, nothing else.
+# vLLM images ship the generic `mooncake-transfer-engine`; both distributions install the
+# `mooncake` package, so it is removed before the CUDA 13 build (which has batch_probe_key,
+# needed by the selective lease mode) goes in. The base image provides every dependency of our
+# wheel (pydantic, prometheus-client, PyYAML), so pip adds only the two distributions.
+FROM ${VLLM_IMAGE} AS connector
+ARG MOONLEASE_VERSION=0.1.0
+ARG VLLM_UID=10001
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    python3 -m pip uninstall --yes mooncake-transfer-engine mooncake-transfer-engine-non-cuda \
+    && python3 -m pip install \
+        mooncake-transfer-engine-cuda13==0.3.14 \
+        "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl" \
+    && python3 -c "import moonlease_connector.config" \
+    && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
+ENV HOME=/home/vllm \
+    HF_HOME=/home/vllm/.cache/huggingface \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/vllm
+USER ${VLLM_UID}:0
+EXPOSE 8000
+ENTRYPOINT ["vllm"]
+CMD ["serve", "--help"]
+
+############################################################################################
+# mooncake-stub: the CPU libcuda stub (moonlease/devenv/libcuda_stub.c). The only Mooncake
+# 0.3.14 on PyPI is the CUDA 13 build, whose binaries link libcuda.so.1 (the driver) even for
+# TCP; the master and the store pool never touch a GPU, so the stub answers "no device" and
+# they run on any node.
+FROM ${PYTHON_BUILD_IMAGE} AS mooncake-stub
+COPY moonlease/devenv/libcuda_stub.c /build/libcuda_stub.c
+RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build/libcuda_stub.c
+
+############################################################################################
+# mooncake-venv: Mooncake 0.3.14 and the CUDA 13 runtime library it links, from PyPI.
+FROM ${PYTHON_IMAGE} AS mooncake-venv
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt \
+    python -m venv /opt/mooncake \
+    && /opt/mooncake/bin/pip install --constraint /constraints/lock.txt \
+        mooncake-transfer-engine-cuda13==0.3.14 nvidia-cuda-runtime==13.0.96 \
+    && /opt/mooncake/bin/pip uninstall --yes pip setuptools
+
+############################################################################################
+# mooncake: mooncake_master and mooncake_client (the store pool) as an unprivileged user.
+# libibverbs/ibverbs-providers: the binaries link them even for TCP.
+FROM ${PYTHON_IMAGE} AS mooncake
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libibverbs1=44.0-2 ibverbs-providers=44.0-2 \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=mooncake-venv /opt/mooncake /opt/mooncake
+COPY --from=mooncake-stub /build/libcuda.so.1 /opt/mooncake/lib/cuda-stub/libcuda.so.1
+ENV PATH=/opt/mooncake/bin:${PATH} \
+    LD_LIBRARY_PATH=/opt/mooncake/lib/cuda-stub:/opt/mooncake/lib/python3.11/site-packages/nvidia/cu13/lib \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+USER 65532:65532
+EXPOSE 50051 9003 50052 9300
+ENTRYPOINT ["mooncake_master"]
+CMD ["--rpc_port=50051", "--metrics_port=9003", "--logtostderr=true"]

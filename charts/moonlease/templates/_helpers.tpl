@@ -1,0 +1,163 @@
+{{/*
+Names, labels and the values-derived settings every template shares. Each setting is decided
+here once (the master address, the store pool's memory, the connector's kv-transfer-config, the
+arms) and read by the templates and the policy, so the workloads and the policy cannot disagree.
+*/}}
+
+{{- define "moonlease.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "moonlease.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "moonlease.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object; pass (dict "ctx" $ "component" "...") */}}
+{{- define "moonlease.labels" -}}
+helm.sh/chart: {{ include "moonlease.chart" .ctx }}
+{{ include "moonlease.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: moonlease
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels; pass (dict "ctx" $ "component" "..." ["arm" "..."]) */}}
+{{- define "moonlease.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "moonlease.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- if .arm }}
+moonlease.io/arm: {{ .arm }}
+{{- end }}
+{{- end -}}
+
+{{- define "moonlease.operatorName" -}}
+{{- printf "%s-operator" (include "moonlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "moonlease.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create -}}
+{{- default (include "moonlease.operatorName" .) .Values.operator.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.operator.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "moonlease.masterName" -}}
+{{- printf "%s-mooncake-master" (include "moonlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "moonlease.storePoolName" -}}
+{{- printf "%s-store-pool" (include "moonlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "moonlease.storeConfigName" -}}
+{{- printf "%s-store-config" (include "moonlease.fullname" .) -}}
+{{- end -}}
+
+{{- define "moonlease.policyName" -}}
+{{- default (include "moonlease.fullname" .) .Values.policy.name -}}
+{{- end -}}
+
+{{/* host:port of the Mooncake master: the chart's Service, or the external address. */}}
+{{- define "moonlease.masterAddress" -}}
+{{- if .Values.mooncake.master.enabled -}}
+{{- printf "%s.%s.svc:%d" (include "moonlease.masterName" .) .Release.Namespace (int .Values.mooncake.master.rpcPort) -}}
+{{- else -}}
+{{- .Values.mooncake.master.externalAddress -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A value as a gflags flag value: booleans true/false, whole numbers without exponent. */}}
+{{- define "moonlease.flagValue" -}}
+{{- if kindIs "bool" . -}}
+{{- ternary "true" "false" . -}}
+{{- else if and (kindIs "float64" .) (eq . (floor .)) -}}
+{{- int64 . -}}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The store pool pod's memory, MiB: segment + transfer buffer + the process itself. */}}
+{{- define "moonlease.storePoolMemoryMiB" -}}
+{{- $p := .Values.mooncake.storePool -}}
+{{- add (int64 $p.globalSegmentSizeMiB) (int64 $p.localBufferSizeMiB) (int64 $p.memoryOverheadMiB) -}}
+{{- end -}}
+
+{{/*
+The vLLM arms as JSON {"arms": [{name, suffix, leaseMode, junctionRetention, managed,
+prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
+*/}}
+{{- define "moonlease.arms" -}}
+{{- $v := .Values.vllm -}}
+{{- $arms := list -}}
+{{- if not $v.arms -}}
+{{- $arms = append $arms (dict "name" "" "suffix" "" "leaseMode" $v.connector.leaseMode "junctionRetention" $v.connector.junctionRetention "managed" true "prefillReplicas" (int64 $v.prefill.replicas) "decodeReplicas" (int64 $v.decode.replicas)) -}}
+{{- else -}}
+{{- range $v.arms -}}
+{{- $managed := ternary .managedByPolicy true (hasKey . "managedByPolicy") -}}
+{{- $prefill := ternary .prefillReplicas $v.prefill.replicas (hasKey . "prefillReplicas") -}}
+{{- $decode := ternary .decodeReplicas $v.decode.replicas (hasKey . "decodeReplicas") -}}
+{{- $junction := ternary .junctionRetention $v.connector.junctionRetention (hasKey . "junctionRetention") -}}
+{{- $arms = append $arms (dict "name" .name "suffix" (printf "-%s" .name) "leaseMode" (default $v.connector.leaseMode .leaseMode) "junctionRetention" $junction "managed" $managed "prefillReplicas" (int64 $prefill) "decodeReplicas" (int64 $decode)) -}}
+{{- end -}}
+{{- end -}}
+{{- dict "arms" $arms | toJson -}}
+{{- end -}}
+
+{{/* The connector's env switch and kv-transfer-config for one role of one arm, as JSON
+{"env": {...}, "kvTransferConfig": {...}}; pass (dict "ctx" $ "role" "prefill" "arm" $arm). */}}
+{{- define "moonlease.connectorSettings" -}}
+{{- $v := .ctx.Values.vllm -}}
+{{- $selective := eq .arm.leaseMode "selective" -}}
+{{- $ours := dict "mooncake_selective_lease" $selective "mooncake_kda_last_hit_only" false "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) $ours -}}
+{{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
+{{- dict "env" (dict "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE" (ternary "1" "0" $selective)) "kvTransferConfig" $kv | toJson -}}
+{{- end -}}
+
+{{/* The engines' Mooncake store config (MOONCAKE_CONFIG_PATH), as JSON. */}}
+{{- define "moonlease.storeConfig" -}}
+{{- $m := .Values.mooncake -}}
+{{- dict "metadata_server" "P2PHANDSHAKE" "master_server_address" (include "moonlease.masterAddress" .) "protocol" $m.protocol "device_name" $m.rdmaDevices "mode" "standalone-store" "global_segment_size" 0 "local_buffer_size" (printf "%dMB" (int64 .Values.vllm.store.localBufferSizeMiB)) | toPrettyJson -}}
+{{- end -}}
+
+{{/* Pod security context of every pod; pass the uid. */}}
+{{- define "moonlease.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ . }}
+runAsGroup: {{ . }}
+fsGroup: {{ . }}
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container security context; pass (dict "readOnly" bool "ipcLock" bool). IPC_LOCK: RDMA
+registers (pins) memory. */}}
+{{- define "moonlease.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: {{ .readOnly }}
+capabilities:
+  drop: ["ALL"]
+  {{- if .ipcLock }}
+  add: ["IPC_LOCK"]
+  {{- end }}
+{{- end -}}

@@ -1,0 +1,61 @@
+{{/*
+Rules across values that the schema cannot express. Each failure says what to change.
+Included once, by validate.yaml (which renders nothing).
+*/}}
+{{- define "moonlease.validate" -}}
+{{- $m := .Values.mooncake -}}
+{{- if and (not $m.master.enabled) (not $m.master.externalAddress) -}}
+{{- fail "mooncake.master.externalAddress (host:port) is required when mooncake.master.enabled is false: the store pool and the engines connect to it" -}}
+{{- end -}}
+{{- if and $m.master.enabled $m.master.externalAddress -}}
+{{- fail "mooncake.master.externalAddress is for a master outside this release: set mooncake.master.enabled=false to use it, or leave it empty" -}}
+{{- end -}}
+{{- range $kind := list "requests" "limits" -}}
+{{- if hasKey (index $m.storePool.resources $kind | default dict) "memory" -}}
+{{- fail (printf "mooncake.storePool.resources.%s.memory must not be set: a pool pod's memory is globalSegmentSizeMiB + localBufferSizeMiB + memoryOverheadMiB" $kind) -}}
+{{- end -}}
+{{- end -}}
+{{- $names := list -}}
+{{- range .Values.vllm.arms -}}
+{{- if has .name $names -}}
+{{- fail (printf "vllm.arms: the arm name %q is used twice" .name) -}}
+{{- end -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- if .Values.policy.enabled -}}
+{{- $arms := (include "moonlease.arms" . | fromJson).arms -}}
+{{- $managed := 0 -}}
+{{- if .Values.vllm.enabled -}}
+{{- range $arms -}}
+{{- if .managed -}}
+{{- $managed = add1 $managed -}}
+{{- if ne .leaseMode $.Values.vllm.connector.leaseMode -}}
+{{- fail (printf "vllm.arms: arm %q sets leaseMode %s but the policy (which sets vllm.connector.leaseMode=%s on its targets) manages it: set managedByPolicy: false on the arm" .name .leaseMode $.Values.vllm.connector.leaseMode) -}}
+{{- end -}}
+{{- if ne .junctionRetention $.Values.vllm.connector.junctionRetention -}}
+{{- fail (printf "vllm.arms: arm %q sets junctionRetention %t but the policy (which sets vllm.connector.junctionRetention=%t on its targets) manages it: set managedByPolicy: false on the arm" .name .junctionRetention $.Values.vllm.connector.junctionRetention) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq (int $managed) 0) (not .Values.policy.targets) -}}
+{{- fail "policy.enabled needs at least one target: enable vllm (with an arm managed by the policy), list policy.targets, or set policy.enabled=false" -}}
+{{- end -}}
+{{- if and (not $m.master.enabled) (not .Values.policy.masterWorkload) -}}
+{{- fail "policy.masterWorkload is required when mooncake.master.enabled is false: a policy manages a master Deployment in its own namespace (or set policy.enabled=false)" -}}
+{{- end -}}
+{{- if not (has "master" .Values.policy.rollout.stages) -}}
+{{- fail "policy.rollout.stages must include master" -}}
+{{- end -}}
+{{- if gt (int $managed) 0 -}}
+{{- range $stage := list "prefill" "decode" -}}
+{{- if not (has $stage $.Values.policy.rollout.stages) -}}
+{{- fail (printf "policy.rollout.stages must include %s: the chart's %s Deployments are targets of the policy" $stage $stage) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.operator.enabled .Values.operator.watchNamespaces (not (has .Release.Namespace .Values.operator.watchNamespaces)) -}}
+{{- fail (printf "operator.watchNamespaces must include the release namespace %s, where the chart's policy lives (or set policy.enabled=false)" .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,105 @@
+"""Rendering the Helm chart offline (helm-python-sdk embeds Helm's Go SDK; no cluster, no helm
+binary) and reading what it rendered: shared by the chart tests.
+
+The values sets under `charts/moonlease/ci/` are the chart's examples and test matrix: the
+defaults, no vLLM pods, an external master, an A/B pair, and a namespaced operator with RDMA.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "charts" / "moonlease"
+CI_DIR = CHART_DIR / "ci"
+RELEASE = "moonlease"
+NAMESPACE = "inference"
+KUBE_VERSION = "1.34.0"
+
+JsonObj = dict[str, Any]
+
+
+def values_sets() -> dict[str, JsonObj]:
+    """The ci/ values sets by short name (`default`, `ab`, ...)."""
+    return {path.name.removesuffix("-values.yaml"): yaml.safe_load(path.read_text()) or {}
+            for path in sorted(CI_DIR.glob("*-values.yaml"))}
+
+
+def load_chart() -> helm.Chart:
+    return helm.Chart.load(CHART_DIR)
+
+
+def render(chart: helm.Chart, values: Mapping[str, Any] | None = None, *, name: str = RELEASE,
+           namespace: str = NAMESPACE) -> dict[str, str]:
+    """Template path -> rendered text, as `helm install --dry-run` would render it."""
+    return chart.render(copy.deepcopy(dict(values or {})), name=name, namespace=namespace, is_install=True)
+
+
+def manifests(rendered: Mapping[str, str]) -> list[JsonObj]:
+    """Every object the rendering holds, in template order (NOTES.txt is not a manifest)."""
+    return [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def render_objects(chart: helm.Chart, values: Mapping[str, Any] | None = None, **kwargs: Any) -> list[JsonObj]:
+    return manifests(render(chart, values, **kwargs))
+
+
+def find(objects: list[JsonObj], kind: str, name: str | None = None) -> list[JsonObj]:
+    return [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+
+
+def one(objects: list[JsonObj], kind: str, name: str) -> JsonObj:
+    found = find(objects, kind, name)
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}: " + \
+        ", ".join(f"{o['kind']}/{o['metadata']['name']}" for o in objects)
+    return found[0]
+
+
+def pod_specs(objects: list[JsonObj]) -> Iterator[tuple[JsonObj, JsonObj]]:
+    """(workload, pod spec) for every object that runs pods."""
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            yield obj, obj["spec"]["template"]["spec"]
+
+
+def container(obj: JsonObj, name: str | None = None) -> JsonObj:
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    return containers[0] if name is None else next(c for c in containers if c["name"] == name)
+
+
+def option(args: list[str], name: str) -> str | None:
+    """The value of `--name=value` or `--name value` in an argument list (the last one wins)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg[len(name) + 1:]
+    return found
+
+
+def kv_transfer_config(obj: JsonObj) -> JsonObj:
+    value = option(container(obj, "vllm")["args"], "--kv-transfer-config")
+    assert value is not None, f"{obj['metadata']['name']} has no --kv-transfer-config"
+    return json.loads(value)
+
+
+def env(obj: JsonObj, container_name: str | None = None) -> dict[str, Any]:
+    """Env var name -> value (or its valueFrom) of a container."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(obj, container_name).get("env", [])}
+
+
+def crd() -> JsonObj:
+    return yaml.safe_load((CHART_DIR / "crds" / "mooncakeleasepolicies.yaml").read_text())
+
+
+def crd_schema() -> JsonObj:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

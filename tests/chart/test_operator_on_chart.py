@@ -1,0 +1,88 @@
+"""The operator manages what the chart deploys: installed as rendered, the release is already
+what its policy declares (the operator verifies it and changes nothing), and a change made to
+the policy rolls out exactly what the chart renders for the same values — one decision, made
+the same way by the templates and by the operator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import pytest
+
+from moonlease.testbed.kube import LocalApiServer
+from moonlease_operator.runner import OperatorThread
+from tests.chart.operator_scenario import FAST_OPTIONS, current, load_release, wait_ready
+from tests.chart.rendering import (
+    NAMESPACE,
+    container,
+    env,
+    find,
+    kv_transfer_config,
+    one,
+    render_objects,
+    values_sets,
+)
+
+pytestmark = [pytest.mark.chart, pytest.mark.operator]
+
+SETS = values_sets()
+WRITES = ("create", "patch", "update", "delete")
+
+
+def operator_writes(kube: LocalApiServer) -> set[tuple[str | None, str | None]]:
+    return {(c.verb, c.rbac_resource) for c in kube.api_calls()
+            if c.verb in WRITES and c.user_agent.startswith(("kopf/", "moonlease-operator/"))}
+
+
+@pytest.mark.parametrize("name", ["default", "ab", "namespaced-rdma"])
+async def test_the_operator_finds_the_release_in_sync_and_restarts_nothing(
+        chart: helm.Chart, release_kube: LocalApiServer, name: str) -> None:
+    kube = release_kube
+    objects = render_objects(chart, SETS[name])
+    watched = SETS[name].get("operator", {}).get("watchNamespaces", [])
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=watched):
+        await load_release(kube, objects)
+        workloads = {o["metadata"]["name"]: current(kube, o) for o in find(objects, "Deployment")}
+        status = await wait_ready(kube)
+    assert {s["name"]: (s["phase"], s["message"]) for s in status["stages"]} == {
+        stage: ("Skipped", "nothing to change") for stage in ("master", "prefill", "decode")}
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert [t["name"] for t in status["targets"]] == \
+        [policy["spec"]["master"]["name"], *(t["name"] for t in policy["spec"]["targets"])]
+    # Not one write to a workload: only kopf's bookkeeping on the policy, its status, events.
+    assert operator_writes(kube) <= {("patch", "mooncakeleasepolicies"), ("patch", "mooncakeleasepolicies/status"),
+                                     ("create", "events")}
+    for obj in find(objects, "Deployment"):
+        assert current(kube, obj)["metadata"]["generation"] == workloads[obj["metadata"]["name"]]["metadata"][
+            "generation"] == 1, obj["metadata"]["name"]
+
+
+def flags(args: list[str]) -> dict[str, str]:
+    return dict(arg[2:].split("=", 1) for arg in args if arg.startswith("--") and "=" in arg)
+
+
+async def test_a_policy_change_rolls_out_what_the_chart_renders_for_the_same_values(
+        chart: helm.Chart, release_kube: LocalApiServer) -> None:
+    kube = release_kube
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await load_release(kube, render_objects(chart, SETS["default"]))
+        await wait_ready(kube)
+        await kube.patch("mlp", NAMESPACE, "moonlease", {"spec": {
+            "connector": {"leaseMode": "selective"}, "master": {"evictionRatio": 0.1, "defaultKvLeaseTtlMs": 5000}}})
+        status = await wait_ready(kube, revision=2)
+    assert [s["phase"] for s in status["stages"]] == ["Succeeded", "Succeeded", "Succeeded"]
+
+    same_values: dict[str, Any] = {
+        "vllm": {"connector": {"leaseMode": "selective"}},
+        "mooncake": {"master": {"settings": {"eviction_ratio": 0.1, "default_kv_lease_ttl": 5000}}}}
+    expected = render_objects(chart, same_values)
+    master = one(expected, "Deployment", "moonlease-mooncake-master")
+    live_master = current(kube, master)
+    assert flags(container(live_master)["args"]) == flags(container(master)["args"])
+    for role in ("prefill", "decode"):
+        rendered = one(expected, "Deployment", f"moonlease-{role}")
+        live = current(kube, rendered)
+        assert kv_transfer_config(live) == kv_transfer_config(rendered)
+        assert env(live, "vllm") == env(rendered, "vllm")
+        assert container(live, "vllm")["volumeMounts"] == container(rendered, "vllm")["volumeMounts"]

@@ -1,0 +1,324 @@
+"""The chart renders valid, secure Kubernetes objects for each values set, and each set renders
+what it promises: the whole stack, no vLLM pods, an external master, an A/B pair, a namespaced
+operator over RDMA.
+
+Rendered by Helm's own engine (helm-python-sdk), linted by `helm lint --strict`, and every
+built-in object checked by `kubernetes-validate --strict` against Kubernetes 1.34's schemas; the
+policy is checked against the CRD in test_policy_schema.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from moonlease.cli import build_parser
+from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from tests.chart.rendering import (
+    CHART_DIR,
+    KUBE_VERSION,
+    NAMESPACE,
+    container,
+    env,
+    find,
+    kv_transfer_config,
+    manifests,
+    one,
+    option,
+    pod_specs,
+    render,
+    render_objects,
+    values_sets,
+)
+
+pytestmark = pytest.mark.chart
+
+SETS = values_sets()
+KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
+MASTER_ADDRESS = f"moonlease-mooncake-master.{NAMESPACE}.svc:50051"
+
+
+def test_the_values_sets_are_the_ones_the_issue_names() -> None:
+    assert set(SETS) == {"default", "no-vllm", "external-master", "ab", "namespaced-rdma"}
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_helm_lint_strict_is_clean(name: str) -> None:
+    report = helm.lint(CHART_DIR, SETS[name], strict=True, kube_version=KUBE_VERSION, namespace=NAMESPACE)
+    assert report["errors"] == []
+    findings = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert findings == []
+    assert report["total_charts_linted"] == 1
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_every_manifest_passes_kubernetes_validate_strict(chart: helm.Chart, name: str, tmp_path: Path) -> None:
+    objects = render_objects(chart, SETS[name])
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    result = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", "-k", KUBE_VERSION, str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for obj in objects:
+        line = f"{obj['kind'].lower()}/{obj['metadata']['name']} against version"
+        if obj["apiVersion"].startswith("moonlease.io/"):
+            continue  # a custom resource: validated against the CRD's schema instead
+        assert f"passed for resource {line}" in result.stdout, (line, result.stdout)
+
+
+def _probe_port(probe: dict[str, Any]) -> Any:
+    return (probe.get("httpGet") or probe.get("tcpSocket") or {}).get("port")
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_every_pod_runs_unprivileged_probed_and_sized(chart: helm.Chart, name: str) -> None:
+    values = SETS[name]
+    objects = render_objects(chart, values)
+    rdma = values.get("mooncake", {}).get("protocol") == "rdma"
+    assert list(pod_specs(objects)), "no workloads rendered"
+    for workload, spec in pod_specs(objects):
+        where = workload["metadata"]["name"]
+        component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] > 0 and pod["runAsGroup"] > 0, where
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        # Only the operator talks to the API server.
+        assert spec.get("automountServiceAccountToken", True) is (component == "operator"), where
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            # IPC_LOCK only where RDMA registers memory: the store pool and the engines.
+            wants_lock = rdma and component in ("store-pool", "vllm-prefill", "vllm-decode")
+            assert sc["capabilities"].get("add", []) == (["IPC_LOCK"] if wants_lock else []), where
+            # Read-only root everywhere but vLLM, which compiles and caches at run time (README).
+            expected_ro = values.get("vllm", {}).get("readOnlyRootFilesystem", False) \
+                if component.startswith("vllm-") else True
+            assert sc["readOnlyRootFilesystem"] is expected_ro, where
+            assert ":" in c["image"] and not c["image"].endswith(":latest"), where
+            ports = {p["name"] for p in c.get("ports", [])}
+            probes = ("startupProbe", "readinessProbe", "livenessProbe") if component.startswith("vllm-") \
+                else ("readinessProbe", "livenessProbe")
+            for probe in probes:
+                assert _probe_port(c[probe]) in ports, (where, probe)
+            assert c["resources"]["requests"].get("cpu") and c["resources"]["requests"].get("memory"), where
+            assert c["resources"]["limits"].get("memory"), where
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            assert "/tmp" in mounts, where  # writable scratch space on a read-only root
+
+
+def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
+    objects = render_objects(chart, SETS["default"])
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted([
+        ("ServiceAccount", "moonlease-operator"), ("ClusterRole", "moonlease-operator"),
+        ("ClusterRoleBinding", "moonlease-operator"), ("Deployment", "moonlease-operator"),
+        ("Service", "moonlease-operator-metrics"),
+        ("Deployment", "moonlease-mooncake-master"), ("Service", "moonlease-mooncake-master"),
+        ("Deployment", "moonlease-store-pool"), ("ConfigMap", "moonlease-store-config"),
+        ("Deployment", "moonlease-prefill"), ("Service", "moonlease-prefill"),
+        ("Deployment", "moonlease-decode"), ("Service", "moonlease-decode"),
+        ("MooncakeLeasePolicy", "moonlease"),
+    ])
+
+    # The master: Mooncake's flag names; whole numbers never in exponent form.
+    master = one(objects, "Deployment", "moonlease-mooncake-master")
+    assert container(master)["command"] == ["mooncake_master"]
+    assert container(master)["args"] == [
+        "--rpc_address=$(POD_IP)", "--rpc_port=50051", "--metrics_port=9003", "--logtostderr=true",
+        "--allow_evict_soft_pinned_objects=true", "--default_kv_lease_ttl=10000",
+        "--default_kv_soft_pin_ttl=1800000", "--eviction_high_watermark_ratio=0.9", "--eviction_ratio=0.05"]
+    assert master["spec"]["replicas"] == 1 and master["spec"]["strategy"] == {"type": "Recreate"}
+    service = one(objects, "Service", "moonlease-mooncake-master")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"rpc": 50051, "metrics": 9003}
+    assert service["spec"]["selector"].items() <= master["spec"]["template"]["metadata"]["labels"].items()
+
+    # The store pool: segment and buffer from values, memory = segment + buffer + overhead.
+    pool = one(objects, "Deployment", "moonlease-store-pool")
+    args = container(pool)["args"]
+    assert container(pool)["command"] == ["mooncake_client"]
+    assert option(args, "--master_server_address") == MASTER_ADDRESS
+    assert option(args, "--metadata_server") == "P2PHANDSHAKE" and option(args, "--protocol") == "tcp"
+    assert option(args, "--global_segment_size") == "8192MB" and option(args, "--local_buffer_size") == "64MB"
+    assert option(args, "--host") == "$(POD_IP)"
+    resources = container(pool)["resources"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{8192 + 64 + 512}Mi"
+    assert pool["spec"]["replicas"] == 2
+
+    # The engines: the store config in standalone-store mode, pointing at the master Service.
+    store = json.loads(one(objects, "ConfigMap", "moonlease-store-config")["data"]["mooncake.json"])
+    assert store == {"metadata_server": "P2PHANDSHAKE", "master_server_address": MASTER_ADDRESS,
+                     "protocol": "tcp", "device_name": "", "mode": "standalone-store",
+                     "global_segment_size": 0, "local_buffer_size": "512MB"}
+    for role in ("prefill", "decode"):
+        vllm = one(objects, "Deployment", f"moonlease-{role}")
+        assert container(vllm, "vllm")["command"] == ["vllm"]
+        assert container(vllm, "vllm")["args"][:3] == ["serve", "Qwen/Qwen3-0.6B", "--port=8000"]
+        assert kv_transfer_config(vllm) == {
+            "kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
+            "kv_role": "kv_both", "kv_connector_extra_config": {
+                "mooncake_selective_lease": False, "mooncake_kda_last_hit_only": False,
+                "mooncake_junction_retention": False}}
+        variables = env(vllm, "vllm")
+        assert variables[SELECTIVE_LEASE_ENV] == "0"
+        assert variables["MOONCAKE_CONFIG_PATH"] == "/etc/mooncake/mooncake.json"
+        assert variables["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        mounts = {m["mountPath"]: m["name"] for m in container(vllm, "vllm")["volumeMounts"]}
+        volumes = {v["name"]: v for v in vllm["spec"]["template"]["spec"]["volumes"]}
+        assert volumes[mounts["/etc/mooncake"]]["configMap"]["name"] == "moonlease-store-config"
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+        assert vllm["metadata"]["labels"]["moonlease.io/role"] == role
+        assert vllm["spec"]["template"]["spec"]["enableServiceLinks"] is False
+        service = one(objects, "Service", f"moonlease-{role}")
+        assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
+
+    # The operator: arguments the `moonlease` command accepts, cluster-wide, standalone.
+    operator = one(objects, "Deployment", "moonlease-operator")
+    assert container(operator)["command"] == ["moonlease"]
+    parsed = build_parser().parse_args(container(operator)["args"])
+    assert (parsed.command, parsed.standalone, parsed.all_namespaces, parsed.namespace) == \
+        ("operator", True, True, [])
+    assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
+    assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "moonlease-operator"
+    metrics = one(objects, "Service", "moonlease-operator-metrics")
+    assert metrics["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.Chart, name: str) -> None:
+    """What the connector itself reads at start-up (extra config + env) is the lease mode the
+    values asked for, and the two sources agree (the connector refuses a disagreement)."""
+    values = SETS[name]
+    objects = render_objects(chart, values)
+    vllm = values.get("vllm", {})
+    default = (vllm.get("connector", {}).get("leaseMode", "leaseAll"),
+               vllm.get("connector", {}).get("junctionRetention", False))
+    arms = {arm["name"]: (arm.get("leaseMode", default[0]), arm.get("junctionRetention", default[1]))
+            for arm in vllm.get("arms", [])} or {"": default}
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    assert len(engines) == (2 * len(arms) if vllm.get("enabled", True) else 0)
+    for engine in engines:
+        arm = engine["metadata"]["labels"].get("moonlease.io/arm", "")
+        config = MoonleaseConnectorConfig.from_sources(kv_transfer_config(engine)["kv_connector_extra_config"],
+                                                       {k: v for k, v in env(engine, "vllm").items()
+                                                        if isinstance(v, str)})
+        assert (config.lease_mode.value, config.mooncake_junction_retention) == arms[arm], engine["metadata"]["name"]
+
+
+def test_no_vllm_set_renders_no_vllm_pods_and_a_policy_over_selected_workloads(chart: helm.Chart) -> None:
+    objects = render_objects(chart, SETS["no-vllm"])
+    components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
+    assert components == {"operator", "mooncake-master", "store-pool", "policy"}
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert policy["spec"]["targets"] == SETS["no-vllm"]["policy"]["targets"]
+    assert policy["spec"]["master"]["name"] == "moonlease-mooncake-master"
+
+
+def test_external_master_set_renders_no_master_and_points_everything_at_it(chart: helm.Chart) -> None:
+    values = SETS["external-master"]
+    address = values["mooncake"]["master"]["externalAddress"]
+    rendered = render(chart, values)
+    objects = manifests(rendered)
+    assert not [o for o in objects if "mooncake-master" in o["metadata"]["name"]]
+    assert not find(objects, "MooncakeLeasePolicy")
+    pool = one(objects, "Deployment", "moonlease-store-pool")
+    assert option(container(pool)["args"], "--master_server_address") == address
+    assert pool["spec"]["replicas"] == 4
+    assert container(pool)["resources"]["limits"]["memory"] == f"{32768 + 64 + 1024}Mi"
+    store = json.loads(one(objects, "ConfigMap", "moonlease-store-config")["data"]["mooncake.json"])
+    assert store["master_server_address"] == address
+    notes = rendered["moonlease/templates/NOTES.txt"]
+    assert address in notes and "kubectl -n inference get mooncakeleasepolicies" not in notes
+
+
+def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
+    objects = render_objects(chart, SETS["ab"])
+    engines = {o["metadata"]["name"]: o for o in find(objects, "Deployment") if "moonlease.io/role" in
+               o["metadata"]["labels"]}
+    assert set(engines) == {"moonlease-prefill-control", "moonlease-decode-control",
+                            "moonlease-prefill-treatment", "moonlease-decode-treatment"}
+    for name, engine in engines.items():
+        role, arm = name.split("-")[1:]
+        labels = engine["spec"]["template"]["metadata"]["labels"]
+        assert (labels["moonlease.io/role"], labels["moonlease.io/arm"]) == (role, arm)
+        extra = kv_transfer_config(engine)["kv_connector_extra_config"]
+        assert extra["mooncake_selective_lease"] is (arm == "treatment")
+        assert extra["load_async"] is True  # upstream keys reach every arm
+        assert env(engine, "vllm")[SELECTIVE_LEASE_ENV] == ("1" if arm == "treatment" else "0")
+        # Each arm's Service selects its own pods and no other arm's.
+        service = one(objects, "Service", name)
+        for other_name, other in engines.items():
+            selected = service["spec"]["selector"].items() <= other["spec"]["template"]["metadata"]["labels"].items()
+            assert selected is (other_name == name), (name, other_name)
+    assert engines["moonlease-decode-treatment"]["spec"]["replicas"] == 2
+    assert engines["moonlease-decode-control"]["spec"]["replicas"] == 1
+    # The policy manages the control arm only: the treatment's lease mode is pinned by values.
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert [(t["name"], t["role"]) for t in policy["spec"]["targets"]] == [
+        ("moonlease-prefill-control", "prefill"), ("moonlease-decode-control", "decode")]
+    assert policy["spec"]["connector"]["leaseMode"] == "leaseAll"
+
+
+def test_namespaced_rdma_set(chart: helm.Chart) -> None:
+    values = SETS["namespaced-rdma"]
+    objects = render_objects(chart, values)
+    # RBAC: a Role in the watched namespace, cluster-wide only what kopf reads there.
+    assert [(o["kind"], o["metadata"].get("namespace")) for o in find(objects, "Role")] == [("Role", NAMESPACE)]
+    cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
+    assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    parsed = build_parser().parse_args(container(one(objects, "Deployment", "moonlease-operator"))["args"])
+    assert (parsed.namespace, parsed.all_namespaces) == ([NAMESPACE], False)
+    # RDMA devices reach the pool and the engines.
+    pool = one(objects, "Deployment", "moonlease-store-pool")
+    assert option(container(pool)["args"], "--protocol") == "rdma"
+    assert option(container(pool)["args"], "--device_names") == "mlx5_0,mlx5_1"
+    assert container(pool)["resources"]["requests"]["rdma/hca"] == 1
+    store = json.loads(one(objects, "ConfigMap", "moonlease-store-config")["data"]["mooncake.json"])
+    assert (store["protocol"], store["device_name"]) == ("rdma", "mlx5_0,mlx5_1")
+    # Master settings: a null drops the flag (and the policy's field), extras are appended.
+    master_args = container(one(objects, "Deployment", "moonlease-mooncake-master"))["args"]
+    assert option(master_args, "--default_kv_soft_pin_ttl") is None
+    assert option(master_args, "--eviction_high_watermark_ratio") == "0.95"
+    assert option(master_args, "--client_active_ttl_sec") == "30"
+    assert master_args[-1] == "--rpc_thread_num=8"
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert "defaultKvSoftPinTtlMs" not in policy["spec"]["master"]
+    assert policy["spec"]["master"]["evictionHighWatermarkRatio"] == 0.95
+    assert policy["spec"]["rollout"]["stages"] == ["master", "decode", "prefill"]
+    # The engines: a quote inside a JSON string survives YAML, tokens and caches wired in.
+    prefill = one(objects, "Deployment", "moonlease-prefill")
+    extra = kv_transfer_config(prefill)["kv_connector_extra_config"]
+    assert extra["cache_prefix"] == "team's fleet" and extra["mooncake_max_lease_rounds"] == 5
+    assert extra["mooncake_junction_retention"] is True and extra["mooncake_selective_lease"] is True
+    assert policy["spec"]["connector"] == {"leaseMode": "selective", "junctionRetention": True}
+    assert "--tensor-parallel-size=2" in container(prefill, "vllm")["args"]
+    assert "--served-model-name=llama" in container(prefill, "vllm")["args"]
+    assert env(prefill, "vllm")["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    volumes = {v["name"]: v for v in prefill["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+    for workload, spec in pod_specs(objects):
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}], workload["metadata"]["name"]
+    for obj in objects:
+        assert obj["metadata"]["labels"]["team"] == "inference", obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("name", sorted(SETS))
+def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart, name: str) -> None:
+    values = SETS[name]
+    notes = render(chart, values)["moonlease/templates/NOTES.txt"]
+    assert "kubectl -n inference get pods -l app.kubernetes.io/instance=moonlease" in notes
+    assert "Helm does not upgrade CRDs" in notes
+    if values.get("policy", {}).get("enabled", True):
+        assert "kubectl -n inference get mooncakeleasepolicies moonlease" in notes
+    if values.get("vllm", {}).get("enabled", True):
+        assert "/v1/completions" in notes
+    if values.get("policy", {}).get("requireApprovalForRestart"):
+        assert "moonlease.io/approve-master-restart" in notes
