@@ -2,8 +2,9 @@
 
 vllm 0.33.0 needs a CUDA torch to serve, so it cannot run an engine here; its modules import on
 the CPU torch. `make setup` installs them --no-deps into `.venv-vllm-0.33`; this test re-runs
-the property tests against upstream's lookup (default and selective lease) in a subprocess with
-that folder first on PYTHONPATH, so upstream's coordinator and worker are 0.33.0's.
+the property tests against upstream's lookup (default and selective lease) and junction
+retention's (the junction equals the local coordinator's; junction tails in the save mask) in a
+subprocess with that folder first on PYTHONPATH, so upstream's coordinator and worker are 0.33.0's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 VLLM_033 = REPO / ".venv-vllm-0.33"
 PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",
-                  "tests/unit/test_selective_matches_upstream.py"]
+                  "tests/unit/test_selective_matches_upstream.py",
+                  "tests/unit/test_junctions_match_vllm.py",
+                  "tests/unit/test_junction_save_masks.py"]
 
 
 def test_adapters_match_upstream_lookup_of_vllm_0_33() -> None:

@@ -9,11 +9,11 @@ import pytest
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import ConnectorConfigError
+from tests.support.engines import moonlease_transfer_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
-OUR_CONNECTOR = {"kv_connector": "MooncakeStoreConnector",
-                 "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
+OUR_CONNECTOR = moonlease_transfer_config()
 
 
 def token_prompt(length: int, seed: int) -> list[int]:

@@ -12,19 +12,13 @@ import pytest
 
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
+from tests.support.engines import engine_counter, moonlease_transfer_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
 
 def connector(selective: bool) -> dict:
-    return {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_selective_lease": selective}}
-
-
-def counter(llm, name: str, **labels: str) -> float:
-    """A counter of this engine's Prometheus registry, summed over the other labels."""
-    return sum(float(metric.value) for metric in llm.get_metrics()
-               if metric.name == name and all(metric.labels.get(k) == v for k, v in labels.items()))
+    return moonlease_transfer_config(mooncake_selective_lease=selective)
 
 
 def test_fresh_engine_same_hits_and_output_with_fewer_keys_leased(vllm_engine, mooncake_master, store_pool,
@@ -46,9 +40,9 @@ def test_fresh_engine_same_hits_and_output_with_fewer_keys_leased(vllm_engine, m
             "cached": [c.num_cached_tokens for c in completions],
             "tokens": [c.token_ids for c in completions],
             "logprobs": [c.logprobs for c in completions],
-            "leased": counter(engine, "vllm:moonlease_lookup_keys", kind="leased"),
-            "probed": counter(engine, "vllm:moonlease_lookup_keys", kind="probed"),
-            "probe_ops": counter(engine, "vllm:mooncake_store_operation", operation="lookup_probe"),
+            "leased": engine_counter(engine, "vllm:moonlease_lookup_keys", kind="leased"),
+            "probed": engine_counter(engine, "vllm:moonlease_lookup_keys", kind="probed"),
+            "probe_ops": engine_counter(engine, "vllm:mooncake_store_operation", operation="lookup_probe"),
         }
         vllm_engine.stop(engine)
 

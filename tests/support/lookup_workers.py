@@ -80,11 +80,14 @@ class RecordingStore:
 
 
 def build_worker(cls: type, layout: Layout, store: Any,
-                 config: MoonleaseConnectorConfig | None = None) -> Any:
+                 config: MoonleaseConnectorConfig | None = None, *,
+                 retention_interval: int | None = None) -> Any:
+    """`retention_interval` only matters to saves (an engine's default is 0: sparse)."""
     groups = [KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=spec)
               for i, spec in enumerate(layout.specs)]
     coord = MooncakeStoreCoordinator(groups, layout.scheduler_block, HASH_BLOCK,
                                      use_eagle=layout.eagle,
+                                     retention_interval=retention_interval,
                                      enable_partial_hash_hits=layout.partial_hits)
     worker = object.__new__(cls)
     worker._capacity_only = False

@@ -17,7 +17,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import M
 
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.core.lookup import MissReason
-from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, Layout, RecordingStore, build_worker
+from tests.support.lookup_workers import (
+    HASH_BLOCK,
+    LAYOUTS,
+    Layout,
+    RecordingStore,
+    build_worker,
+    every_possible_key,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -41,17 +48,6 @@ def existence_pattern(keys: set[str], density: float, seed: int) -> dict[str, in
         roll = rng.random()
         answers[key] = 1 if roll < density else (-1 if roll > 0.98 else 0)
     return answers
-
-
-def every_possible_key(worker: Any, hashes: list[bytes]) -> set[str]:
-    keys = set()
-    for group, prefixes in enumerate(worker._lookup_key_prefixes):
-        spec = worker._kv_cache_groups[group].kv_cache_spec
-        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
-        candidates = list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]
-        for prefix in prefixes:
-            keys.update(f"{prefix}@{bytes(h).hex()}" for h in candidates)
-    return keys
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

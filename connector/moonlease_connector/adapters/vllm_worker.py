@@ -9,12 +9,19 @@ Two deliberate differences from upstream in the default mode, both safety fixes:
   every later lookup hangs); anything unexpected is logged and reported as a miss;
 - `wait_for_save` publishes nothing from a step whose forward pass raised (upstream runs it in
   a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2).
+
+With junction retention (seed 004) on, a lookup — in either lease mode, hit or miss — also
+returns the shared-prefix junction by vLLM's local rule (`longest_single_group_hit`), as
+sentinel entries of the response (`core.lookup_protocol`), and saves run on
+`JunctionSendingThread`, whose save mask adds the tails at each job's junctions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,21 +35,27 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     TailKeyBoundary,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, UniformTypeKVCacheSpecs
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
+from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
+from moonlease_connector.core.junctions import find_junctions
 from moonlease_connector.core.lookup import (
     GroupNamespaces,
     LookupOutcome,
     MissReason,
+    TailKey,
+    Unit,
     build_candidates,
     build_tail_keys,
     present_units,
     resolve_hit,
 )
+from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
 from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
@@ -127,6 +140,59 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             self.kv_connector_stats.record_lookup(outcome)
         return result
 
+    def longest_single_group_hit(self, block_hashes: Sequence[Any], max_length: int,
+                                 pool: ExternalCachedBlockPool) -> int:
+        """The hit of the group vLLM's convergence loop evaluates first, at `max_length`.
+
+        Mirrors the first step of `MooncakeStoreCoordinator._find_hit_blocks` (and of core's
+        `HybridKVCacheCoordinator.find_longest_cache_hit`, whose ``longest_hit_length`` it is:
+        every later step is bounded by the hit before it). With one spec group there is no
+        lagging group, so no junction: 0.
+        """
+        coord = self.coord
+        if len(coord.attention_groups) < 2:
+            return 0
+        spec, group_ids, manager_cls, group_eagle = coord.attention_groups[0]
+        fine_grained = coord.enable_partial_hash_hits
+        length = max_length
+        if group_eagle and not isinstance(spec, MambaSpec):
+            margin = eagle_proof_margin(spec.block_size, coord.hash_block_size,
+                                        fine_grained and manager_cls.supports_fine_grained_hash_lookup)
+            length = min(max_length + margin, len(block_hashes) * coord.hash_block_size)
+        _, hit = manager_cls.find_longest_cache_hit(
+            block_hashes=block_hashes, max_length=length, kv_cache_group_ids=group_ids,
+            block_pool=pool, kv_cache_spec=spec, drop_eagle_block=group_eagle,
+            alignment_tokens=coord.hash_block_size if fine_grained else coord.lcm_block_size)
+        return int(hit)
+
+    def store_junctions(self, num_tokens: int, block_hashes: Sequence[Any], hit_length: int,
+                        present: frozenset[Unit]) -> tuple[int, ...]:
+        """Junctions to return with a lookup (none unless junction retention is on).
+
+        Bounded like core's local lookup (``num_tokens - 1``: the last token is recomputed),
+        so the store and the local cache agree on where a shared prefix ends.
+        """
+        if not self.moonlease_config.mooncake_junction_retention or num_tokens <= 1:
+            return ()
+        bound = min(num_tokens - 1, len(block_hashes) * self.hash_block_size)
+        pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
+        try:
+            longest = self.longest_single_group_hit(block_hashes, bound, pool)
+        except Exception:
+            # A junction only helps later siblings: failing to find one must not cost this hit.
+            logger.exception("Moonlease junction search failed; returning the hit without one")
+            return ()
+        return find_junctions(hit_length, (longest,))
+
+    def _respond(self, hit: int, tails: Sequence[TailKey], junctions: tuple[int, ...],
+                 outcome: LookupOutcome) -> tuple[MooncakeLookupResult, LookupOutcome]:
+        """Upstream's result type; junctions ride in it as sentinel tail entries."""
+        entries = build_wire_entries(LookupResponse(hit, tuple(tails), junctions))
+        result = MooncakeLookupResult(hit, tuple(TailKeyBoundary(g, n) for g, n in entries))
+        if junctions:
+            outcome = dataclasses.replace(outcome, junctions=len(junctions))
+        return result, outcome
+
     def _lookup(self, num_tokens: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         if self._capacity_only:
@@ -160,10 +226,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                 lease=lambda keys: self.store_calls.exists_with_lease(keys, operation="lookup_lease"),
                 hit_for=hit_for, plan_for=plan_for,
                 max_rounds=self.moonlease_config.mooncake_max_lease_rounds)
-            if selective.plan is None:
-                return MooncakeLookupResult(0), selective.outcome
-            boundaries = tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in selective.plan.tails)
-            return MooncakeLookupResult(selective.hit_length, boundaries), selective.outcome
+            junctions = self.store_junctions(num_tokens, block_hashes, selective.hit_length,
+                                             selective.present)
+            tails = selective.plan.tails if selective.plan is not None else ()
+            return self._respond(selective.hit_length, tails, junctions, selective.outcome)
 
         answers = self.store_calls.exists_with_lease(candidates.keys)
         if answers is None:
@@ -172,16 +238,49 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         present = present_units(candidates, answers)
         leased = sum(1 for answer in answers if answer == 1)
         hit = hit_for(present)
+        junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
         if hit <= 0:
-            return MooncakeLookupResult(0), LookupOutcome.miss(
-                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased)
+            return self._respond(0, (), junctions, LookupOutcome.miss(
+                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased))
         tails = build_tail_keys(groups, hashes, self.hash_block_size, hit,
                                 lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
-        boundaries = tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in tails)
-        return (MooncakeLookupResult(hit, boundaries),
-                LookupOutcome(hit, None, 1, len(candidates), leased))
+        return self._respond(hit, tails, junctions,
+                             LookupOutcome(hit, None, 1, len(candidates), leased))
 
     # ------------------------------------------------------------------- save
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        """Upstream's registration; with junction retention, our send thread in upstream's place.
+
+        Upstream starts its send thread at the end of registration when this rank stores
+        (`can_put`); it is held back here and `JunctionSendingThread` — the same thread with
+        junction tails in the save mask — started with the same arguments instead.
+        """
+        if not self.moonlease_config.mooncake_junction_retention:
+            super().register_kv_caches(kv_caches)
+            return
+        can_put, self.can_put = self.can_put, False
+        try:
+            super().register_kv_caches(kv_caches)
+        finally:
+            self.can_put = can_put
+        if not can_put or self._capacity_only or not kv_caches:
+            return  # upstream would not have started a send thread either
+        self.kv_send_thread = JunctionSendingThread(
+            self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
+            self._group_tp_replication_factors, self.kv_role, threading.Event(),
+            self.enable_kv_events, self.store_replicate_config,
+            enable_group_semantics=self.enable_group_semantics,
+            supports_group_ids=self._supports_group_ids,
+            record_operation=self._record_kv_connector_operation,
+            group_participates=[group.kv_cache_spec.prefix_cacheable
+                                for group in self._kv_cache_groups],
+            on_junction_tails_saved=self._record_junction_tails)
+        self.kv_send_thread.start()
+
+    def _record_junction_tails(self, written: int) -> None:
+        with self._kv_connector_stats_lock:
+            self.kv_connector_stats.record_junction_tails(written)
 
     def wait_for_save(self, metadata: MooncakeStoreConnectorMetadata) -> None:
         """Publish this step's blocks, unless the forward pass that filled them raised.

@@ -162,6 +162,7 @@ class LookupOutcome:
     rounds: int
     keys_probed: int
     keys_leased: int
+    junctions: int = 0  # shared-prefix junctions the lookup returned (seed 004)
 
     @classmethod
     def miss(cls, reason: MissReason, *, rounds: int = 0, keys_probed: int = 0,

@@ -85,6 +85,10 @@ class SelectiveResult:
 
     plan: LoadPlan | None
     outcome: LookupOutcome
+    #: The units the final decision saw as present (probe answers less what vanished before the
+    #: lease); empty after a store error. Junctions are computed from it: they are not loaded,
+    #: so they need no lease.
+    present: frozenset[Unit] = frozenset()
 
     @property
     def hit_length(self) -> int:
@@ -116,19 +120,22 @@ def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: St
         if hit <= 0:
             reason = MissReason.NOT_FOUND if round_number == 1 else MissReason.LEASE_LOST
             return SelectiveResult(None, LookupOutcome.miss(
-                reason, rounds=round_number - 1, keys_probed=probed, keys_leased=leased_total))
+                reason, rounds=round_number - 1, keys_probed=probed, keys_leased=leased_total),
+                present)
         plan = plan_for(hit, present)
         keys = [load_key.key for load_key in plan.keys]
         leased = lease(keys)
         if leased is None or any(answer < 0 for answer in leased):
             return SelectiveResult(None, LookupOutcome.miss(
                 MissReason.STORE_ERROR, rounds=round_number, keys_probed=probed,
-                keys_leased=leased_total))
+                keys_leased=leased_total))  # no present set: the lease answer is unusable
         leased_total += sum(1 for answer in leased if answer == 1)
         vanished = {load_key.unit for load_key, answer in zip(plan.keys, leased, strict=True)
                     if answer != 1}
         if not vanished:
-            return SelectiveResult(plan, LookupOutcome(hit, None, round_number, probed, leased_total))
+            return SelectiveResult(plan, LookupOutcome(hit, None, round_number, probed, leased_total),
+                                   present)
         present = present - vanished
     return SelectiveResult(None, LookupOutcome.miss(
-        MissReason.LEASE_LOST, rounds=max_rounds, keys_probed=probed, keys_leased=leased_total))
+        MissReason.LEASE_LOST, rounds=max_rounds, keys_probed=probed, keys_leased=leased_total),
+        present)

@@ -1,0 +1,160 @@
+"""vLLM binding, scheduler side of junction retention (seed 004).
+
+I/O adapter around upstream's `MooncakeStoreScheduler`; the decisions come from
+`moonlease_connector.core.junctions` and the wire format from `core.lookup_protocol`.
+
+Flow of a junction:
+1. the worker's lookup returns it as a sentinel entry of the lookup response;
+2. `JunctionLookupClient` decodes the response with Moonlease's reader, hands upstream only
+   the real tail keys (so the load spec is upstream's) and keeps the junctions per request;
+3. `MoonleaseStoreScheduler.get_num_new_matched_tokens` — core calls it after setting
+   ``request.shared_prefix_boundary`` and before the request computes anything — merges them
+   with core's boundary: into ``request.shared_prefix_boundary`` when core found none (vLLM
+   0.32/0.33 hold one value; core then keeps the local blocks there and, on hybrid models,
+   checkpoints the Mamba state there and hands it to the store), and all of them into the
+   request's junction record;
+4. `build_connector_meta` attaches the record to each save job of the request
+   (`JunctionReqMeta`), where the worker's save mask adds their tails.
+
+The record lives beside upstream's `RequestTracker`s, keyed by request id, for the request's
+lifetime: upstream rebuilds a request's tracker when a request that loaded from the store is
+scheduled after its load (and on resume), and a loading request's first metadata carries no
+save, so junctions kept on a tracker or on that metadata would be lost before the first save.
+Block lifetime is upstream's: a save job pins every non-null block of the request when the job
+is created, in the same `schedule()` pass, and the worker skips null block ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    MooncakeLookupResult,
+    MooncakeStoreConnectorMetadata,
+    ReqMeta,
+    TailKeyBoundary,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import LOOKUP_MSG
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
+    MooncakeStoreScheduler,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyClient
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request
+
+from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.core.junctions import merge_junctions, request_boundary
+from moonlease_connector.core.lookup_protocol import decode_lookup_response
+
+logger = logging.getLogger("vllm.moonlease.connector.scheduler")
+
+
+@dataclass
+class JunctionLookupResult(MooncakeLookupResult):
+    """Upstream's lookup result (real tail keys only) plus the store's junctions."""
+
+    junctions: tuple[int, ...] = ()
+
+
+@dataclass
+class JunctionReqMeta(ReqMeta):
+    """Upstream's per-request step metadata plus the junctions its save mask keeps tails at."""
+
+    junctions: tuple[int, ...] = ()
+
+    @classmethod
+    def from_req_meta(cls, req_meta: ReqMeta, junctions: Sequence[int]) -> "JunctionReqMeta":
+        fields = {f.name: getattr(req_meta, f.name) for f in dataclasses.fields(ReqMeta)}
+        return cls(**fields, junctions=tuple(junctions))
+
+
+def junctions_of(req_meta: Any) -> tuple[int, ...]:
+    """The junctions a save job carries (none on upstream's own metadata)."""
+    return req_meta.junctions if isinstance(req_meta, JunctionReqMeta) else ()
+
+
+class JunctionLookupClient(LookupKeyClient):
+    """Upstream's lookup client reading responses with Moonlease's decoder.
+
+    The request frames are upstream's. Junction entries are split off the response and kept
+    per request until the scheduler takes them; a response from a worker that predates
+    junctions simply has none.
+    """
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config)
+        self._junctions: dict[str, tuple[int, ...]] = {}
+
+    def _lookup(self, num_tokens: int, block_hashes: list[Any]) -> MooncakeLookupResult:
+        hash_len = len(block_hashes[0]) if block_hashes else 0
+        frames = (LOOKUP_MSG, num_tokens.to_bytes(4, byteorder="big"),
+                  hash_len.to_bytes(2, byteorder="big"), b"".join(block_hashes))
+        self.socket.send_multipart(frames, copy=False)
+        response = decode_lookup_response(self.socket.recv())
+        return JunctionLookupResult(
+            response.hit_length,
+            tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in response.tails),
+            junctions=response.junctions)
+
+    def lookup(self, req_id: str, num_tokens: int, block_hashes: list[Any],
+               non_block: bool = False) -> MooncakeLookupResult | None:
+        result = super().lookup(req_id, num_tokens, block_hashes, non_block=non_block)
+        if result is not None:
+            self._junctions[req_id] = getattr(result, "junctions", ())
+        return result
+
+    def take_junctions(self, req_id: str) -> tuple[int, ...]:
+        """The junctions of the request's last completed lookup (once)."""
+        return self._junctions.pop(req_id, ())
+
+    def discard(self, req_id: str) -> None:
+        super().discard(req_id)
+        self._junctions.pop(req_id, None)
+
+
+class MoonleaseStoreScheduler(MooncakeStoreScheduler):
+    """Upstream's scheduler side, carrying store junctions from the lookup to the save mask."""
+
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
+                 config: MoonleaseConnectorConfig) -> None:
+        super().__init__(vllm_config, kv_cache_config)
+        self.moonlease_config = config
+        # Upstream built a plain client in its constructor; ours replaces it before any use.
+        upstream_client = self.client
+        self.client: JunctionLookupClient = JunctionLookupClient(vllm_config)
+        upstream_client.close()
+        upstream_client.ctx.term()
+        #: request id -> every junction its saves keep tails at (core's and the store's).
+        self.request_junctions: dict[str, tuple[int, ...]] = {}
+
+    def get_num_new_matched_tokens(self, request: Request,
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        matched = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if matched[0] is None:  # asynchronous lookup still in flight: asked again later
+            return matched
+        store_junctions = self.client.take_junctions(request.request_id)
+        local = int(request.shared_prefix_boundary or 0)
+        self.request_junctions[request.request_id] = merge_junctions(local, store_junctions)
+        request.shared_prefix_boundary = request_boundary(local, store_junctions)
+        if store_junctions:
+            logger.debug("Request %s: store junctions %s (core's boundary %d)",
+                         request.request_id, store_junctions, local)
+        return matched
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        for req_id in scheduler_output.finished_req_ids:
+            self.request_junctions.pop(req_id, None)
+        meta = super().build_connector_meta(scheduler_output)
+        assert isinstance(meta, MooncakeStoreConnectorMetadata)
+        for index, req_meta in enumerate(meta.requests):
+            junctions = self.request_junctions.get(req_meta.req_id, ())
+            if junctions and req_meta.can_save:
+                meta.requests[index] = JunctionReqMeta.from_req_meta(req_meta, junctions)
+        return meta
