@@ -113,7 +113,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 if isinstance(exc, ApiError) and exc.status == 401:
                     await context.refresh_credentials()
                 context.metrics.observe_error(kind)
-                context.metrics.observe_reconcile("error", 0.0)
+                context.metrics.observe_reconcile("error", None)
                 logger.warning("Reconcile failed, retrying in %ss: %s", context.options.error_delay, exc)
                 delay = context.options.error_delay
             await _rest(wake, stopped, delay)
@@ -138,6 +138,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                                     concurrency=context.options.write_concurrency)
             except ApiError as exc:
                 context.metrics.observe_error(f"api_{exc.status}")
+                if exc.status == 401:
+                    await context.refresh_credentials()
                 raise kopf.TemporaryError(f"restoring the workloads failed: {exc}",
                                           delay=context.options.error_delay) from exc
         context.metrics.forget(namespace, name)

@@ -44,9 +44,11 @@ class OperatorMetrics:
         self.phase = Gauge("moonlease_operator_policy_phase", "1 for the phase a policy is in",
                            ["namespace", "policy", "phase"], **kwargs)
 
-    def observe_reconcile(self, result: str, seconds: float) -> None:
+    def observe_reconcile(self, result: str, seconds: float | None) -> None:
+        """Count a reconcile; `seconds` (None for one that failed midway) goes to the histogram."""
         self.reconciles.labels(result=result).inc()
-        self.duration.observe(seconds)
+        if seconds is not None:
+            self.duration.observe(seconds)
 
     def observe_error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()
