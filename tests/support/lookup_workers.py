@@ -150,3 +150,15 @@ def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> 
                 chunk_hash = block_hashes[tails[group] // worker.hash_block_size - 1]
             keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in worker._lookup_key_prefixes[group])
     return keys
+
+
+def every_possible_key(worker: Any, hashes: list[bytes]) -> list[str]:
+    """Every key a lookup over `hashes` could ask about (per-hash and per-chunk, all namespaces),
+    sorted: the universe random existence patterns are drawn over."""
+    keys: set[str] = set()
+    for group, prefixes in enumerate(worker._lookup_key_prefixes):
+        spec = worker._kv_cache_groups[group].kv_cache_spec
+        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
+        for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
+            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
+    return sorted(keys)

@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler impor
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
+from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
@@ -47,10 +48,10 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         assert vllm_config.kv_transfer_config is not None
         extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
-        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
-            raise ConnectorConfigError(
-                "mooncake_kda_last_hit_only is not available in this Moonlease build yet: remove "
-                "that key (selective lease and junction retention are available)")
+        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
+            # Both roles check, before either connects anywhere: full attention + align-mode
+            # Mamba only, and no shared group leases (seed 000).
+            check_last_hit_only_layout(kv_cache_config.kv_cache_groups, extra_config)
 
         # Upstream's constructor, with our worker in place of upstream's.
         KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role,

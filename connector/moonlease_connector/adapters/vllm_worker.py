@@ -39,6 +39,7 @@ from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, UniformTypeKVCacheSpecs
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
+from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
@@ -213,6 +214,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             return resolve_hit(num_tokens, lookup_length,
                                lambda length: self.coord.find_longest_cache_hit(block_hashes, length, pool)[1],
                                self.coord.align_lookup_length)
+
+        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
+            return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, groups, hit_for)
 
         if self.moonlease_config.lease_mode is LeaseMode.SELECTIVE:
             def plan_for(hit: int, present: frozenset[tuple[int, bytes]]) -> LoadPlan:
