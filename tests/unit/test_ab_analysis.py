@@ -1,0 +1,292 @@
+"""The A/B analysis core: estimators checked by hand, verdicts through commented scenarios, and
+properties (swapping arms flips the verdict, identical arms never succeed, failed measurements
+never decide)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moonlease_operator.core.analysis import (
+    AbortGuard,
+    AnalysisConfig,
+    ArmSample,
+    BuiltinMetric,
+    Condition,
+    Direction,
+    Histogram,
+    IntervalSample,
+    Outcome,
+    estimate_mean,
+    estimate_quantile,
+    estimate_ratio,
+    evaluate_ab,
+    histogram_quantile,
+)
+
+pytestmark = pytest.mark.unit
+
+INF = math.inf
+HIT_RATE = Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, Direction.HIGHER_IS_BETTER,
+                     min_effect=0.02, max_regression=0.02)
+
+
+def arm(hits: float, queries: float, *, ttft: Histogram | None = None, put_failures: float = 0.0) -> ArmSample:
+    return ArmSample(prefix_hits=hits, prefix_queries=queries, external_hits=hits, external_queries=queries,
+                     ttft=ttft, put_alloc_failures=put_failures, evictions=0.0)
+
+
+def intervals(control: list[ArmSample], treatment: list[ArmSample]) -> list[IntervalSample]:
+    return [IntervalSample(start=10.0 * i, end=10.0 * (i + 1), control=c, treatment=t)
+            for i, (c, t) in enumerate(zip(control, treatment))]
+
+
+def ttft(*counts: float) -> Histogram:
+    """Non-cumulative counts for buckets le 0.1, 0.5, 1, +Inf."""
+    bounds = (0.1, 0.5, 1.0, INF)
+    cumulative, running = [], 0.0
+    for le, c in zip(bounds, counts):
+        running += c
+        cumulative.append((le, running))
+    return Histogram(tuple(cumulative))
+
+
+# ---- estimators, by hand --------------------------------------------------------------------------
+
+def test_ratio_estimator_and_cluster_standard_error_by_hand() -> None:
+    # hits/queries (30/100, 50/100): R = 80/200 = 0.4; residuals 30-40=-10, 50-40=10;
+    # SE^2 = (100+100) / (2*1*100^2) = 0.01 -> SE = 0.1.
+    est = estimate_ratio([(30, 100), (50, 100)])
+    assert est is not None
+    assert est.value == pytest.approx(0.4)
+    assert est.stderr == pytest.approx(0.1)
+    assert est.samples == 2
+
+
+def test_ratio_estimator_ignores_idle_intervals_and_has_no_stderr_from_one() -> None:
+    assert estimate_ratio([]) is None
+    assert estimate_ratio([(0, 0)]) is None
+    one = estimate_ratio([(0, 0), (5, 10)])
+    assert one is not None and one.value == 0.5 and one.stderr == INF
+
+
+def test_token_counts_are_not_treated_as_bernoulli_trials() -> None:
+    # A million tokens per interval but intervals disagree: the SE reflects the disagreement,
+    # far above the binomial sqrt(p(1-p)/N) ~ 0.0004.
+    est = estimate_ratio([(300_000, 1_000_000), (500_000, 1_000_000), (400_000, 1_000_000)])
+    assert est is not None
+    assert est.value == pytest.approx(0.4)
+    assert est.stderr == pytest.approx(math.sqrt((0.01 + 0.01 + 0) / 6))
+
+
+def test_mean_estimator_by_hand() -> None:
+    est = estimate_mean([1.0, 3.0])
+    assert est is not None and est.value == 2.0 and est.stderr == pytest.approx(1.0)
+
+
+def test_histogram_quantile_interpolates_like_promql() -> None:
+    h = ttft(10, 20, 10, 0)  # cumulative 10, 30, 40, 40
+    # p50: rank 20 in (0.1, 0.5] between counts 10 and 30 -> 0.1 + 0.4 * 10/20 = 0.3
+    assert histogram_quantile(0.5, h) == pytest.approx(0.3)
+    # p25: rank 10 falls exactly at the first bucket's top: 0 + 0.1 * 10/10 = 0.1
+    assert histogram_quantile(0.25, h) == pytest.approx(0.1)
+    # p99: rank 39.6 in (0.5, 1] between 30 and 40 -> 0.5 + 0.5 * 9.6/10 = 0.98
+    assert histogram_quantile(0.99, h) == pytest.approx(0.98)
+
+
+def test_histogram_quantile_in_the_inf_bucket_answers_the_highest_finite_bound() -> None:
+    assert histogram_quantile(0.9, ttft(1, 0, 0, 9)) == 1.0
+    assert histogram_quantile(0.5, ttft(0, 0, 0, 0)) is None
+    assert histogram_quantile(0.5, Histogram(())) is None
+
+
+def test_quantile_estimate_pools_buckets_and_spreads_over_intervals() -> None:
+    fast, slow = ttft(10, 0, 0, 0), ttft(0, 0, 10, 0)
+    est = estimate_quantile(0.5, [fast, slow])
+    assert est is not None
+    # pooled: cumulative 10, 10, 20 -> rank 10 hits le=0.1 exactly -> 0.1
+    assert est.value == pytest.approx(0.1)
+    # per-interval medians 0.05 and 0.75: SE of their mean = |0.75-0.05|/2 = 0.35
+    assert est.stderr == pytest.approx(0.35)
+
+
+def test_histograms_with_different_bounds_do_not_merge() -> None:
+    with pytest.raises(ValueError):
+        Histogram(((1.0, 1.0), (INF, 1.0))).merged(Histogram(((2.0, 1.0), (INF, 1.0))))
+
+
+def test_config_rejects_fewer_than_two_samples() -> None:
+    with pytest.raises(ValueError):
+        AnalysisConfig(min_samples=1)
+    with pytest.raises(ValueError):
+        AnalysisConfig(min_samples=4, max_samples=3)
+
+
+# ---- verdicts -------------------------------------------------------------------------------------
+
+CONFIG = AnalysisConfig(conditions=(HIT_RATE,), min_samples=3)
+
+
+def test_clear_win_succeeds_after_min_samples() -> None:
+    control = [arm(300, 1000), arm(310, 1000), arm(290, 1000)]
+    treatment = [arm(600, 1000), arm(610, 1000), arm(590, 1000)]
+    # Two intervals: not enough yet.
+    early = evaluate_ab(intervals(control[:2], treatment[:2]), CONFIG)
+    assert early.outcome is Outcome.INCONCLUSIVE and not early.final
+    assert "2 of 3 samples" in early.reason
+    verdict = evaluate_ab(intervals(control, treatment), CONFIG)
+    assert verdict.outcome is Outcome.SUCCESS and verdict.final
+    assert verdict.samples == 3
+    result = verdict.conditions[0]
+    assert result.effect == pytest.approx(0.3)
+    assert "externalHitRate" in verdict.reason
+
+
+def test_clear_regression_fails() -> None:
+    control = [arm(600, 1000), arm(610, 1000), arm(590, 1000)]
+    treatment = [arm(300, 1000), arm(310, 1000), arm(290, 1000)]
+    verdict = evaluate_ab(intervals(control, treatment), CONFIG)
+    assert verdict.outcome is Outcome.FAILURE and verdict.final
+    assert "worse" in verdict.reason
+
+
+def test_noisy_small_difference_is_inconclusive_then_final_at_max_samples() -> None:
+    control = [arm(300, 1000), arm(500, 1000), arm(400, 1000)]
+    treatment = [arm(500, 1000), arm(300, 1000), arm(430, 1000)]
+    config = replace(CONFIG, max_samples=3)
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+    assert verdict.final
+    assert "maximum of 3 samples" in verdict.reason
+    assert not evaluate_ab(intervals(control, treatment), CONFIG).final
+
+
+def test_significant_but_below_min_effect_is_inconclusive() -> None:
+    control = [arm(400, 1000)] * 4
+    treatment = [arm(410, 1000), arm(411, 1000), arm(409, 1000), arm(410, 1000)]
+    verdict = evaluate_ab(intervals(control, treatment), CONFIG)
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+
+
+def test_ttft_guardrail_fails_a_winning_hit_rate() -> None:
+    config = AnalysisConfig(conditions=(HIT_RATE, Condition(BuiltinMetric.TTFT_P90.value,
+                                                            Direction.LOWER_IS_BETTER,
+                                                            max_regression=0.1, guardrail=True)))
+    control = [arm(300, 1000, ttft=ttft(10, 0, 0, 0))] * 3
+    treatment = [arm(600, 1000, ttft=ttft(0, 0, 10, 0))] * 3
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.FAILURE
+    assert "ttftP90" in verdict.reason
+
+
+def test_guardrail_within_tolerance_does_not_block_success() -> None:
+    config = AnalysisConfig(conditions=(HIT_RATE, Condition(BuiltinMetric.TTFT_P90.value,
+                                                            Direction.LOWER_IS_BETTER,
+                                                            max_regression=0.1, guardrail=True)))
+    same = ttft(10, 0, 0, 0)
+    verdict = evaluate_ab(intervals([arm(300, 1000, ttft=same)] * 3, [arm(600, 1000, ttft=same)] * 3), config)
+    assert verdict.outcome is Outcome.SUCCESS
+    assert "ttftP90" not in verdict.reason  # the reason names what won, not the guardrail
+
+
+def test_missing_metric_is_no_data_with_the_metric_named() -> None:
+    control = [ArmSample(prefix_hits=1, prefix_queries=2)] * 3
+    treatment = [ArmSample(prefix_hits=1, prefix_queries=2)] * 3
+    verdict = evaluate_ab(intervals(control, treatment), CONFIG)
+    assert verdict.outcome is Outcome.NO_DATA
+    assert "externalHitRate" in verdict.reason and "control and treatment" in verdict.reason
+
+
+def test_custom_metric_condition() -> None:
+    config = AnalysisConfig(conditions=(Condition("goodput", Direction.HIGHER_IS_BETTER, min_effect=1.0),))
+    control = [ArmSample(custom={"goodput": v}) for v in (10.0, 11.0, 10.5)]
+    treatment = [ArmSample(custom={"goodput": v}) for v in (20.0, 21.0, 20.5)]
+    assert evaluate_ab(intervals(control, treatment), config).outcome is Outcome.SUCCESS
+    assert evaluate_ab(intervals(treatment, control), config).outcome is Outcome.FAILURE
+
+
+def test_rising_put_failures_abort_before_min_samples() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard(consecutive=2))
+    control = [arm(300, 1000, put_failures=0)] * 3
+    treatment = [arm(600, 1000, put_failures=f) for f in (0, 3, 8)]
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.ABORT and verdict.final
+    assert "put-allocation failures" in verdict.reason
+    # One bad interval is not yet "rising".
+    assert evaluate_ab(intervals(control[:2], treatment[:2]), config).outcome is Outcome.INCONCLUSIVE
+
+
+def test_falling_put_failures_do_not_abort() -> None:
+    config = replace(CONFIG, guard=AbortGuard(consecutive=2))
+    control = [arm(300, 1000)] * 3
+    treatment = [arm(600, 1000, put_failures=f) for f in (9, 5, 2)]
+    assert evaluate_ab(intervals(control, treatment), config).outcome is Outcome.SUCCESS
+
+
+def test_ttft_past_the_failure_threshold_aborts() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard(consecutive=2, ttft_threshold_s=0.5))
+    control = [arm(300, 1000, ttft=ttft(10, 0, 0, 0))] * 2
+    treatment = [arm(300, 1000, ttft=ttft(0, 0, 10, 0))] * 2
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.ABORT
+    assert "TTFT" in verdict.reason
+
+
+def test_failed_measurements_never_decide_and_count_against_the_limit() -> None:
+    config = replace(CONFIG, consecutive_error_limit=2)
+    good = intervals([arm(300, 1000)] * 2, [arm(600, 1000)] * 2)
+    down = [IntervalSample(start=100.0 + i, end=101.0 + i, error="Prometheus unreachable") for i in range(3)]
+    two_down = evaluate_ab(good + down[:2], config)
+    assert two_down.outcome is Outcome.INCONCLUSIVE and two_down.consecutive_errors == 2
+    assert "Prometheus unreachable" in two_down.reason
+    three_down = evaluate_ab(good + down, config)
+    assert three_down.outcome is Outcome.ERROR and three_down.final
+    assert "Prometheus unreachable" in three_down.reason
+    # Recovering resets the count; the failed intervals are skipped, not zeros.
+    recovered = evaluate_ab(good + down[:2] + intervals([arm(300, 1000)], [arm(600, 1000)]), config)
+    assert recovered.outcome is Outcome.SUCCESS and recovered.consecutive_errors == 0
+
+
+# ---- properties -----------------------------------------------------------------------------------
+
+rates = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+queries = st.integers(min_value=1, max_value=100_000)
+arm_samples = st.builds(lambda r, q: arm(round(r * q), q), rates, queries)
+arm_lists = st.lists(arm_samples, min_size=3, max_size=8)
+SYMMETRIC = AnalysisConfig(conditions=(Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value,
+                                                 min_effect=0.01, max_regression=0.01),),
+                           min_samples=3)
+
+
+@given(arm_lists, arm_lists)
+@settings(max_examples=200, deadline=None)
+def test_swapping_arms_flips_success_and_failure(a: list[ArmSample], b: list[ArmSample]) -> None:
+    forward = evaluate_ab(intervals(a, b), SYMMETRIC).outcome
+    backward = evaluate_ab(intervals(b, a), SYMMETRIC).outcome
+    flipped = {Outcome.SUCCESS: Outcome.FAILURE, Outcome.FAILURE: Outcome.SUCCESS}
+    assert backward == flipped.get(forward, forward)
+
+
+@given(arm_lists)
+@settings(max_examples=200, deadline=None)
+def test_identical_arms_never_succeed_nor_fail(a: list[ArmSample]) -> None:
+    verdict = evaluate_ab(intervals(a, a), SYMMETRIC)
+    assert verdict.outcome is Outcome.INCONCLUSIVE
+
+
+@given(arm_lists, arm_lists, st.lists(st.booleans(), min_size=3, max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_failed_measurements_never_promote(a: list[ArmSample], b: list[ArmSample], fail: list[bool]) -> None:
+    """Replacing intervals by failures can only remove evidence: Success survives only if the
+    remaining measured intervals alone show it."""
+    measured = intervals(a, b)
+    mixed = [IntervalSample(start=i.start, end=i.end, error="down") if f else i for i, f in zip(measured, fail)]
+    verdict = evaluate_ab(mixed, SYMMETRIC)
+    if verdict.outcome is Outcome.SUCCESS:
+        kept = [i for i in mixed if not i.failed]
+        assert evaluate_ab(kept, SYMMETRIC).outcome is Outcome.SUCCESS
+        assert len(kept) >= SYMMETRIC.min_samples
