@@ -130,3 +130,25 @@ def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
     assert outcome["result"] == "miss" and outcome["reason"] == "store_error"
     assert not any("@group:1@" in key for name, keys in store.calls if name == "batch_is_exist" for key in keys), \
         "no lease-renewing existence fallback for recurrent keys"
+
+
+def test_a_hybrid_sibling_gets_a_junction_in_last_hit_only_mode() -> None:
+    """Full attention holds the shared prefix; the only recurrent state is at the other prompt's
+    end, so there is no hit, but the lookup reports where the shared prefix stops (seed 004)."""
+    from moonlease_connector.core.lookup_protocol import parse_wire_entries
+
+    layout = HYBRID_LAYOUTS[0]  # full attention (16-token blocks) + Mamba (64-token checkpoints)
+    config = MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY, junction_retention=True)
+    stored = [bytes([i]) * 8 for i in range(16)]                      # prompt A, 256 tokens
+    sibling = stored[:8] + [bytes([100 + i]) * 8 for i in range(8)]  # shares 128 tokens
+    answers = {f"tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.hex()}": 1 for h in stored}
+    answers.update({f"tiny@tp_rank:{rank}@pcp0@dcp0@pp_rank:0@group:1@{stored[15].hex()}": 1
+                    for rank in range(2)})
+    store = LastHitStore(answers, "per-key-existence")
+    worker = build_worker(MoonleaseStoreWorker, layout, store, config)
+    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+    result = worker.lookup(len(sibling) * HASH_BLOCK, sibling)
+    assert result.hit_length == 0
+    response = parse_wire_entries(0, [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries])
+    assert response.junctions == (128,)
+    assert store.last_hit_leased == set(), "no recurrent state of the sibling's prefix exists"

@@ -12,10 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
-    MooncakeLookupResult,
-    TailKeyBoundary,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, UniformTypeKVCacheSpecs
 
 from moonlease_connector.config import ConnectorConfigError
@@ -30,6 +27,7 @@ from moonlease_connector.core.lookup import (
     GroupNamespaces,
     LookupOutcome,
     MissReason,
+    TailKey,
     Unit,
     build_candidates,
     build_tail_keys,
@@ -99,6 +97,12 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
             kv_leased = sum(1 for answer in answers if answer == 1)
             kv_asked = len(kv_candidates)
 
+    def respond(hit: int, tails: tuple[TailKey, ...], outcome: LookupOutcome,
+                present: frozenset[Unit]) -> tuple[MooncakeLookupResult, LookupOutcome]:
+        """Every answer after the KV lookup carries the store junction (seed 004), if on."""
+        junctions = worker.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
+        return worker._respond(hit, tails, junctions, outcome)
+
     block_size = recurrent[0].block_size
     every_state = frozenset(
         (g.group_id, bytes(recurrent_hashes[g.group_id][chunk]))
@@ -114,8 +118,8 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
 
     positions = legal_checkpoints(block_size, bound, reachable)
     if not positions:
-        return MooncakeLookupResult(0), LookupOutcome.miss(
-            MissReason.NOT_FOUND, rounds=1, keys_probed=kv_asked, keys_leased=kv_leased)
+        return respond(0, (), LookupOutcome.miss(
+            MissReason.NOT_FOUND, rounds=1, keys_probed=kv_asked, keys_leased=kv_leased), kv_present)
     candidates = build_checkpoint_candidates(
         recurrent, positions,
         lambda group, position: bytes(recurrent_hashes[group.group_id][position // block_size - 1]))
@@ -130,16 +134,15 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return MooncakeLookupResult(0), LookupOutcome.miss(
             MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
     if selection.index is None:
-        return MooncakeLookupResult(0), LookupOutcome.miss(
-            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased)
+        return respond(0, (), LookupOutcome.miss(
+            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
 
     present = kv_present | frozenset(candidates.units[selection.index])
     hit = hit_for(present)
     leased = kv_leased + candidates.candidate_size
     if hit <= 0:
-        return MooncakeLookupResult(0), LookupOutcome.miss(
-            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=leased)
+        return respond(0, (), LookupOutcome.miss(
+            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=leased), present)
     tails = build_tail_keys(groups, hashes, worker.hash_block_size, hit,
                             lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
-    boundaries = tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in tails)
-    return MooncakeLookupResult(hit, boundaries), LookupOutcome(hit, None, 1, probed, leased)
+    return respond(hit, tails, LookupOutcome(hit, None, 1, probed, leased), present)
