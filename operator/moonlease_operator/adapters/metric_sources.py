@@ -1,0 +1,182 @@
+"""Metric sources for the A/B analysis: Prometheus' HTTP API, or the pods' own /metrics. I/O.
+
+A source has one method, `fetch_snapshot(at=...)`: every built-in series (see
+`core.ab_samples.BUILTIN_SERIES`) of each arm at that instant, plus the user's PromQL values.
+It raises `MetricSourceError` when it cannot answer (after its own short retries);
+`fetch_interval` turns that into data — an `IntervalSample` in error, which the analysis counts
+against its consecutive-error limit and never treats as zeros (argo-rollouts' Error phase).
+
+Blocking (urllib with timeouts): an async caller runs it in an executor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from string import Template
+from typing import Any, Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from moonlease_operator.core.ab_samples import BUILTIN_SERIES, Series, Snapshot, build_interval, canonical_name
+from moonlease_operator.core.analysis import Arm, IntervalSample
+
+
+class MetricSourceError(Exception):
+    """The source could not measure (unreachable, bad answer); the message says why."""
+
+
+class MetricSource(Protocol):
+    def fetch_snapshot(self, *, at: float) -> Snapshot: ...
+
+
+def fetch_interval(source: MetricSource, previous: Snapshot | None, *,
+                   at: float) -> tuple[IntervalSample | None, Snapshot | None]:
+    """Measure the interval ending `at`: (the sample, the snapshot to diff against next time).
+
+    The first successful snapshot is the baseline and yields no sample. A failed fetch yields an
+    error sample and keeps the previous snapshot, so the next good interval spans the gap.
+    """
+    try:
+        current = source.fetch_snapshot(at=at)
+    except MetricSourceError as exc:
+        return IntervalSample(start=previous.at if previous else at, end=at, error=str(exc)), previous
+    if previous is None:
+        return None, current
+    return build_interval(previous, current), current
+
+
+def arm_label_selectors(label: str = "moonlease_io_arm") -> dict[Arm, str]:
+    """PromQL matchers by the pods' `moonlease.io/arm` label (as Kubernetes SD's labelmap names it)."""
+    return {arm: f'{label}="{arm.value}"' for arm in Arm}
+
+
+def workload_selectors(control: str, treatment: str, *, pod_label: str = "pod") -> dict[Arm, str]:
+    """PromQL matchers by workload: pods named `<workload>-...` (Deployment/StatefulSet pods)."""
+    return {Arm.CONTROL: f'{pod_label}=~"{control}-.*"', Arm.TREATMENT: f'{pod_label}=~"{treatment}-.*"'}
+
+
+def _with_retries(what: str, attempts: int, delay: float, sleep: Callable[[float], None],
+                  call: Callable[[], Any]) -> Any:
+    last = ""
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            sleep(delay)
+        try:
+            return call()
+        except MetricSourceError as exc:
+            last = str(exc)
+        except (OSError, ValueError) as exc:  # URLError, timeouts, refused, bad JSON/text
+            last = f"{type(exc).__name__}: {exc}"
+    raise MetricSourceError(f"{what} failed after {max(1, attempts)} attempts: {last}")
+
+
+def _get(url: str, timeout: float) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) URLs we build
+        body: bytes = response.read()
+    return body.decode("utf-8")
+
+
+class PrometheusSource:
+    """Instant queries against a Prometheus server's HTTP API.
+
+    `selectors`: a label matcher per arm (`arm_label_selectors()`, `workload_selectors(...)`).
+    `store_selectors`: matchers for the Mooncake master series of each arm's store, when they
+    differ (default: the same). `custom_queries`: {name: PromQL template}, `$selector` replaced by
+    the arm's matcher; each must answer one number (wrap it in sum()).
+    """
+
+    def __init__(self, url: str, selectors: Mapping[Arm, str], *,
+                 store_selectors: Mapping[Arm, str] | None = None,
+                 custom_queries: Mapping[str, str] | None = None, timeout: float = 2.0,
+                 attempts: int = 2, retry_delay: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.url = url.rstrip("/")
+        self.selectors = dict(selectors)
+        self.store_selectors = dict(store_selectors or selectors)
+        self.custom_queries = dict(custom_queries or {})
+        self.timeout, self.attempts, self.retry_delay, self.sleep = timeout, attempts, retry_delay, sleep
+
+    def _query(self, promql: str, at: float) -> list[dict[str, Any]]:
+        def call() -> list[dict[str, Any]]:
+            params = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
+            try:
+                payload = json.loads(_get(f"{self.url}/api/v1/query?{params}", self.timeout))
+            except urllib.error.HTTPError as exc:
+                raise MetricSourceError(f"HTTP {exc.code}: {exc.read()[:300]!r}") from exc
+            if payload.get("status") != "success":
+                raise MetricSourceError(f"{payload.get('errorType')}: {payload.get('error')}")
+            data = payload["data"]
+            if data.get("resultType") != "vector":
+                raise MetricSourceError(f"expected a vector, got {data.get('resultType')}")
+            return list(data["result"])
+        return _with_retries(f"Prometheus query {promql!r} at {self.url}", self.attempts, self.retry_delay,
+                             self.sleep, call)
+
+    def _series(self, names: Sequence[str], selector: str, at: float) -> list[Series]:
+        matcher = "|".join(sorted({spelling for n in names for spelling in (n, n.replace(":", "_"))}))
+        out = []
+        for item in self._query(f'{{__name__=~"{matcher}",{selector}}}', at):
+            labels = dict(item["metric"])
+            name = canonical_name(labels.pop("__name__"))
+            if name is not None:
+                out.append(Series(name, tuple(sorted(labels.items())), float(item["value"][1])))
+        return out
+
+    def fetch_snapshot(self, *, at: float) -> Snapshot:
+        store_names = [n for n in BUILTIN_SERIES if n.startswith("master_")]
+        vllm_names = [n for n in BUILTIN_SERIES if not n.startswith("master_")]
+        series: dict[Arm, tuple[Series, ...]] = {}
+        custom: dict[Arm, dict[str, float]] = {}
+        for arm in Arm:
+            found = self._series(vllm_names, self.selectors[arm], at)
+            found += self._series(store_names, self.store_selectors[arm], at)
+            series[arm] = tuple(found)
+            custom[arm] = {}
+            for name, template in self.custom_queries.items():
+                result = self._query(Template(template).substitute(selector=self.selectors[arm]), at)
+                if len(result) == 1:
+                    custom[arm][name] = float(result[0]["value"][1])
+                # no answer (or several) leaves the metric missing: its condition reports NoData
+        return Snapshot(at=at, series=series, custom=custom)
+
+
+class ScrapeSource:
+    """Reads the pods' `/metrics` directly, when no Prometheus is configured.
+
+    `endpoints`: "host:port" per arm (`core.ab_samples.group_scrape_endpoints` builds them from
+    the pods' `moonlease.io/arm` label). Every endpoint must answer, or the snapshot fails: a
+    partial arm would bias its deltas. Custom PromQL needs Prometheus and is not available here.
+    """
+
+    def __init__(self, endpoints: Mapping[Arm, Sequence[str]], *, path: str = "/metrics",
+                 timeout: float = 2.0, attempts: int = 2, retry_delay: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.endpoints = {arm: list(endpoints.get(arm, ())) for arm in Arm}
+        self.path = path
+        self.timeout, self.attempts, self.retry_delay, self.sleep = timeout, attempts, retry_delay, sleep
+
+    def _scrape(self, endpoint: str) -> list[Series]:
+        def call() -> list[Series]:
+            text = _get(f"http://{endpoint}{self.path}", self.timeout)
+            out = []
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    name = canonical_name(sample.name)
+                    if name is not None:
+                        labels = dict(sample.labels, instance=endpoint)
+                        out.append(Series(name, tuple(sorted(labels.items())), float(sample.value)))
+            return out
+        return _with_retries(f"scrape of {endpoint}{self.path}", self.attempts, self.retry_delay, self.sleep, call)
+
+    def fetch_snapshot(self, *, at: float) -> Snapshot:
+        series: dict[Arm, tuple[Series, ...]] = {}
+        for arm in Arm:
+            if not self.endpoints[arm]:
+                raise MetricSourceError(f"no /metrics endpoints for the {arm.value} arm")
+            series[arm] = tuple(s for endpoint in self.endpoints[arm] for s in self._scrape(endpoint))
+        return Snapshot(at=at, series=series)

@@ -1,0 +1,138 @@
+"""From raw metric readings to A/B interval samples. Pure.
+
+A metric source (adapters/metric_sources.py) reads, at one instant, every series of the built-in
+metrics for each arm (a `Snapshot`); `build_interval` turns two consecutive snapshots into one
+`IntervalSample` of counter deltas, the input of `core.analysis.evaluate_ab`. Both sources —
+Prometheus' HTTP API and direct `/metrics` scraping — share this code, so they agree.
+
+Deltas are taken per series and then summed per arm, reset-aware like PromQL's increase(): a
+series whose value fell (its pod restarted) contributes its current value; a series absent from
+the previous snapshot (a new pod) contributes its whole value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from moonlease_operator.core.analysis import Arm, ArmSample, Histogram, IntervalSample
+
+# vLLM (vllm/v1/metrics/loggers.py; counters exposed with `_total`) and the Mooncake master
+# (master_service metrics, see NOTES §3). Labels: model_name, engine for vLLM.
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+PUT_ALLOC_FAILURES = "master_put_start_alloc_failures_total"
+EVICTED_KEYS = "master_evicted_key_count"
+
+BUILTIN_SERIES = (PREFIX_QUERIES, PREFIX_HITS, EXTERNAL_QUERIES, EXTERNAL_HITS, TTFT_BUCKET,
+                  PUT_ALLOC_FAILURES, EVICTED_KEYS)
+
+# prometheus-client escapes `:` to `_` when a scraper negotiates OpenMetrics (Prometheus does), so
+# the same vLLM counter reaches Prometheus as `vllm_prefix_cache_queries_total`: accept both.
+_CANONICAL = {**{n: n for n in BUILTIN_SERIES}, **{n.replace(":", "_"): n for n in BUILTIN_SERIES}}
+
+
+def canonical_name(name: str) -> str | None:
+    """The built-in series `name` denotes, in either spelling; None for any other series."""
+    return _CANONICAL.get(name)
+
+
+ARM_LABEL = "moonlease.io/arm"
+"""Pod label naming a pod's arm (`control` / `treatment`)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    """Sorted (name, value) pairs, without __name__."""
+    value: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every built-in series per arm at one instant (`at`, seconds), and custom query values."""
+
+    at: float
+    series: Mapping[Arm, tuple[Series, ...]]
+    custom: Mapping[Arm, Mapping[str, float]] = field(default_factory=dict)
+
+
+def _deltas(previous: Sequence[Series], current: Sequence[Series]) -> list[Series]:
+    before = {(s.name, s.labels): s.value for s in previous}
+    out = []
+    for s in current:
+        old = before.get((s.name, s.labels))
+        delta = s.value if old is None or s.value < old else s.value - old
+        out.append(Series(s.name, s.labels, delta))
+    return out
+
+
+def _total(deltas: Sequence[Series], name: str) -> float | None:
+    values = [s.value for s in deltas if s.name == name]
+    return sum(values) if values else None
+
+
+def _histogram(deltas: Sequence[Series], name: str) -> Histogram | None:
+    by_le: dict[float, float] = {}
+    for s in deltas:
+        if s.name != name:
+            continue
+        le = dict(s.labels).get("le")
+        if le is None:
+            continue
+        bound = math.inf if le in ("+Inf", "Inf", "inf") else float(le)
+        by_le[bound] = by_le.get(bound, 0.0) + s.value
+    if not by_le or math.inf not in by_le:
+        return None
+    return Histogram(tuple(sorted(by_le.items())))
+
+
+def build_arm_sample(previous: Sequence[Series], current: Sequence[Series],
+                     custom: Mapping[str, float]) -> ArmSample:
+    deltas = _deltas(previous, current)
+    return ArmSample(
+        prefix_hits=_total(deltas, PREFIX_HITS), prefix_queries=_total(deltas, PREFIX_QUERIES),
+        external_hits=_total(deltas, EXTERNAL_HITS), external_queries=_total(deltas, EXTERNAL_QUERIES),
+        ttft=_histogram(deltas, TTFT_BUCKET),
+        put_alloc_failures=_total(deltas, PUT_ALLOC_FAILURES), evictions=_total(deltas, EVICTED_KEYS),
+        custom=dict(custom),
+    )
+
+
+def build_interval(previous: Snapshot, current: Snapshot) -> IntervalSample:
+    """The interval between two snapshots; an arm with no series at all counts as unmeasured."""
+    arms: dict[Arm, ArmSample | None] = {}
+    missing = []
+    for arm in Arm:
+        now = current.series.get(arm, ())
+        if not now and not current.custom.get(arm):
+            arms[arm] = None
+            missing.append(arm.value)
+            continue
+        arms[arm] = build_arm_sample(previous.series.get(arm, ()), now, current.custom.get(arm, {}))
+    error = f"no series for the {' and '.join(missing)} arm" if missing else None
+    return IntervalSample(start=previous.at, end=current.at, control=arms[Arm.CONTROL],
+                          treatment=arms[Arm.TREATMENT], error=error)
+
+
+def group_scrape_endpoints(pods: Sequence[Mapping[str, object]], port: int) -> dict[Arm, list[str]]:
+    """`host:port` of each running pod with an IP, grouped by its `moonlease.io/arm` label.
+
+    `pods` are plain Pod dicts as the API returns them; pods of no arm are ignored.
+    """
+    endpoints: dict[Arm, list[str]] = {arm: [] for arm in Arm}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        labels = (metadata.get("labels") if isinstance(metadata, Mapping) else None) or {}
+        arm_name = labels.get(ARM_LABEL) if isinstance(labels, Mapping) else None
+        ip = status.get("podIP") if isinstance(status, Mapping) else None
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if arm_name in {a.value for a in Arm} and ip and phase == "Running":
+            endpoints[Arm(arm_name)].append(f"{ip}:{port}")
+    return endpoints

@@ -1,0 +1,79 @@
+"""From two snapshots of raw series to one interval sample: deltas, resets, histograms, arms."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from moonlease_operator.core.ab_samples import (
+    EXTERNAL_HITS,
+    EXTERNAL_QUERIES,
+    PUT_ALLOC_FAILURES,
+    TTFT_BUCKET,
+    Series,
+    Snapshot,
+    build_interval,
+    canonical_name,
+    group_scrape_endpoints,
+)
+from moonlease_operator.core.analysis import Arm
+
+pytestmark = pytest.mark.unit
+
+
+def s(name: str, value: float, **labels: str) -> Series:
+    return Series(name, tuple(sorted(labels.items())), value)
+
+
+def test_counter_deltas_summed_over_pods_with_a_restart_and_a_new_pod() -> None:
+    before = (s(EXTERNAL_QUERIES, 100, pod="a"), s(EXTERNAL_QUERIES, 500, pod="b"),
+              s(EXTERNAL_HITS, 40, pod="a"))
+    after = (s(EXTERNAL_QUERIES, 150, pod="a"),   # +50
+             s(EXTERNAL_QUERIES, 30, pod="b"),    # restarted: counts its 30
+             s(EXTERNAL_QUERIES, 20, pod="c"),    # new pod: counts its 20
+             s(EXTERNAL_HITS, 60, pod="a"))       # +20
+    interval = build_interval(Snapshot(1.0, {Arm.CONTROL: before, Arm.TREATMENT: before}),
+                              Snapshot(2.0, {Arm.CONTROL: after, Arm.TREATMENT: before}))
+    assert not interval.failed and (interval.start, interval.end) == (1.0, 2.0)
+    assert interval.control is not None and interval.treatment is not None
+    assert interval.control.external_queries == 100
+    assert interval.control.external_hits == 20
+    assert interval.control.prefix_queries is None  # not exposed: missing, not zero
+    assert interval.treatment.external_queries == 0
+
+
+def test_histogram_buckets_summed_per_bound() -> None:
+    def buckets(pod: str, *counts: float) -> list[Series]:
+        return [s(TTFT_BUCKET, c, pod=pod, le=le) for le, c in zip(("0.1", "1.0", "+Inf"), counts)]
+    before = (*buckets("a", 1, 2, 2), *buckets("b", 0, 0, 0))
+    after = (*buckets("a", 3, 5, 6), *buckets("b", 1, 1, 2))
+    interval = build_interval(Snapshot(0, {Arm.CONTROL: before, Arm.TREATMENT: before}),
+                              Snapshot(1, {Arm.CONTROL: after, Arm.TREATMENT: after}))
+    assert interval.control is not None and interval.control.ttft is not None
+    assert interval.control.ttft.buckets == ((0.1, 3.0), (1.0, 4.0), (math.inf, 6.0))
+
+
+def test_an_arm_without_series_is_an_error_not_zeros() -> None:
+    series = (s(PUT_ALLOC_FAILURES, 1),)
+    interval = build_interval(Snapshot(0, {Arm.CONTROL: series, Arm.TREATMENT: series}),
+                              Snapshot(1, {Arm.CONTROL: series, Arm.TREATMENT: ()}))
+    assert interval.failed and interval.treatment is None
+    assert interval.error == "no series for the treatment arm"
+
+
+def test_both_spellings_of_vllm_names() -> None:
+    assert canonical_name("vllm:external_prefix_cache_hits_total") == EXTERNAL_HITS
+    assert canonical_name("vllm_external_prefix_cache_hits_total") == EXTERNAL_HITS
+    assert canonical_name("master_put_start_alloc_failures_total") == PUT_ALLOC_FAILURES
+    assert canonical_name("vllm_prefix_cache_queries_created") is None
+
+
+def test_scrape_endpoints_grouped_by_the_arm_label() -> None:
+    def pod(arm: str | None, ip: str | None, phase: str = "Running") -> dict[str, object]:
+        return {"metadata": {"labels": {"moonlease.io/arm": arm} if arm else {}},
+                "status": {"phase": phase, "podIP": ip}}
+    pods = [pod("control", "10.0.0.1"), pod("treatment", "10.0.0.2"), pod("treatment", "10.0.0.3", "Pending"),
+            pod(None, "10.0.0.4"), pod("control", None), pod("other", "10.0.0.5")]
+    assert group_scrape_endpoints(pods, 8000) == {Arm.CONTROL: ["10.0.0.1:8000"],
+                                                  Arm.TREATMENT: ["10.0.0.2:8000"]}
