@@ -114,9 +114,12 @@ def test_quantile_estimate_pools_buckets_and_spreads_over_intervals() -> None:
     assert est.stderr == pytest.approx(0.35)
 
 
-def test_histograms_with_different_bounds_do_not_merge() -> None:
-    with pytest.raises(ValueError):
-        Histogram(((1.0, 1.0), (INF, 1.0))).merged(Histogram(((2.0, 1.0), (INF, 1.0))))
+def test_histograms_with_different_bounds_merge_over_the_union_of_bounds() -> None:
+    a = Histogram(((1.0, 1.0), (INF, 2.0)))
+    b = Histogram(((0.5, 3.0), (2.0, 4.0), (INF, 4.0)))
+    # At 0.5: a knows none yet (its first bound is 1.0) + b's 3; at 1.0: 1 + 3; at 2.0: 1 + 4.
+    assert a.merged(b).buckets == ((0.5, 3.0), (1.0, 4.0), (2.0, 5.0), (INF, 6.0))
+    assert a.merged(b).count == a.count + b.count
 
 
 def test_config_rejects_fewer_than_two_samples() -> None:

@@ -83,11 +83,23 @@ class Histogram:
     def count(self) -> float:
         return self.buckets[-1][1] if self.buckets else 0.0
 
+    def cumulative_at(self, bound: float) -> float:
+        """Observations known to be <= bound: the count of the largest own bound <= `bound`."""
+        count = 0.0
+        for le, c in self.buckets:
+            if le > bound:
+                break
+            count = c
+        return count
+
     def merged(self, other: Histogram) -> Histogram:
-        """Bucket-wise sum; both must have the same bounds (same metric, same vLLM)."""
-        if [le for le, _ in self.buckets] != [le for le, _ in other.buckets]:
-            raise ValueError("histograms with different bucket bounds")
-        return Histogram(tuple((le, a + b) for (le, a), (_, b) in zip(self.buckets, other.buckets)))
+        """Bucket-wise sum. Same bounds (the usual case: same metric, same vLLM) sum exactly;
+        different bounds (pods of two vLLM versions in one arm) sum over the union of bounds,
+        each histogram counted at its largest bound below (conservative: never early)."""
+        if [le for le, _ in self.buckets] == [le for le, _ in other.buckets]:
+            return Histogram(tuple((le, a + b) for (le, a), (_, b) in zip(self.buckets, other.buckets)))
+        bounds = sorted({le for le, _ in self.buckets} | {le for le, _ in other.buckets})
+        return Histogram(tuple((le, self.cumulative_at(le) + other.cumulative_at(le)) for le in bounds))
 
 
 def histogram_quantile(q: float, histogram: Histogram) -> float | None:
