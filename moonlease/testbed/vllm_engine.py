@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +211,22 @@ def _kv_connectors(llm: LLM) -> list[Any]:
         if kv_transfer_state._KV_CONNECTOR_AGENT is not None:
             found.append(kv_transfer_state._KV_CONNECTOR_AGENT)
     return found
+
+
+def reset_local_prefix_cache(llm: LLM, timeout: float = 60.0) -> None:
+    """Drop the engine's local prefix cache; the Mooncake store keeps its keys.
+
+    `LLM.reset_prefix_cache()` refuses while blocks are in use, and a store connector's
+    asynchronous saves hold their blocks until the scheduler hears they finished, which it only
+    does on an engine step. So: step the idle engine until the saves are reported and the reset
+    goes through (on a loaded machine that takes a few steps).
+    """
+    deadline = time.monotonic() + timeout
+    while not llm.reset_prefix_cache():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the local prefix cache still had blocks in use after {timeout:.0f} s")
+        llm.llm_engine.step()
+        time.sleep(0.02)
 
 
 def _close_lookup_channel(connector: Any) -> None:
