@@ -20,11 +20,10 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol
 
 from moonlease import devenv
-from moonlease.testbed.processes import ManagedProcess, ServerStartError, free_port, http_get
+from moonlease.testbed.processes import ManagedProcess, ManagedServer, ServerStartError, free_port, http_get
 
 CURRENT_VERSION = "0.3.14"
 OLD_VERSION = "0.3.13"
@@ -117,7 +116,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return samples
 
 
-class MooncakeMaster:
+class MooncakeMaster(ManagedServer):
     """A real `mooncake_master` on free loopback ports."""
 
     def __init__(self, settings: MasterSettings | None = None, *, version: str = CURRENT_VERSION,
@@ -155,22 +154,8 @@ class MooncakeMaster:
             raise ConnectionError(f"master metrics at {self.metrics_url} answered {status}: {body}")
         return parse_metrics(body)
 
-    def start(self) -> "MooncakeMaster":
-        self.process.start()
-        return self
 
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> "MooncakeMaster":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-
-class StorePool:
+class StorePool(ManagedServer):
     """A `mooncake_client` process that mounts a memory segment: where stored KV lives."""
 
     def __init__(self, master: MooncakeMaster, *, segment_bytes: int = 256 << 20,
@@ -201,18 +186,7 @@ class StorePool:
         if not self.master.process.running:
             raise ServerStartError("start the master before the store pool")
         self._capacity_before = self._capacity()
-        self.process.start()
-        return self
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> "StorePool":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        return super().start()
 
 
 def engine_store_config(master: MooncakeMaster, *, local_buffer_bytes: int = 64 << 20) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 
 def free_port() -> int:
@@ -120,6 +121,26 @@ class ManagedProcess:
         return f"--- last lines of {self.log_path} ---\n" + "\n".join(text)
 
     def __enter__(self) -> "ManagedProcess":
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class ManagedServer:
+    """A server the test bed owns through one `ManagedProcess`: start, stop, `with`."""
+
+    process: ManagedProcess
+
+    def start(self) -> Self:
+        self.process.start()
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -14,15 +14,14 @@ import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import yaml
 
-from moonlease.testbed.processes import ManagedProcess, free_port, http_get
+from moonlease.testbed.processes import ManagedProcess, ManagedServer, free_port, http_get
 
 
-class PrometheusServer:
+class PrometheusServer(ManagedServer):
     """`prometheus` with static scrape jobs: {job name: ["127.0.0.1:port", ...]}."""
 
     def __init__(self, jobs: Mapping[str, Sequence[str]], *, scrape_interval: str = "1s",
@@ -80,17 +79,3 @@ class PrometheusServer:
         if status != 200:
             raise RuntimeError(f"Prometheus targets answered {status}")
         return {t["scrapeUrl"]: t["health"] for t in json.loads(body)["data"]["activeTargets"]}
-
-    def start(self) -> "PrometheusServer":
-        self.process.start()
-        return self
-
-    def stop(self) -> None:
-        self.process.stop()
-
-    def __enter__(self) -> "PrometheusServer":
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()

@@ -33,7 +33,7 @@ from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layou
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")

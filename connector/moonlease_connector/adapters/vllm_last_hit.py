@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
+from moonlease_connector.adapters.vllm_specs import unwrap_spec
 from moonlease_connector.config import ConnectorConfigError
 from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
@@ -38,12 +39,6 @@ HitRule = Callable[[frozenset[Unit]], int]
 logger = logging.getLogger("vllm.moonlease.connector.last_hit")
 
 
-def _unwrap(spec: Any) -> Any:
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return next(iter(spec.kv_cache_specs.values()))
-    return spec
-
-
 def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dict[str, Any]) -> None:
     """Start-up gate: full attention + align-mode Mamba only, and no shared group leases."""
     problems = []
@@ -52,7 +47,7 @@ def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dic
                         "(shared group leases), which defeats leasing one checkpoint")
     recurrent_sizes = set()
     for group_id, group in enumerate(kv_cache_groups):
-        spec = _unwrap(group.kv_cache_spec)
+        spec = unwrap_spec(group.kv_cache_spec)
         if not spec.prefix_cacheable:
             continue
         if isinstance(spec, MambaSpec):

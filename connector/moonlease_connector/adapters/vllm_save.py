@@ -22,17 +22,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
     KVCacheStoreSendingThread,
 )
 from vllm.utils.math_utils import cdiv
-from vllm.v1.kv_cache_interface import MambaSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from moonlease_connector.adapters.vllm_scheduler import junctions_of
+from moonlease_connector.adapters.vllm_specs import unwrap_spec
 from moonlease_connector.core.junctions import Mask, add_junction_tails
-
-
-def _unwrap(spec: Any) -> Any:
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return next(iter(spec.kv_cache_specs.values()))
-    return spec
 
 
 class JunctionStoreMasks:
@@ -65,7 +60,7 @@ class JunctionStoreMasks:
         coord = self._coord
         masks: list[Mask] = []
         for group_id, group in enumerate(coord.kv_cache_groups):
-            spec = _unwrap(group.kv_cache_spec)
+            spec = unwrap_spec(group.kv_cache_spec)
             start_chunk, end_chunk = self._chunk_range(spec, aligned_token_len, start_token)
             if isinstance(spec, MambaSpec):
                 masks.append([False] * (end_chunk - start_chunk))
@@ -90,10 +85,10 @@ class JunctionStoreMasks:
         groups = self._coord.kv_cache_groups
         addition = add_junction_tails(
             base, self.junction_masks(aligned_token_len, start_token, self.junctions),
-            [isinstance(_unwrap(g.kv_cache_spec), MambaSpec) for g in groups])
+            [isinstance(unwrap_spec(g.kv_cache_spec), MambaSpec) for g in groups])
         for group_id, chunks in enumerate(addition.added):
             if chunks:
-                spec = _unwrap(groups[group_id].kv_cache_spec)
+                spec = unwrap_spec(groups[group_id].kv_cache_spec)
                 start_chunk, _ = self._chunk_range(spec, aligned_token_len, start_token)
                 self.added[group_id] = tuple(start_chunk + chunk for chunk in chunks)
         return addition.masks

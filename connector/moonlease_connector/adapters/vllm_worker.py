@@ -36,12 +36,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 from vllm.v1.core.kv_cache_utils import eagle_proof_margin
-from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
 from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
+from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
 from moonlease_connector.core.junctions import find_junctions
@@ -60,12 +61,6 @@ from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_
 from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
-
-
-def _is_recurrent(spec: Any) -> bool:
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        spec = next(iter(spec.kv_cache_specs.values()))
-    return isinstance(spec, MambaSpec)
 
 
 class MoonleaseStoreWorker(MooncakeStoreWorker):
@@ -106,7 +101,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """The prefix-cacheable groups with the rank namespaces a load reads."""
         return [
             GroupNamespaces(group_id, db.block_size, tuple(self._lookup_key_prefixes[group_id]),
-                            is_recurrent=_is_recurrent(self._kv_cache_groups[group_id].kv_cache_spec))
+                            is_recurrent=is_recurrent(self._kv_cache_groups[group_id].kv_cache_spec))
             for group_id, db in enumerate(self.token_dbs)
             if self._kv_cache_groups[group_id].kv_cache_spec.prefix_cacheable
         ]
