@@ -213,6 +213,22 @@ def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.C
         assert (config.lease_mode.value, config.mooncake_junction_retention) == arms[arm], engine["metadata"]["name"]
 
 
+def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
+    """lastHitOnly reaches every engine as the connector's own switch, and the policy declares the
+    targets hybrid (the operator's compatibility gate asks for it)."""
+    objects = render_objects(chart, {"vllm": {"hybrid": True, "connector": {"leaseMode": "lastHitOnly"}}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    assert len(engines) == 2
+    for engine in engines:
+        config = MoonleaseConnectorConfig.from_sources(kv_transfer_config(engine)["kv_connector_extra_config"],
+                                                       {k: v for k, v in env(engine, "vllm").items()
+                                                        if isinstance(v, str)})
+        assert config.lease_mode.value == "lastHitOnly"
+    (policy,) = find(objects, "MooncakeLeasePolicy")
+    assert policy["spec"]["connector"]["leaseMode"] == "lastHitOnly"
+    assert all(target.get("hybrid") for target in policy["spec"]["targets"])
+
+
 def test_no_vllm_set_renders_no_vllm_pods_and_a_policy_over_selected_workloads(chart: helm.Chart) -> None:
     objects = render_objects(chart, SETS["no-vllm"])
     components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}

@@ -97,9 +97,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
                             "at '/mooncake/storePool/globalSegmentSizeMiB': got string, want integer"),
     "unknown protocol": ({"mooncake": {"protocol": "udp"}},
                          "at '/mooncake/protocol': value must be one of 'tcp', 'rdma'"),
-    "a lease mode this connector build refuses": (
-        {"vllm": {"connector": {"leaseMode": "lastHitOnly"}}},
-        "at '/vllm/connector/leaseMode': value must be one of 'leaseAll', 'selective'"),
+    "an unknown lease mode": (
+        {"vllm": {"connector": {"leaseMode": "leaseNone"}}},
+        "at '/vllm/connector/leaseMode': value must be one of 'leaseAll', 'selective', 'lastHitOnly'"),
     "a lease switch set by hand": (
         {"vllm": {"connector": {"extraConfig": {"mooncake_selective_lease": True}}}},
         "at '/vllm/connector/extraConfig': additional properties 'mooncake_selective_lease' not allowed"),
@@ -157,6 +157,9 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
         {"policy": {"rollout": {"stages": ["prefill", "decode"]}}}, "policy.rollout.stages must include master"),
     "a rollout without a stage for the chart's targets": (
         {"policy": {"rollout": {"stages": ["master", "decode"]}}}, "policy.rollout.stages must include prefill"),
+    "last-hit-only on a model not declared hybrid": (
+        {"vllm": {"connector": {"leaseMode": "lastHitOnly"}}},
+        "leaseMode lastHitOnly is for hybrid models (full attention + align-mode Mamba): set vllm.hybrid=true"),
     "an operator that does not watch the policy": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces must include the release namespace inference"),

@@ -127,7 +127,7 @@ prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
 {{- $selective := eq .arm.leaseMode "selective" -}}
-{{- $ours := dict "mooncake_selective_lease" $selective "mooncake_kda_last_hit_only" false "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- $ours := dict "mooncake_selective_lease" $selective "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
 {{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) $ours -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
 {{- dict "env" (dict "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE" (ternary "1" "0" $selective)) "kvTransferConfig" $kv | toJson -}}

@@ -15,6 +15,13 @@ Included once, by validate.yaml (which renders nothing).
 {{- fail (printf "mooncake.storePool.resources.%s.memory must not be set: a pool pod's memory is globalSegmentSizeMiB + localBufferSizeMiB + memoryOverheadMiB" $kind) -}}
 {{- end -}}
 {{- end -}}
+{{- $modes := list .Values.vllm.connector.leaseMode -}}
+{{- range .Values.vllm.arms -}}
+{{- $modes = append $modes (default $.Values.vllm.connector.leaseMode .leaseMode) -}}
+{{- end -}}
+{{- if and (has "lastHitOnly" $modes) (not .Values.vllm.hybrid) -}}
+{{- fail "leaseMode lastHitOnly is for hybrid models (full attention + align-mode Mamba): set vllm.hybrid=true for such a model, or choose leaseAll or selective" -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.vllm.arms -}}
 {{- if has .name $names -}}
