@@ -40,6 +40,8 @@ HYBRID_LAYOUTS = [
     Layout("full+mamba-eagle", (full_attention(), mamba_align(64)), 64, (1, 1), eagle=True),
     Layout("full+2mamba-unequal", (full_attention(), mamba_align(64), mamba_align(64)), 64, (1, 2, 1)),
     Layout("mamba-only", (mamba_align(64),), 64, (2,)),
+    # Partial-hash hits: KV tails keyed under a later hash inside their block (physical keys).
+    Layout("full-partial+mamba", (full_attention(64), mamba_align(64)), 64, (1, 2), partial_hits=True),
 ]
 
 

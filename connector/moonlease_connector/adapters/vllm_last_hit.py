@@ -74,9 +74,6 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     hashes = [bytes(h) for h in block_hashes]
     kv_groups = [g for g in groups if not g.is_recurrent]
     recurrent = [g for g in groups if g.is_recurrent]
-    specs = {g.group_id: worker._kv_cache_groups[g.group_id].kv_cache_spec for g in recurrent}
-    recurrent_hashes = {g.group_id: worker.coord.block_hashes_for_spec(block_hashes, specs[g.group_id])
-                        for g in recurrent}
 
     kv_present: frozenset[Unit] = frozenset()
     kv_leased = kv_asked = 0
@@ -98,26 +95,34 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         junctions = worker.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
         return worker._respond(hit, tails, junctions, outcome)
 
-    block_size = recurrent[0].block_size
-    every_state = frozenset(
-        (g.group_id, bytes(recurrent_hashes[g.group_id][chunk]))
-        for g in recurrent for chunk in range(min(len(recurrent_hashes[g.group_id]),
-                                                  lookup_length // block_size)))
+    # Where a recurrent state can be keyed: at every hash block with partial-hash hits (upstream
+    # probes every hash unit then), else at the recurrent group's block boundaries. A state is
+    # keyed by the hash of the prefix it ends, which is the chunk hash at a block boundary.
+    fine_grained = worker.coord.enable_partial_hash_hits
+    step = worker.hash_block_size if fine_grained else recurrent[0].block_size
+    limit = min(lookup_length, len(hashes) * worker.hash_block_size)
+
+    def state_hash(position: int) -> bytes:
+        return hashes[position // worker.hash_block_size - 1]
+
+    every_state = frozenset((g.group_id, state_hash(position)) for g in recurrent
+                            for position in range(step, limit + 1, step))
     bound = hit_for(kv_present | every_state)
-    masks = worker.coord.lookup_mask(lookup_length)
+    masks = None if fine_grained else worker.coord.lookup_mask(lookup_length)
 
     def reachable(position: int) -> bool:
-        chunk = position // block_size - 1
+        if masks is None:
+            return True
+        chunk = position // step - 1
         return all(masks[g.group_id] is None or (chunk < len(masks[g.group_id]) and masks[g.group_id][chunk])
                    for g in recurrent)
 
-    positions = legal_checkpoints(block_size, bound, reachable)
+    positions = legal_checkpoints(step, min(bound, limit), reachable)
     if not positions:
         return respond(0, (), LookupOutcome.miss(
             MissReason.NOT_FOUND, rounds=1, keys_probed=kv_asked, keys_leased=kv_leased), kv_present)
-    candidates = build_checkpoint_candidates(
-        recurrent, positions,
-        lambda group, position: bytes(recurrent_hashes[group.group_id][position // block_size - 1]))
+    candidates = build_checkpoint_candidates(recurrent, positions,
+                                             lambda group, position: state_hash(position))
     answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
                                        candidate_size=candidates.candidate_size,
                                        operation="lookup_last_hit_probe")
