@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import base64
 import builtins
-import importlib.metadata
 import json
 import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from moonlease import devenv
 from moonlease.testbed.processes import ManagedProcess, ManagedServer, ServerStartError, free_port, http_get
@@ -205,28 +204,6 @@ def engine_store_config(master: MooncakeMaster, *, local_buffer_bytes: int = 64 
 def write_engine_store_config(master: MooncakeMaster, path: Path, **kwargs: Any) -> Path:
     path.write_text(json.dumps(engine_store_config(master, **kwargs), indent=2))
     return path
-
-
-class StoreClient(Protocol):
-    """The part of `MooncakeDistributedStore` the test bed relies on, for either release."""
-
-    def put(self, key: str, value: bytes) -> int: ...
-    def get(self, key: str) -> bytes: ...
-    def remove(self, key: str, force: bool = False) -> int: ...
-    def is_exist(self, key: str) -> int: ...
-    def batch_is_exist(self, keys: list[str]) -> list[int]: ...
-    def close(self) -> int: ...
-
-
-def installed_version() -> str:
-    """The Mooncake release importable in this interpreter."""
-    for dist in ("mooncake-transfer-engine-cuda13", "mooncake-transfer-engine",
-                 "mooncake-transfer-engine-non-cuda"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise ModuleNotFoundError("no Mooncake distribution installed; run `make setup`")
 
 
 def connect_store_client(master: MooncakeMaster, *, segment_bytes: int = 0,

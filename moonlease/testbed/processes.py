@@ -106,13 +106,6 @@ class ManagedProcess:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=timeout)
 
-    def kill(self) -> None:
-        """SIGKILL without grace, as a crash would."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
     def log_tail(self, lines: int = 30) -> str:
         try:
             text = self.log_path.read_text(errors="replace").splitlines()[-lines:]

@@ -95,4 +95,4 @@ def test_resolve_hit_keeps_the_last_token_for_sampling(num_tokens: int, longest:
     def align(length: int) -> int:
         return length // 16 * 16
 
-    assert resolve_hit(num_tokens, align(num_tokens), lambda n: longest.get(n, min(n, 0)), align) == expected
+    assert resolve_hit(num_tokens, align(num_tokens), lambda n: longest.get(n, 0), align) == expected
