@@ -9,7 +9,7 @@ import pytest
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import ConnectorConfigError
-from tests.support.engines import moonlease_transfer_config
+from tests.support.engines import error_chain, moonlease_transfer_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
@@ -61,11 +61,7 @@ def test_a_bad_connector_flag_stops_start_up_with_advice(vllm_engine, mooncake_m
     bad = {**OUR_CONNECTOR, "kv_connector_extra_config": {"mooncake_selectiv_lease": True}}
     with pytest.raises(Exception) as raised:
         vllm_engine("llama", kv_transfer_config=bad, mooncake_config_path=config)
-    chain, error = [], raised.value
-    while error is not None:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    assert any(isinstance(e, ConnectorConfigError) for e in chain) or \
+    assert any(isinstance(e, ConnectorConfigError) for e in error_chain(raised.value)) or \
         "did you mean 'mooncake_selective_lease'" in str(raised.value)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
-from tests.support.engines import engine_counter, moonlease_transfer_config
+from tests.support.engines import assert_same_service, moonlease_transfer_config, serve_fresh
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
@@ -31,27 +31,13 @@ def test_fresh_engine_same_hits_and_output_with_fewer_keys_leased(vllm_engine, m
     ve.generate_greedy(writer, prompts, max_tokens=8)
     vllm_engine.stop(writer)
 
-    runs = {}
-    for selective in (False, True):
-        engine = vllm_engine("swa", kv_transfer_config=connector(selective), mooncake_config_path=config)
-        completions = ve.generate_greedy(engine, prompts, max_tokens=8, logprobs=True)
-        runs[selective] = {
-            "hits": ve.prefix_cache_counters(engine).external_hits,
-            "cached": [c.num_cached_tokens for c in completions],
-            "tokens": [c.token_ids for c in completions],
-            "logprobs": [c.logprobs for c in completions],
-            "leased": engine_counter(engine, "vllm:moonlease_lookup_keys", kind="leased"),
-            "probed": engine_counter(engine, "vllm:moonlease_lookup_keys", kind="probed"),
-            "probe_ops": engine_counter(engine, "vllm:mooncake_store_operation", operation="lookup_probe"),
-        }
-        vllm_engine.stop(engine)
+    default = serve_fresh(vllm_engine, "swa", connector(False), config, prompts,
+                          operations=("lookup_probe",))
+    selective = serve_fresh(vllm_engine, "swa", connector(True), config, prompts,
+                            operations=("lookup_probe",))
 
-    default, selective = runs[False], runs[True]
-    assert default["hits"] > 0
-    assert selective["hits"] == default["hits"] and selective["cached"] == default["cached"]
-    assert selective["tokens"] == default["tokens"]
-    for ours, theirs in zip(selective["logprobs"], default["logprobs"], strict=True):
-        assert ours == pytest.approx(theirs, abs=1e-3)
-    assert default["probe_ops"] == 0 and selective["probe_ops"] > 0
-    assert 0 < selective["leased"] < default["leased"], runs
-    assert selective["probed"] == default["probed"]
+    assert default.external_hits > 0
+    assert_same_service(selective, default)
+    assert default.operations["lookup_probe"] == 0 and selective.operations["lookup_probe"] > 0
+    assert 0 < selective.keys_leased < default.keys_leased, (selective, default)
+    assert selective.keys_probed == default.keys_probed
