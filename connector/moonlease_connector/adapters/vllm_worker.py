@@ -197,12 +197,6 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         if not block_hashes or lookup_length <= 0:
             return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
         groups = self.store_groups()
-        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
-                                                                       block_hashes))
-        if not candidates.keys:
-            return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
-
-        hashes = [bytes(h) for h in block_hashes]
 
         def hit_for(present: frozenset[tuple[int, bytes]]) -> int:
             pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
@@ -211,7 +205,14 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                                self.coord.align_lookup_length)
 
         if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
+            # Builds its own candidates: KV keys as below, recurrent keys per checkpoint.
             return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, groups, hit_for)
+
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
+                                                                       block_hashes))
+        if not candidates.keys:
+            return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
+        hashes = [bytes(h) for h in block_hashes]
 
         if self.moonlease_config.lease_mode is LeaseMode.SELECTIVE:
             def plan_for(hit: int, present: frozenset[tuple[int, bytes]]) -> LoadPlan:
