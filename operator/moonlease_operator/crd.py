@@ -28,6 +28,10 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Rollout stage in progress"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
      "description": "Ready condition"},
+    {"name": "A/B", "type": "string", "jsonPath": ".status.abTest.phase",
+     "description": "A/B test phase (strategy ABTest)"},
+    {"name": "Verdict", "type": "string", "jsonPath": ".status.abTest.verdict",
+     "description": "A/B test verdict"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -293,3 +293,35 @@ def test_failed_measurements_never_promote(a: list[ArmSample], b: list[ArmSample
         kept = [i for i in mixed if not i.failed]
         assert evaluate_ab(kept, SYMMETRIC).outcome is Outcome.SUCCESS
         assert len(kept) >= SYMMETRIC.min_samples
+
+
+# ---- the folded state equals the direct formulas ---------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e6), st.floats(1, 1e6)), min_size=2, max_size=40))
+def test_running_ratio_sums_match_the_residual_formula(pairs: list[tuple[float, float]]) -> None:
+    """Welford's centred moments give the same cluster standard error as summing residuals."""
+    pairs = [(min(h, q), q) for h, q in pairs]
+    n = len(pairs)
+    ratio = sum(h for h, _ in pairs) / sum(q for _, q in pairs)
+    qbar = sum(q for _, q in pairs) / n
+    direct = math.sqrt(sum((h - ratio * q) ** 2 for h, q in pairs) / (n * (n - 1))) / qbar
+    estimate = estimate_ratio(pairs)
+    assert estimate is not None
+    assert estimate.value == pytest.approx(ratio, rel=1e-9)
+    assert estimate.stderr == pytest.approx(direct, rel=1e-6, abs=1e-9)
+
+
+def test_state_folded_interval_by_interval_decides_like_the_whole_list() -> None:
+    from moonlease_operator.core.analysis import AnalysisState, decide, fold_interval
+
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=3)
+    control = [arm(500 + i, 1000) for i in range(6)]
+    treatment = [arm(700 - i, 1000) for i in range(6)]
+    samples = intervals(control, treatment)
+    samples.insert(2, IntervalSample(start=0, end=1, error="Prometheus down"))
+    state = AnalysisState()
+    for i, interval in enumerate(samples, 1):
+        state = fold_interval(state, interval, config)
+        assert decide(state, config) == evaluate_ab(samples[:i], config)
+    assert state.samples == 6 and state.consecutive_errors == 0

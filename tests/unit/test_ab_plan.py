@@ -1,27 +1,40 @@
-"""The ABTest spec models, their reading into the analysis config, the verdict -> action table
-and the bounded status history."""
+"""The ABTest spec models, their reading into the analysis config, the verdict -> action table,
+and the test's progress in the status: folding measurements (through JSON, as the API stores
+them), the bounded history, events, a human's decision, when a measurement is due."""
 
 from __future__ import annotations
 
 import datetime
+import json
 
 import pytest
 from pydantic import ValidationError
 
-from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
+from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus, AnalysisStateStatus
 from moonlease_operator.core.ab_plan import (
+    HISTORY_LIMIT,
     ABAction,
-    build_ab_status,
+    ABReading,
+    apply_decision_annotation,
+    begin_test,
     build_analysis_config,
+    load_analysis,
+    measurement_due,
     plan_ab_action,
+    record_measurement,
+    start_measuring,
 )
 from moonlease_operator.core.analysis import (
+    AnalysisConfig,
+    AnalysisState,
     ArmSample,
     Direction,
     Histogram,
     IntervalSample,
     Outcome,
     Verdict,
+    evaluate_ab,
+    fold_interval,
 )
 
 pytestmark = pytest.mark.unit
@@ -83,32 +96,117 @@ def test_only_success_promotes() -> None:
                 assert outcome is Outcome.SUCCESS and final
 
 
-def test_status_history_is_bounded_and_round_trips() -> None:
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def measuring(spec: ABTestSpec) -> ABTestStatus:
+    status, events = start_measuring(begin_test(None, "cfg1"), spec, ["decode-a"], ["decode-b"], T0)
+    assert status.phase is ABTestPhase.MEASURING and [e.reason for e in events] == ["ABTestStarted"]
+    return status
+
+
+def test_measurements_fold_into_a_bounded_history_and_a_state_that_survives_json() -> None:
+    spec = ABTestSpec.model_validate({**ARMS, "minSamples": 30, "maxSamples": 100})
     ttft = Histogram(((0.1, 10.0), (1.0, 20.0), (float("inf"), 20.0)))
     arm = ArmSample(prefix_hits=30, prefix_queries=100, external_hits=10, external_queries=40, ttft=ttft,
                     put_alloc_failures=0, evictions=2)
     intervals = [IntervalSample(start=1000.0 + 10 * i, end=1010.0 + 10 * i, control=arm, treatment=arm)
                  for i in range(25)]
     intervals.append(IntervalSample(start=1250.0, end=1260.0, error="Prometheus unreachable"))
-    started = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
-    status = build_ab_status(intervals, verdict(Outcome.INCONCLUSIVE, False), ABAction.CONTINUE,
-                             started_at=started, limit=5)
-    assert len(status.history) == 5
+    status = measuring(spec)
+    status, _ = record_measurement(status, spec, ABReading(T0, None), T0)  # the baseline: no sample
+    assert status.samples == 0 and status.last_measured_at == T0 and status.analysis is None
+    events = []
+    for interval in intervals:
+        at = T0 + datetime.timedelta(seconds=interval.end - 1000)
+        status, notes = record_measurement(status, spec, ABReading(at, interval), at)
+        # the status as the API server stores it, read back: the next fold starts from JSON
+        status = ABTestStatus.model_validate(json.loads(json.dumps(
+            status.model_dump(mode="json", by_alias=True, exclude_none=True))))
+        events += notes
+    assert len(status.history) == HISTORY_LIMIT
     assert status.history[-1].error == "Prometheus unreachable" and status.history[-1].control is None
     values = status.history[0].control
     assert values is not None
     assert values.prefix_hit_rate == 0.3 and values.external_hit_rate == 0.25
     assert values.ttft_p90_seconds == pytest.approx(0.1 + 0.9 * 8 / 10)
-    assert status.last_measured_at == datetime.datetime.fromtimestamp(1260.0, tz=datetime.timezone.utc)
-    dumped = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    assert dumped["verdict"] == "Inconclusive" and dumped["action"] == "Continue"
-    assert "lastMeasuredAt" in dumped and "externalHitRate" in dumped["history"][0]["control"]
-    assert ABTestStatus.model_validate(dumped) == status
+    assert status.history[-1].end == datetime.datetime.fromtimestamp(1260, tz=datetime.timezone.utc)
+    assert status.samples == 25 and status.consecutive_errors == 1
+    assert status.control is not None and status.control.external_hit_rate == pytest.approx(0.25)
+    config = build_analysis_config(spec)
+    assert load_analysis(status.analysis) == _fold(intervals, config)
+    assert status.verdict == evaluate_ab(intervals, config).outcome.value == "Inconclusive"
+    assert [e.reason for e in events] == ["MeasurementFailed"]
+
+
+def _fold(intervals: list[IntervalSample], config: AnalysisConfig) -> AnalysisState:
+    state = AnalysisState()
+    for interval in intervals:
+        state = fold_interval(state, interval, config)
+    return state
+
+
+def test_a_clear_win_promotes_with_its_events() -> None:
+    spec = ABTestSpec.model_validate({**ARMS, "minSamples": 3, "conditions": [{"metric": "externalHitRate"}]})
+    status = measuring(spec)
+    reasons = []
+    for i in range(4):
+        control = ArmSample(external_hits=400 + i, external_queries=1000)
+        treatment = ArmSample(external_hits=700 - i, external_queries=1000)
+        status, notes = record_measurement(status, spec, ABReading(T0, IntervalSample(i, i + 1, control, treatment)), T0)
+        reasons += [n.reason for n in notes]
+        if status.phase is not ABTestPhase.MEASURING:
+            break
+    assert status.phase is ABTestPhase.PROMOTING and status.verdict == "Success" and status.action == "Promote"
+    assert status.decided_at == T0 and status.samples == 3
+    assert reasons == ["ABTestVerdict", "ABTestPromoting"]
+
+
+def test_a_state_of_another_format_starts_afresh() -> None:
+    assert load_analysis(None) == AnalysisState()
+    assert load_analysis(AnalysisStateStatus(format=99, samples=5)) == AnalysisState()
+
+
+def test_a_new_configuration_starts_a_new_test_and_the_same_one_carries_on() -> None:
+    running = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="cfg1", samples=4)
+    assert begin_test(running, "cfg1") is running
+    fresh = begin_test(running, "cfg2")
+    assert fresh.phase is ABTestPhase.DEPLOYING and fresh.config_hash == "cfg2" and fresh.samples == 0
+
+
+@pytest.mark.parametrize("annotation, phase", [
+    ("promote:cfg1", ABTestPhase.PROMOTING),
+    ("rollback:cfg1", ABTestPhase.ROLLING_BACK),
+    ("promote:cfg0", ABTestPhase.AWAITING_DECISION),  # a stale decision, for an earlier test
+    ("promote", ABTestPhase.AWAITING_DECISION),
+    ("keep:cfg1", ABTestPhase.AWAITING_DECISION),
+    (None, ABTestPhase.AWAITING_DECISION),
+])
+def test_a_held_test_is_decided_only_by_an_annotation_naming_it(annotation: str | None, phase: ABTestPhase) -> None:
+    held = ABTestStatus(phase=ABTestPhase.AWAITING_DECISION, config_hash="cfg1", verdict="Inconclusive")
+    decided, events = apply_decision_annotation(held, annotation, T0)
+    assert decided.phase is phase and (len(events) == 1) == (phase is not ABTestPhase.AWAITING_DECISION)
+
+
+def test_an_annotation_never_decides_a_test_still_measuring() -> None:
+    running = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="cfg1")
+    assert apply_decision_annotation(running, "promote:cfg1", T0) == (running, [])
+
+
+def test_measurement_is_due_once_per_interval_while_measuring() -> None:
+    spec = ABTestSpec.model_validate({**ARMS, "intervalSeconds": 30})
+    status = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="c")
+    assert measurement_due(status, spec, T0)  # the baseline
+    status = status.model_copy(update={"last_measured_at": T0})
+    assert not measurement_due(status, spec, T0 + datetime.timedelta(seconds=29))
+    assert measurement_due(status, spec, T0 + datetime.timedelta(seconds=30))
+    assert not measurement_due(status.model_copy(update={"phase": ABTestPhase.DEPLOYING}), spec, T0)
+    assert not measurement_due(None, spec, T0)
 
 
 @pytest.mark.parametrize("raw, violated", [
     (ARMS, set()),
-    ({**ARMS, "maxSamples": None}, set()),
+    ({**ARMS, "minSamples": 30, "maxSamples": 30}, set()),
     ({"control": {"workloads": ["a", "b"]}, "treatment": {"workloads": ["b"]}}, {"a workload cannot be in both arms"}),
     ({**ARMS, "minSamples": 10, "maxSamples": 5}, {"maxSamples must be at least minSamples"}),
 ])

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from moonlease.testbed.kube import apply_schema_defaults
 from moonlease_operator.api import PolicySpecError, parse_spec
 from moonlease_operator.crd import build_crd, validation_schema
-from tests.unit.test_policy_api import CEL_VIOLATIONS, VALID, doc, with_changes
+from tests.unit.test_policy_api import AB_ROLLOUT, CEL_VIOLATIONS, VALID, doc, with_changes
 
 pytestmark = pytest.mark.unit
 
@@ -108,7 +108,8 @@ def test_valid_specs_pass_every_rule() -> None:
                            "targets.1": {"name": "llama-prefill", "kind": "StatefulSet", "role": "decode"}})
     edge["targets"].append({"role": "decode", "selector": {"matchExpressions": [{"key": "t", "operator": "Exists"}]}})
     hybrid = with_changes(**{"connector.leaseMode": "lastHitOnly", "targets.0.hybrid": True, "targets.1.hybrid": True})
-    for spec in (VALID, edge, hybrid):
+    ab_test = with_changes(rollout=AB_ROLLOUT)
+    for spec in (VALID, edge, hybrid, ab_test):
         assert failed_rules(spec) == [] and mirror_accepts(spec)
 
 

@@ -49,6 +49,11 @@ VALID: dict[str, Any] = {
 }
 
 
+#: An A/B test of the two VALID targets: prefill is the control, decode the treatment.
+AB_ROLLOUT: dict[str, Any] = {"strategy": "ABTest", "abTest": {
+    "control": {"workloads": ["llama-prefill"]}, "treatment": {"workloads": ["llama-decode"]}}}
+
+
 def doc(spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
             "metadata": {"name": "p", "namespace": "ns"}, "spec": spec}
@@ -129,7 +134,8 @@ def test_crd_identity_printer_columns_and_status(crd: dict[str, Any]) -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Mode": ".spec.connector.leaseMode", "Phase": ".status.phase", "Stage": ".status.currentStage",
-        "Ready": '.status.conditions[?(@.type=="Ready")].status', "Age": ".metadata.creationTimestamp",
+        "Ready": '.status.conditions[?(@.type=="Ready")].status', "A/B": ".status.abTest.phase",
+        "Verdict": ".status.abTest.verdict", "Age": ".metadata.creationTimestamp",
     }
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert "x-kubernetes-preserve-unknown-fields" not in yaml.safe_dump(status)
@@ -205,7 +211,7 @@ BAD_BY_SCHEMA = {
     "negative pause": with_changes(**{"rollout.pauseBetweenStagesSeconds": -1}),
     "unknown stage": with_changes(**{"rollout.stages": ["master", "canary"]}),
     "no stages": with_changes(**{"rollout.stages": []}),
-    "unknown strategy": with_changes(**{"rollout.strategy": "ABTest"}),
+    "unknown strategy": with_changes(**{"rollout.strategy": "BlueGreen"}),
     "unknown on failure": with_changes(**{"rollout.onFailure": "retry"}),
     "unknown field": with_changes(**{"master.evictionWatermark": 0.9}),
 }
@@ -243,6 +249,15 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
         "connector.leaseMode": "lastHitOnly", "targets.0.hybrid": True}),
     "the master workload cannot also be a target": with_changes(**{"targets.0.name": "mooncake-master"}),
     "each named target may appear only once": with_changes(**{"targets.1": {"name": "llama-prefill", "role": "decode"}}),
+    "abTest must be set exactly when strategy is ABTest": with_changes(**{"rollout.strategy": "ABTest"}),
+    "a workload cannot be in both arms": with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {
+        "control": {"workloads": ["llama-prefill", "llama-decode"]}, "treatment": {"workloads": ["llama-decode"]}}}}),
+    "maxSamples must be at least minSamples": with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {
+        **AB_ROLLOUT["abTest"], "minSamples": 10, "maxSamples": 5}}}),
+    "every A/B arm workload must be a named target": with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {
+        "control": {"workloads": ["llama-prefill"]}, "treatment": {"workloads": ["llama-decode", "other"]}}}}),
+    "with strategy ABTest every target must be named and in one arm": with_changes(**{
+        "rollout": AB_ROLLOUT, "targets": [*VALID["targets"], {"name": "extra", "role": "decode"}]}),
 }
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName
 from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.compatibility import (
     VersionSource,
     evaluate_compatibility,
@@ -91,11 +92,13 @@ class Cluster:
     def status(self) -> PolicyStatus:
         return read_status(self.status_json)
 
-    def reconcile(self, spec: Mapping[str, Any]) -> ReconcilePlan:
+    def reconcile(self, spec: Mapping[str, Any], *, ab_reading: ABReading | None = None) -> ReconcilePlan:
+        """One reconcile; `ab_reading` plays the handler's A/B measurement (only when due)."""
         previous = read_status(self.status_json)
-        fetch = plan_fetch(spec, previous)
+        fetch = plan_fetch(spec, previous, self.now)
         observed = Observed(workloads=copy.deepcopy(self.workloads), config_maps=copy.deepcopy(self.config_maps),
-                            policies=self.others, pods=self.pods() if fetch.pods else None)
+                            policies=self.others, pods=self.pods() if fetch.pods else None,
+                            ab_reading=ab_reading if fetch.ab_due else None)
         plan = plan_reconcile(raw_spec=spec, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
                                                               self.annotations),
                               previous=previous, observed=observed, now=self.now)

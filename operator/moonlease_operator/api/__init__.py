@@ -1,5 +1,6 @@
 """The operator's custom resources as pydantic models (pure; the CRD is generated from them)."""
 
+from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
     CelRule,
     Condition,
@@ -9,6 +10,7 @@ from moonlease_operator.api.common import (
     SelectorOperator,
 )
 from moonlease_operator.api.policy import (
+    AB_DECISION_ANNOTATION,
     API_VERSION,
     APPROVE_MASTER_RESTART_ANNOTATION,
     DEFAULT_STAGES,
@@ -42,7 +44,7 @@ from moonlease_operator.api.policy import (
 )
 
 __all__ = [
-    "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
+    "AB_DECISION_ANNOTATION", "ABTestPhase", "ABTestSpec", "ABTestStatus", "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
     "CelRule", "Condition", "ConditionStatus", "ConditionType", "ConnectorSpec", "FailurePolicy",
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",

@@ -1,8 +1,10 @@
-"""The `ABTest` rollout strategy's spec and status models (issue 8). Pure.
+"""The `ABTest` rollout strategy's spec and status models: `spec.rollout.abTest` and
+`status.abTest` of a MooncakeLeasePolicy. Pure.
 
-Not yet part of `PolicySpec`: `spec.rollout.abTest` and `strategy: ABTest` are wired in once the
-handler drives it (until then the CRD does not accept a strategy nothing would act on).
-`core.ab_plan.build_analysis_config` turns an `ABTestSpec` into the analysis core's config.
+The treatment workloads get the policy's connector (and master) settings through the staged
+rollout; the control workloads keep what they run; the operator measures both arms every
+`intervalSeconds` and promotes the treatment's settings to the control, rolls the treatment back,
+or holds for a human. `core.ab_plan` plans it; `core.analysis` decides.
 """
 
 from __future__ import annotations
@@ -62,27 +64,55 @@ class AbortSpec(ApiModel):
     """Early abort on a clear regression, over the latest `consecutiveIntervals` intervals."""
 
     consecutive_intervals: Annotated[int, Field(ge=1, le=20)] = 2
-    put_failure_allowance: Annotated[float, Field(ge=0)] | None = 0.0
-    """Treatment put-allocation failures above the control's per interval; null disables."""
+    put_failure_guard: bool = True
+    """Abort when the treatment's put-allocation failures exceed the control's by more than
+    `putFailureAllowance` in each of the intervals, and the excess does not fall."""
+    put_failure_allowance: Annotated[float, Field(ge=0)] = 0.0
+    """Put-allocation failures per interval the treatment may have above the control's."""
     ttft_threshold_seconds: Annotated[float, Field(gt=0)] | None = None
-    """Treatment TTFT quantile past this aborts; null disables."""
+    """Abort when the treatment's TTFT at `ttftQuantile` is past this in each of the intervals;
+    unset: no TTFT guard."""
     ttft_quantile: Annotated[float, Field(gt=0, lt=1)] = 0.99
 
 
+PromMatchers = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class ArmSelectorsSpec(ApiModel):
+    """PromQL label matchers (the part inside `{...}`) picking each arm's vLLM series."""
+
+    control: PromMatchers
+    treatment: PromMatchers
+
+
 class PrometheusSpec(ApiModel):
+    """Read the arms' metrics from a Prometheus server's HTTP API."""
+
     url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://")]
-    arm_label: Annotated[str, Field(min_length=1, max_length=63)] = "moonlease_io_arm"
-    """Prometheus label carrying the pods' `moonlease.io/arm` label (Kubernetes SD labelmap)."""
+    """Base URL of the Prometheus server, e.g. http://prometheus-operated.monitoring:9090."""
+    selectors: ArmSelectorsSpec | None = None
+    """Label matchers per arm, e.g. `job="vllm-a"`; default: the pods of the arm's workloads, by
+    `podLabel` and `namespaceLabel` (as kube-prometheus' PodMonitors and ServiceMonitors label
+    them)."""
+    store_selector: PromMatchers | None = None
+    """Label matchers picking the Mooncake master's series (both arms share it); default: the
+    master workload's pods, by `podLabel` and `namespaceLabel`."""
+    pod_label: Annotated[str, Field(min_length=1, max_length=63)] = "pod"
+    """Prometheus label holding the pod name."""
+    namespace_label: Annotated[str, Field(min_length=1, max_length=63)] = "namespace"
+    """Prometheus label holding the pod's namespace."""
     custom_queries: Annotated[dict[MetricName, Annotated[str, Field(max_length=4096)]],
                               Field(max_length=16)] = Field(default_factory=dict)
-    """{name: PromQL}; `$selector` is replaced by the arm's label matcher; must answer one number."""
+    """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number."""
 
 
 class ScrapeSpec(ApiModel):
-    """Direct scraping of the arms' pods when no Prometheus is configured."""
+    """Direct scraping of the arms' running pods when no Prometheus is configured."""
 
     port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    """Port of vLLM's /metrics; a pod's `prometheus.io/port` annotation overrides it."""
     path: Annotated[str, Field(max_length=256, pattern=r"^/")] = "/metrics"
+    """Path of the metrics endpoint."""
 
 
 _DISJOINT_ARMS = CelRule(
@@ -91,7 +121,7 @@ _DISJOINT_ARMS = CelRule(
     field_path=".treatment.workloads",
 )
 _MAX_AT_LEAST_MIN = CelRule(
-    rule="!has(self.maxSamples) || self.maxSamples >= self.minSamples",
+    rule="self.maxSamples >= self.minSamples",
     message="maxSamples must be at least minSamples",
     field_path=".maxSamples",
 )
@@ -112,8 +142,8 @@ class ABTestSpec(ApiModel):
     treatment: ArmSpec
     interval_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
     min_samples: Annotated[int, Field(ge=2, le=1000)] = 5
-    max_samples: Annotated[int, Field(ge=2, le=10000)] | None = 30
-    """Intervals after which an undecided test ends Inconclusive; null: run until decided."""
+    max_samples: Annotated[int, Field(ge=2, le=10000)] = 30
+    """Measured intervals after which an undecided test ends Inconclusive."""
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
     """Two-sided confidence of the effect's interval."""
     conditions: Annotated[list[ConditionSpec], Field(min_length=1, max_length=16)] = Field(
@@ -133,7 +163,7 @@ class ABTestSpec(ApiModel):
     def _check(self) -> ABTestSpec:
         if set(self.control.workloads) & set(self.treatment.workloads):
             raise _DISJOINT_ARMS.violation()
-        if self.max_samples is not None and self.max_samples < self.min_samples:
+        if self.max_samples < self.min_samples:
             raise _MAX_AT_LEAST_MIN.violation()
         return self
 
@@ -141,13 +171,18 @@ class ABTestSpec(ApiModel):
 # ---- status ---------------------------------------------------------------------------------------
 
 class ArmValues(StatusModel):
-    """One arm's values over one interval (null: not measured)."""
+    """One arm's values over one interval, or over the whole test (unset: not measured)."""
 
     prefix_hit_rate: float | None = None
+    """Prefix-cache hit rate (hit tokens / queried tokens, local and store)."""
     external_hit_rate: float | None = None
+    """Store (external prefix cache) hit rate, in tokens."""
     ttft_p90_seconds: float | None = None
+    """90th percentile of time to first token."""
     put_alloc_failures: float | None = None
+    """Mooncake put-allocation failures (per interval)."""
     evictions: float | None = None
+    """Keys the Mooncake master evicted (per interval)."""
 
 
 class IntervalRecord(StatusModel):
@@ -157,14 +192,119 @@ class IntervalRecord(StatusModel):
     error: Annotated[str, Field(max_length=1024)] | None = None
 
 
+class RatioSumsStatus(StatusModel):
+    """Running moments of one arm's (hits, queries) per interval (`core.analysis.RatioSums`)."""
+
+    n: Annotated[int, Field(ge=0)] = 0
+    mean_hits: float = 0.0
+    mean_queries: float = 0.0
+    c_hh: float = 0.0
+    c_qq: float = 0.0
+    c_hq: float = 0.0
+
+
+class MeanSumsStatus(StatusModel):
+    """Running mean and centred sum of squares (`core.analysis.MeanSums`)."""
+
+    n: Annotated[int, Field(ge=0)] = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+
+class BucketStatus(StatusModel):
+    """One cumulative histogram bucket; `le` as Prometheus spells it (+Inf for the last)."""
+
+    le: Annotated[str, Field(max_length=32)]
+    count: float
+
+
+class QuantileSumsStatus(StatusModel):
+    """Pooled TTFT buckets and batch means of per-interval quantiles (`core.analysis.QuantileSums`)."""
+
+    quantiles: Annotated[list[float], Field(max_length=8)] = Field(default_factory=list)
+    intervals: Annotated[int, Field(ge=0)] = 0
+    pooled: Annotated[list[BucketStatus], Field(max_length=128)] = Field(default_factory=list)
+    batches: Annotated[list[MeanSumsStatus], Field(max_length=8)] = Field(default_factory=list)
+
+
+class ArmTotalsStatus(StatusModel):
+    """One arm's running sums (`core.analysis.ArmTotals`)."""
+
+    prefix: RatioSumsStatus = Field(default_factory=RatioSumsStatus)
+    external: RatioSumsStatus = Field(default_factory=RatioSumsStatus)
+    ttft: QuantileSumsStatus = Field(default_factory=QuantileSumsStatus)
+    put_alloc_failures: MeanSumsStatus = Field(default_factory=MeanSumsStatus)
+    evictions: MeanSumsStatus = Field(default_factory=MeanSumsStatus)
+    custom: Annotated[dict[str, MeanSumsStatus], Field(max_length=16)] = Field(default_factory=dict)
+
+
+class GuardPointStatus(StatusModel):
+    """What the abort guard reads of one measured interval."""
+
+    put_excess: float | None = None
+    treatment_ttft_s: float | None = None
+
+
+class AnalysisStateStatus(StatusModel):
+    """The analysis' state (`core.analysis.AnalysisState`): constant size, whatever the number
+    of intervals."""
+
+    format: Annotated[int, Field(ge=1)] = 1
+    samples: Annotated[int, Field(ge=0)] = 0
+    consecutive_errors: Annotated[int, Field(ge=0)] = 0
+    last_error: Annotated[str, Field(max_length=4096)] | None = None
+    control: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
+    treatment: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
+    recent: Annotated[list[GuardPointStatus], Field(max_length=20)] = Field(default_factory=list)
+
+
+class ABTestPhase(str, enum.Enum):
+    """Where an A/B test is.
+
+    Deploying: the treatment is rolling out. Measuring: both arms run, intervals are measured.
+    Promoting / Promoted: the control is getting / has the treatment's settings. RollingBack /
+    RolledBack: the treatment is returning / has returned to what it ran before the test.
+    AwaitingDecision: the test ended without an action (hold): annotate the policy to decide.
+    """
+
+    DEPLOYING = "Deploying"
+    MEASURING = "Measuring"
+    PROMOTING = "Promoting"
+    PROMOTED = "Promoted"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    AWAITING_DECISION = "AwaitingDecision"
+
+
 class ABTestStatus(StatusModel):
-    verdict: Annotated[str, Field(max_length=32)]
+    """The A/B test of the current configuration: its phase, verdict, evidence and state."""
+
+    phase: ABTestPhase = ABTestPhase.DEPLOYING
+    """Deploying, Measuring, Promoting, Promoted, RollingBack, RolledBack or AwaitingDecision."""
+    config_hash: Annotated[str, Field(max_length=128)] = ""
+    """The configuration under test (status.desiredConfigHash when the test started)."""
+    verdict: Annotated[str, Field(max_length=32)] | None = None
     """Success, Failure, Inconclusive, Abort, NoData or Error."""
     reason: Annotated[str, Field(max_length=4096)] = ""
+    """Why: per condition, treatment vs control with the effect and its uncertainty."""
     action: Annotated[str, Field(max_length=32)] = ""
-    """What the operator did or does next: Continue, Promote, RollBack or Hold."""
+    """What the verdict calls for: Continue, Promote, RollBack or Hold."""
     samples: Annotated[int, Field(ge=0)] = 0
+    """Measured intervals (both arms measured)."""
+    consecutive_errors: Annotated[int, Field(ge=0)] = 0
+    """Failed measurements in a row (source down, an arm without series)."""
     started_at: datetime | None = None
+    """When measuring started (the treatment was rolled out and verified)."""
     last_measured_at: datetime | None = None
+    """When the arms were last read (the baseline, then the end of each interval)."""
+    decided_at: datetime | None = None
+    """When the test reached its outcome."""
+    control: ArmValues | None = None
+    """The control's estimates over every measured interval."""
+    treatment: ArmValues | None = None
+    """The treatment's estimates over every measured interval."""
     history: Annotated[list[IntervalRecord], Field(max_length=50)] = Field(default_factory=list)
     """The latest intervals, newest last (bounded)."""
+    analysis: AnalysisStateStatus | None = None
+    """The analysis' running sums, so that a restarted operator decides as the one before it
+    would have. Written and read by the operator."""

@@ -19,6 +19,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
+from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
     ApiModel,
     CelRule,
@@ -83,9 +84,11 @@ class StageName(str, enum.Enum):
 
 
 class RolloutStrategy(str, enum.Enum):
-    """How a change reaches the fleet. Only `Staged` exists; `ABTest` is planned."""
+    """How a change reaches the fleet: `Staged` (every target, stage by stage) or `ABTest` (the
+    treatment's targets first, measured against the control's, then promoted or rolled back)."""
 
     STAGED = "Staged"
+    AB_TEST = "ABTest"
 
 
 class FailurePolicy(str, enum.Enum):
@@ -101,6 +104,9 @@ DEFAULT_STAGES: tuple[StageName, ...] = (StageName.MASTER, StageName.PREFILL, St
 #: Annotation on the policy that approves one master restart: its value must equal
 #: `status.pendingApproval` (the hash of the master settings waiting to be applied).
 APPROVE_MASTER_RESTART_ANNOTATION = f"{GROUP}/approve-master-restart"
+#: Annotation deciding an A/B test that awaits a human: `promote:<hash>` or `rollback:<hash>`,
+#: `<hash>` being `status.abTest.configHash` (so a stale annotation never decides a later test).
+AB_DECISION_ANNOTATION = f"{GROUP}/ab-decision"
 
 ConfigMapKey = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
 
@@ -220,6 +226,11 @@ class TargetSpec(ApiModel):
         return self
 
 
+_AB_TEST_CONFIGURED = CelRule(
+    rule="(self.strategy == 'ABTest') == has(self.abTest)",
+    message="abTest must be set exactly when strategy is ABTest",
+    field_path=".abTest",
+)
 _UNIQUE_STAGES = CelRule(
     rule="self.stages.all(s, self.stages.filter(t, t == s).size() == 1)",
     message="each stage may appear only once",
@@ -250,8 +261,10 @@ class RolloutSpec(ApiModel):
     """Hold the rollout where it is (a running stage is not interrupted)."""
     on_failure: FailurePolicy = FailurePolicy.ROLLBACK
     """On a failed stage: roll every updated workload back, or halt and leave them as they are."""
+    ab_test: ABTestSpec | None = None
+    """With strategy ABTest: the arms, the analysis and what its verdict does."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_UNIQUE_STAGES, _MASTER_STAGED)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_UNIQUE_STAGES, _MASTER_STAGED, _AB_TEST_CONFIGURED)
 
     @model_validator(mode="after")
     def _check_stages(self) -> RolloutSpec:
@@ -259,6 +272,8 @@ class RolloutSpec(ApiModel):
             raise _UNIQUE_STAGES.violation()
         if StageName.MASTER not in self.stages:
             raise _MASTER_STAGED.violation()
+        if (self.strategy is RolloutStrategy.AB_TEST) != (self.ab_test is not None):
+            raise _AB_TEST_CONFIGURED.violation()
         return self
 
 
@@ -285,6 +300,20 @@ _UNIQUE_TARGETS = CelRule(
     field_path=".targets",
 )
 
+_ARMS_ARE_TARGETS = CelRule(
+    rule="!has(self.rollout.abTest) || ("
+    "self.rollout.abTest.control.workloads.all(w, self.targets.exists(t, has(t.name) && t.name == w))"
+    " && self.rollout.abTest.treatment.workloads.all(w, self.targets.exists(t, has(t.name) && t.name == w)))",
+    message="every A/B arm workload must be a named target",
+    field_path=".rollout.abTest",
+)
+_TARGETS_IN_ARMS = CelRule(
+    rule="!has(self.rollout.abTest) || self.targets.all(t, has(t.name) && ("
+    "t.name in self.rollout.abTest.control.workloads || t.name in self.rollout.abTest.treatment.workloads))",
+    message="with strategy ABTest every target must be named and in one arm",
+    field_path=".targets",
+)
+
 
 class PolicySpec(ApiModel):
     """Desired lease behaviour of one Mooncake store and the vLLM workloads that use it."""
@@ -301,7 +330,8 @@ class PolicySpec(ApiModel):
     """How changes are rolled out."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS,
+        _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS, _ARMS_ARE_TARGETS,
+        _TARGETS_IN_ARMS,
     )
 
     @model_validator(mode="after")
@@ -316,6 +346,14 @@ class PolicySpec(ApiModel):
         named = [(t.kind, t.name) for t in self.targets if t.name is not None]
         if len(set(named)) != len(named):
             raise _UNIQUE_TARGETS.violation()
+        ab = self.rollout.ab_test
+        if ab is not None:
+            names = {t.name for t in self.targets if t.name is not None}
+            if not set(ab.control.workloads) <= names or not set(ab.treatment.workloads) <= names:
+                raise _ARMS_ARE_TARGETS.violation()
+            arms = set(ab.control.workloads) | set(ab.treatment.workloads)
+            if any(t.name is None or t.name not in arms for t in self.targets):
+                raise _TARGETS_IN_ARMS.violation()
         return self
 
 
@@ -324,7 +362,9 @@ class Phase(str, enum.Enum):
 
     Pending: accepted, waiting for its workloads to exist. Progressing: a stage is rolling out.
     AwaitingApproval: the master stage waits for approval of a restart. Paused: held by
-    `spec.rollout.paused` before a stage. Ready: every stage runs the policy, verified.
+    `spec.rollout.paused` before a stage. Analyzing: an A/B test measures its arms.
+    AwaitingDecision: an A/B test ended and holds for a human. Ready: every stage runs the
+    policy, verified.
     RollingBack: a stage failed and changed stages are being restored. Degraded: a stage failed
     (rolled back, or halted by `onFailure: halt`). Invalid: refused (spec, compatibility, overlap).
     """
@@ -333,6 +373,8 @@ class Phase(str, enum.Enum):
     PROGRESSING = "Progressing"
     AWAITING_APPROVAL = "AwaitingApproval"
     PAUSED = "Paused"
+    ANALYZING = "Analyzing"
+    AWAITING_DECISION = "AwaitingDecision"
     READY = "Ready"
     ROLLING_BACK = "RollingBack"
     DEGRADED = "Degraded"
@@ -346,6 +388,7 @@ class ConditionType(str, enum.Enum):
     INVALID = "Invalid"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    AB_TEST_CONCLUDED = "ABTestConcluded"
 
 
 class Reason(str, enum.Enum):
@@ -381,6 +424,17 @@ class Reason(str, enum.Enum):
     AS_EXPECTED = "AsExpected"
     RELEASED = "Released"
     RESTORED = "Restored"
+    # A/B test (ABTestConcluded condition; events)
+    AB_TEST_STARTED = "ABTestStarted"
+    AB_TEST_MEASURING = "ABTestMeasuring"
+    AB_TEST_VERDICT = "ABTestVerdict"
+    AB_TEST_NO_DATA = "ABTestNoData"
+    MEASUREMENT_FAILED = "MeasurementFailed"
+    AB_TEST_PROMOTING = "ABTestPromoting"
+    AB_TEST_PROMOTED = "ABTestPromoted"
+    AB_TEST_ROLLING_BACK = "ABTestRollingBack"
+    AB_TEST_ROLLED_BACK = "ABTestRolledBack"
+    AB_TEST_AWAITING_DECISION = "ABTestAwaitingDecision"
 
 
 class StagePhase(str, enum.Enum):
@@ -490,6 +544,8 @@ class PolicyStatus(StatusModel):
     `kubectl annotate mlp NAME moonlease.io/approve-master-restart=<this value>`."""
     last_transition_time: datetime | None = None
     """When `phase` last changed."""
+    ab_test: ABTestStatus | None = None
+    """The A/B test of the current configuration (strategy ABTest only)."""
 
     def condition(self, type_: ConditionType | str) -> Condition | None:
         """The condition of this type, if set."""

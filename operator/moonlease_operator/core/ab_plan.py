@@ -2,19 +2,31 @@
 
 `build_analysis_config` reads the `ABTestSpec` into the analysis core's config; `plan_ab_action`
 is the one place a verdict becomes an action (continue, promote, roll back, hold);
-`record_interval` / `build_ab_status` produce the status with a bounded per-interval history.
-The handler wiring (measure each interval through `adapters.metric_sources`, apply the action
-through the rollout machinery, emit Events) calls these.
+`record_measurement` folds one measured interval into `status.abTest` (the analysis' running
+sums, a bounded per-interval history, the verdict, the events that announce it) and
+`apply_decision_annotation` lets a human decide a held test. `core.rollout` calls them and
+carries the action out through the staged rollout; the handler measures (adapters.ab_metrics).
 """
 
 from __future__ import annotations
 
 import datetime
 import enum
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from moonlease_operator.api.abtest import (
+    AnalysisStateStatus,
+    ArmTotalsStatus,
+    BucketStatus,
+    GuardPointStatus,
+    MeanSumsStatus,
+    QuantileSumsStatus,
+    RatioSumsStatus,
+    ABTestPhase,
     ABTestSpec,
     ABTestStatus,
     ArmValues,
@@ -23,19 +35,32 @@ from moonlease_operator.api.abtest import (
     MetricDirection,
     SuccessAction,
 )
+from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, Reason
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
+    AnalysisState,
     ArmSample,
+    ArmTotals,
     Condition,
     Direction,
+    GuardPoint,
+    Histogram,
     IntervalSample,
+    MeanSums,
     Outcome,
+    QuantileSums,
+    RatioSums,
     Verdict,
+    decide,
+    fold_interval,
     histogram_quantile,
 )
+from moonlease_operator.core.events import EventNote
 
 HISTORY_LIMIT = 20
+ANALYSIS_FORMAT = 1
+"""Version of `status.abTest.analysis`; a state of another version is started afresh."""
 
 
 class ABAction(str, enum.Enum):
@@ -55,7 +80,8 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
         min_samples=spec.min_samples, max_samples=spec.max_samples, z=z,
         consecutive_error_limit=spec.consecutive_error_limit,
         guard=AbortGuard(consecutive=spec.abort.consecutive_intervals,
-                         put_failure_allowance=spec.abort.put_failure_allowance,
+                         put_failure_allowance=spec.abort.put_failure_allowance if spec.abort.put_failure_guard
+                         else None,
                          ttft_threshold_s=spec.abort.ttft_threshold_seconds,
                          ttft_quantile=spec.abort.ttft_quantile),
     )
@@ -92,7 +118,7 @@ def build_arm_values(sample: ArmSample) -> ArmValues:
 
 
 def _timestamp(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return datetime.datetime.fromtimestamp(round(seconds), tz=datetime.timezone.utc)  # API precision
 
 
 def record_interval(interval: IntervalSample) -> IntervalRecord:
@@ -104,12 +130,167 @@ def record_interval(interval: IntervalSample) -> IntervalRecord:
     )
 
 
-def build_ab_status(intervals: Sequence[IntervalSample], verdict: Verdict, action: ABAction, *,
-                    started_at: datetime.datetime, limit: int = HISTORY_LIMIT) -> ABTestStatus:
-    """The status after the latest interval; history keeps the newest `limit` intervals."""
-    return ABTestStatus(
-        verdict=verdict.outcome.value, reason=verdict.reason[:4096], action=action.value,
-        samples=verdict.samples, started_at=started_at,
-        last_measured_at=_timestamp(intervals[-1].end) if intervals else None,
-        history=[record_interval(i) for i in list(intervals)[-limit:]] if limit > 0 else [],
+# ---- the analysis state in the status -------------------------------------------------------------
+
+def _dump_totals(totals: ArmTotals) -> ArmTotalsStatus:
+    ttft = totals.ttft
+    return ArmTotalsStatus(
+        prefix=RatioSumsStatus(**asdict(totals.prefix)), external=RatioSumsStatus(**asdict(totals.external)),
+        ttft=QuantileSumsStatus(
+            quantiles=list(ttft.quantiles), intervals=ttft.intervals,
+            pooled=[BucketStatus(le="+Inf" if math.isinf(le) else repr(le), count=c)
+                    for le, c in (ttft.pooled.buckets if ttft.pooled else ())],
+            batches=[MeanSumsStatus(**asdict(b)) for b in ttft.batches]),
+        put_alloc_failures=MeanSumsStatus(**asdict(totals.put_alloc_failures)),
+        evictions=MeanSumsStatus(**asdict(totals.evictions)),
+        custom={name: MeanSumsStatus(**asdict(m)) for name, m in sorted(totals.custom.items())},
     )
+
+
+def _load_totals(raw: ArmTotalsStatus) -> ArmTotals:
+    def mean(m: MeanSumsStatus) -> MeanSums:
+        return MeanSums(**m.model_dump())
+
+    ttft = raw.ttft
+    pooled = Histogram(tuple((float(b.le), b.count) for b in ttft.pooled)) if ttft.pooled else None
+    return ArmTotals(
+        prefix=RatioSums(**raw.prefix.model_dump()), external=RatioSums(**raw.external.model_dump()),
+        ttft=QuantileSums(tuple(ttft.quantiles), pooled, ttft.intervals, tuple(mean(b) for b in ttft.batches)),
+        put_alloc_failures=mean(raw.put_alloc_failures), evictions=mean(raw.evictions),
+        custom={name: mean(m) for name, m in raw.custom.items()},
+    )
+
+
+def dump_analysis(state: AnalysisState) -> AnalysisStateStatus:
+    return AnalysisStateStatus(
+        format=ANALYSIS_FORMAT, samples=state.samples, consecutive_errors=state.consecutive_errors,
+        last_error=state.last_error[:4096] if state.last_error else None,
+        control=_dump_totals(state.control), treatment=_dump_totals(state.treatment),
+        recent=[GuardPointStatus(**asdict(p)) for p in state.recent],
+    )
+
+
+def load_analysis(raw: AnalysisStateStatus | None) -> AnalysisState:
+    """The state `dump_analysis` wrote; an absent one, or one of another format, starts afresh
+    (the test then needs its samples again: slower, never wrong)."""
+    if raw is None or raw.format != ANALYSIS_FORMAT:
+        return AnalysisState()
+    return AnalysisState(
+        samples=raw.samples, consecutive_errors=raw.consecutive_errors, last_error=raw.last_error,
+        control=_load_totals(raw.control), treatment=_load_totals(raw.treatment),
+        recent=tuple(GuardPoint(**p.model_dump()) for p in raw.recent),
+    )
+
+
+def summarize_arm(totals: ArmTotals) -> ArmValues:
+    """An arm's estimates over the whole test, for the status."""
+    def value(estimate: Any) -> float | None:
+        return None if estimate is None else float(estimate.value)
+
+    return ArmValues(
+        prefix_hit_rate=value(totals.prefix.estimate()), external_hit_rate=value(totals.external.estimate()),
+        ttft_p90_seconds=value(totals.ttft.estimate(0.9)),
+        put_alloc_failures=value(totals.put_alloc_failures.estimate()), evictions=value(totals.evictions.estimate()),
+    )
+
+
+# ---- the test's progress ---------------------------------------------------------------------------
+
+_NEXT_PHASE = {
+    ABAction.CONTINUE: ABTestPhase.MEASURING, ABAction.PROMOTE: ABTestPhase.PROMOTING,
+    ABAction.ROLL_BACK: ABTestPhase.ROLLING_BACK, ABAction.HOLD: ABTestPhase.AWAITING_DECISION,
+}
+_BAD_OUTCOMES = (Outcome.FAILURE, Outcome.ABORT, Outcome.ERROR, Outcome.NO_DATA)
+
+
+@dataclass(frozen=True)
+class ABReading:
+    """What the handler measured this reconcile: the baseline (no interval yet) or one interval."""
+
+    at: datetime.datetime
+    interval: IntervalSample | None
+
+
+def begin_test(previous: ABTestStatus | None, config_hash: str) -> ABTestStatus:
+    """The test of `config_hash`: the one under way if it tests the same configuration (a
+    restarted operator, a spec edit outside connector and master), else a fresh one."""
+    if previous is not None and previous.config_hash == config_hash:
+        return previous
+    return ABTestStatus(phase=ABTestPhase.DEPLOYING, config_hash=config_hash)
+
+
+def start_measuring(status: ABTestStatus, spec: ABTestSpec, control: list[str], treatment: list[str],
+                    now: datetime.datetime) -> tuple[ABTestStatus, list[EventNote]]:
+    """The treatment runs the configuration, verified: measuring starts."""
+    source = f"Prometheus at {spec.prometheus.url}" if spec.prometheus else f"the pods' :{spec.scrape.port}{spec.scrape.path}"
+    message = (f"A/B test of configuration {status.config_hash}: control {', '.join(control)} against treatment "
+               f"{', '.join(treatment)}, every {spec.interval_seconds}s from {source}; at least {spec.min_samples}"
+               + f", at most {spec.max_samples} samples")
+    return status.model_copy(update={"phase": ABTestPhase.MEASURING, "started_at": now, "verdict": None,
+                                     "reason": message}), [EventNote("Normal", Reason.AB_TEST_STARTED.value, message)]
+
+
+def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReading,
+                       now: datetime.datetime) -> tuple[ABTestStatus, list[EventNote]]:
+    """Fold one reading into a measuring test: the verdict, the action it calls for, and the
+    events that say so (a failed measurement, a changed verdict, a decision)."""
+    if reading.interval is None:
+        return status.model_copy(update={"last_measured_at": reading.at}), []
+    config = build_analysis_config(spec)
+    state = fold_interval(load_analysis(status.analysis), reading.interval, config)
+    verdict = decide(state, config)
+    action = plan_ab_action(verdict, spec)
+    events = []
+    if reading.interval.failed:
+        events.append(EventNote("Warning", Reason.MEASUREMENT_FAILED.value,
+                                f"Measuring the arms failed ({state.consecutive_errors} in a row, limit "
+                                f"{spec.consecutive_error_limit}): {state.last_error}"))
+    if action is not ABAction.CONTINUE or (verdict.outcome.value != status.verdict and verdict.samples >= spec.min_samples):
+        kind = "Warning" if verdict.outcome in _BAD_OUTCOMES else "Normal"
+        events.append(EventNote(kind, Reason.AB_TEST_VERDICT.value,
+                                f"{verdict.outcome.value} after {verdict.samples} samples: {verdict.reason}"))
+    if action is ABAction.PROMOTE:
+        events.append(EventNote("Normal", Reason.AB_TEST_PROMOTING.value, "Promoting the treatment's configuration to the control"))
+    elif action is ABAction.ROLL_BACK:
+        events.append(EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value,
+                                "Rolling the treatment back to what it ran before the test"))
+    elif action is ABAction.HOLD:
+        events.append(EventNote("Normal", Reason.AB_TEST_AWAITING_DECISION.value, decision_hint(status)))
+    history = [*status.history, record_interval(reading.interval)][-HISTORY_LIMIT:]
+    return status.model_copy(update={
+        "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
+        "action": action.value, "samples": verdict.samples, "consecutive_errors": verdict.consecutive_errors,
+        "last_measured_at": reading.at, "decided_at": now if action is not ABAction.CONTINUE else None,
+        "control": summarize_arm(state.control), "treatment": summarize_arm(state.treatment),
+        "history": history, "analysis": dump_analysis(state),
+    }), events
+
+
+def decision_hint(status: ABTestStatus) -> str:
+    return ("Holding both arms for a human: kubectl annotate mlp NAME "
+            f"{AB_DECISION_ANNOTATION}=promote:{status.config_hash} (or rollback:{status.config_hash}) --overwrite")
+
+
+def apply_decision_annotation(status: ABTestStatus, annotation: str | None,
+                              now: datetime.datetime) -> tuple[ABTestStatus, list[EventNote]]:
+    """A held test decided by a human: `promote:<configHash>` or `rollback:<configHash>`."""
+    if status.phase is not ABTestPhase.AWAITING_DECISION or not annotation:
+        return status, []
+    decision, _, config_hash = annotation.partition(":")
+    if config_hash != status.config_hash or decision not in ("promote", "rollback"):
+        return status, []
+    if decision == "promote":
+        return status.model_copy(update={"phase": ABTestPhase.PROMOTING, "action": ABAction.PROMOTE.value,
+                                         "decided_at": now}), [
+            EventNote("Normal", Reason.AB_TEST_PROMOTING.value, "Promoting the treatment's configuration to the control, as annotated")]
+    return status.model_copy(update={"phase": ABTestPhase.ROLLING_BACK, "action": ABAction.ROLL_BACK.value,
+                                     "decided_at": now}), [
+        EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value, "Rolling the treatment back, as annotated")]
+
+
+def measurement_due(status: ABTestStatus | None, spec: ABTestSpec | None, now: datetime.datetime) -> bool:
+    """Whether this reconcile should read the arms' metrics."""
+    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
+        return False
+    last = status.last_measured_at
+    return last is None or (now - last).total_seconds() >= spec.interval_seconds

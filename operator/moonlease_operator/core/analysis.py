@@ -2,11 +2,12 @@
 
 Purely computational, no I/O and no clock: the caller (the operator's handler, the demo, the
 benchmarks) measures each analysis interval through a metric source
-(`moonlease_operator.adapters.metric_sources`) and hands the whole list of intervals to
-`evaluate_ab`, which decides once, as argo-rollouts' analysis does: Success, Failure or
-Inconclusive from the success/failure conditions, plus Abort (an early guard on a clear
-regression), NoData (the metrics a condition needs are missing) and Error (too many consecutive
-failed measurements).
+(`moonlease_operator.adapters.metric_sources`) and either folds it into an `AnalysisState`
+(`fold_interval`, then `decide`: what the operator does, keeping the constant-size state in the
+policy status) or hands the whole list of intervals to `evaluate_ab` (the same fold). The
+verdict is argo-rollouts' kind: Success, Failure or Inconclusive from the success/failure
+conditions, plus Abort (an early guard on a clear regression), NoData (the metrics a condition
+needs are missing) and Error (too many consecutive failed measurements).
 
 Statistics. Hits and queries are token counts, but the tokens of one request hit or miss
 together (a prefix hit covers a whole prefix), so they are not independent Bernoulli trials and
@@ -27,7 +28,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class Arm(str, enum.Enum):
@@ -248,7 +249,96 @@ class Verdict:
     conditions: tuple[ConditionResult, ...] = ()
 
 
-# ---- estimators -------------------------------------------------------------------------------
+# ---- estimators ---------------------------------------------------------------------------------
+#
+# Each estimator folds per-interval values into running sums (Welford's centred moments, stable
+# over thousands of intervals), so that the operator keeps a constant-size analysis state in the
+# policy status instead of every interval's raw counts; the list forms fold the same way.
+
+@dataclass(frozen=True)
+class RatioSums:
+    """Running (hits, queries) moments of the intervals with queries: enough for the ratio
+    estimator and its cluster standard error, since sum (h - R q)^2 = Chh - 2R Chq + R^2 Cqq
+    when R = mean(h) / mean(q)."""
+
+    n: int = 0
+    mean_hits: float = 0.0
+    mean_queries: float = 0.0
+    c_hh: float = 0.0
+    c_qq: float = 0.0
+    c_hq: float = 0.0
+
+    def add(self, hits: float, queries: float) -> RatioSums:
+        if queries <= 0:
+            return self  # an idle interval carries no information
+        n = self.n + 1
+        dh, dq = hits - self.mean_hits, queries - self.mean_queries
+        mean_h, mean_q = self.mean_hits + dh / n, self.mean_queries + dq / n
+        return RatioSums(n, mean_h, mean_q, self.c_hh + dh * (hits - mean_h), self.c_qq + dq * (queries - mean_q),
+                         self.c_hq + dh * (queries - mean_q))
+
+    def estimate(self) -> Estimate | None:
+        if self.n == 0:
+            return None
+        ratio = self.mean_hits / self.mean_queries
+        if self.n < 2:
+            return Estimate(ratio, math.inf, 1)
+        residuals = max(0.0, self.c_hh - 2 * ratio * self.c_hq + ratio * ratio * self.c_qq)
+        return Estimate(ratio, math.sqrt(residuals / (self.n * (self.n - 1))) / self.mean_queries, self.n)
+
+
+@dataclass(frozen=True)
+class MeanSums:
+    """Running mean and centred sum of squares of one value per interval."""
+
+    n: int = 0
+    mean: float = 0.0
+    m2: float = 0.0
+
+    def add(self, value: float) -> MeanSums:
+        n = self.n + 1
+        delta = value - self.mean
+        mean = self.mean + delta / n
+        return MeanSums(n, mean, self.m2 + delta * (value - mean))
+
+    def estimate(self) -> Estimate | None:
+        if self.n == 0:
+            return None
+        if self.n < 2:
+            return Estimate(self.mean, math.inf, 1)
+        return Estimate(self.mean, math.sqrt(self.m2 / (self.n - 1) / self.n), self.n)
+
+
+@dataclass(frozen=True)
+class QuantileSums:
+    """The pooled histogram of the non-empty intervals, and the batch means of their
+    per-interval quantiles (one running mean per tracked quantile)."""
+
+    quantiles: tuple[float, ...] = tuple(TTFT_QUANTILES.values())
+    pooled: Histogram | None = None
+    intervals: int = 0
+    batches: tuple[MeanSums, ...] = ()
+
+    def add(self, histogram: Histogram) -> QuantileSums:
+        if histogram.count <= 0:
+            return self
+        batches = list(self.batches) or [MeanSums() for _ in self.quantiles]
+        for index, q in enumerate(self.quantiles):
+            value = histogram_quantile(q, histogram)
+            if value is not None:
+                batches[index] = batches[index].add(value)
+        pooled = histogram if self.pooled is None else self.pooled.merged(histogram)
+        return QuantileSums(self.quantiles, pooled, self.intervals + 1, tuple(batches))
+
+    def estimate(self, q: float) -> Estimate | None:
+        if self.pooled is None or q not in self.quantiles:
+            return None
+        value = histogram_quantile(q, self.pooled)
+        if value is None:
+            return None
+        spread = self.batches[self.quantiles.index(q)].estimate()
+        return Estimate(value, spread.stderr if spread is not None else math.inf, self.intervals)
+
 
 def estimate_ratio(pairs: Sequence[tuple[float, float]]) -> Estimate | None:
     """Ratio estimator sum(h)/sum(q) over intervals with its cluster standard error.
@@ -256,70 +346,83 @@ def estimate_ratio(pairs: Sequence[tuple[float, float]]) -> Estimate | None:
     `pairs` are (hits, queries) per interval; intervals without queries carry no information
     and are dropped. None when nothing is left; stderr is inf with a single interval.
     """
-    used = [(h, q) for h, q in pairs if q > 0]
-    n = len(used)
-    if n == 0:
-        return None
-    total_q = sum(q for _, q in used)
-    ratio = sum(h for h, _ in used) / total_q
-    if n < 2:
-        return Estimate(ratio, math.inf, n)
-    qbar = total_q / n
-    residuals = sum((h - ratio * q) ** 2 for h, q in used)
-    return Estimate(ratio, math.sqrt(residuals / (n * (n - 1))) / qbar, n)
+    sums = RatioSums()
+    for hits, queries in pairs:
+        sums = sums.add(hits, queries)
+    return sums.estimate()
 
 
 def estimate_mean(values: Sequence[float]) -> Estimate | None:
-    n = len(values)
-    if n == 0:
-        return None
-    mean = sum(values) / n
-    if n < 2:
-        return Estimate(mean, math.inf, n)
-    variance = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return Estimate(mean, math.sqrt(variance / n), n)
+    sums = MeanSums()
+    for value in values:
+        sums = sums.add(value)
+    return sums.estimate()
 
 
 def estimate_quantile(q: float, histograms: Sequence[Histogram]) -> Estimate | None:
     """Quantile of the pooled histogram; batch-means stderr from the per-interval quantiles."""
-    nonempty = [h for h in histograms if h.count > 0]
-    if not nonempty:
-        return None
-    pooled = nonempty[0]
-    for h in nonempty[1:]:
-        pooled = pooled.merged(h)
-    value = histogram_quantile(q, pooled)
-    if value is None:
-        return None
-    per_interval = [v for v in (histogram_quantile(q, h) for h in nonempty) if v is not None]
-    spread = estimate_mean(per_interval)
-    stderr = spread.stderr if spread is not None else math.inf
-    return Estimate(value, stderr, len(nonempty))
+    sums = QuantileSums((q,))
+    for histogram in histograms:
+        sums = sums.add(histogram)
+    return sums.estimate(q)
+
+
+@dataclass(frozen=True)
+class ArmTotals:
+    """One arm's running sums over its measured intervals: what every estimate needs."""
+
+    prefix: RatioSums = RatioSums()
+    external: RatioSums = RatioSums()
+    ttft: QuantileSums = QuantileSums()
+    put_alloc_failures: MeanSums = MeanSums()
+    evictions: MeanSums = MeanSums()
+    custom: Mapping[str, MeanSums] = field(default_factory=dict)
+
+    def add(self, s: ArmSample) -> ArmTotals:
+        custom = dict(self.custom)
+        for name, value in s.custom.items():
+            custom[name] = custom.get(name, MeanSums()).add(value)
+        return ArmTotals(
+            prefix=self.prefix.add(s.prefix_hits, s.prefix_queries)
+            if s.prefix_hits is not None and s.prefix_queries is not None else self.prefix,
+            external=self.external.add(s.external_hits, s.external_queries)
+            if s.external_hits is not None and s.external_queries is not None else self.external,
+            ttft=self.ttft.add(s.ttft) if s.ttft is not None else self.ttft,
+            put_alloc_failures=self.put_alloc_failures.add(s.put_alloc_failures)
+            if s.put_alloc_failures is not None else self.put_alloc_failures,
+            evictions=self.evictions.add(s.evictions) if s.evictions is not None else self.evictions,
+            custom=custom,
+        )
+
+    def estimate(self, metric: str) -> Estimate | None:
+        """This arm's estimate of a named metric; None when it was never measured."""
+        if metric == BuiltinMetric.PREFIX_HIT_RATE.value:
+            return self.prefix.estimate()
+        if metric == BuiltinMetric.EXTERNAL_HIT_RATE.value:
+            return self.external.estimate()
+        if metric in TTFT_QUANTILES:
+            return self.ttft.estimate(TTFT_QUANTILES[metric])
+        if metric == BuiltinMetric.PUT_FAILURES.value:
+            return self.put_alloc_failures.estimate()
+        if metric == BuiltinMetric.EVICTIONS.value:
+            return self.evictions.estimate()
+        sums = self.custom.get(metric)
+        return sums.estimate() if sums is not None else None
 
 
 def estimate_metric(metric: str, samples: Sequence[ArmSample]) -> Estimate | None:
     """One arm's estimate of a named metric over its measured intervals; None when missing."""
-    if metric == BuiltinMetric.PREFIX_HIT_RATE.value:
-        return estimate_ratio([(s.prefix_hits, s.prefix_queries) for s in samples
-                               if s.prefix_hits is not None and s.prefix_queries is not None])
-    if metric == BuiltinMetric.EXTERNAL_HIT_RATE.value:
-        return estimate_ratio([(s.external_hits, s.external_queries) for s in samples
-                               if s.external_hits is not None and s.external_queries is not None])
-    if metric in TTFT_QUANTILES:
-        return estimate_quantile(TTFT_QUANTILES[metric], [s.ttft for s in samples if s.ttft is not None])
-    if metric == BuiltinMetric.PUT_FAILURES.value:
-        return estimate_mean([s.put_alloc_failures for s in samples if s.put_alloc_failures is not None])
-    if metric == BuiltinMetric.EVICTIONS.value:
-        return estimate_mean([s.evictions for s in samples if s.evictions is not None])
-    return estimate_mean([s.custom[metric] for s in samples if metric in s.custom])
+    totals = ArmTotals()
+    for sample in samples:
+        totals = totals.add(sample)
+    return totals.estimate(metric)
 
 
 # ---- the decision -------------------------------------------------------------------------------
 
-def evaluate_condition(condition: Condition, control: Sequence[ArmSample], treatment: Sequence[ArmSample],
-                       *, z: float) -> ConditionResult:
-    c = estimate_metric(condition.metric, control)
-    t = estimate_metric(condition.metric, treatment)
+def evaluate_condition(condition: Condition, control: ArmTotals, treatment: ArmTotals, *, z: float) -> ConditionResult:
+    c = control.estimate(condition.metric)
+    t = treatment.estimate(condition.metric)
     if c is None or t is None:
         missing = " and ".join(arm.value for arm, e in ((Arm.CONTROL, c), (Arm.TREATMENT, t)) if e is None)
         return ConditionResult(condition.metric, c, t, None, None, Outcome.NO_DATA,
@@ -342,69 +445,97 @@ def evaluate_condition(condition: Condition, control: Sequence[ArmSample], treat
                            f"{described}: not significant")
 
 
-def _trailing_errors(intervals: Sequence[IntervalSample]) -> int:
-    count = 0
-    for interval in reversed(intervals):
-        if not interval.failed:
-            break
-        count += 1
-    return count
+GUARD_WINDOW = 20
+"""Measured intervals the state keeps for the abort guard (its `consecutive` is at most this)."""
 
 
-def evaluate_guard(guard: AbortGuard, measured: Sequence[IntervalSample]) -> str | None:
-    """Why the guard fires on the latest measured intervals, or None."""
-    if guard.consecutive < 1 or len(measured) < guard.consecutive:
+@dataclass(frozen=True)
+class GuardPoint:
+    """What the abort guard reads of one measured interval."""
+
+    put_excess: float | None
+    """Treatment put-allocation failures minus the control's; None if either is missing."""
+    treatment_ttft_s: float | None
+    """The treatment's TTFT at the guard's quantile; None if not measured."""
+
+
+def build_guard_point(interval: IntervalSample, guard: AbortGuard) -> GuardPoint:
+    c, t = interval.control, interval.treatment
+    excess = (t.put_alloc_failures - c.put_alloc_failures
+              if c is not None and t is not None and c.put_alloc_failures is not None
+              and t.put_alloc_failures is not None else None)
+    ttft = histogram_quantile(guard.ttft_quantile, t.ttft) if t is not None and t.ttft is not None else None
+    return GuardPoint(excess, ttft)
+
+
+def evaluate_guard(guard: AbortGuard, points: Sequence[GuardPoint]) -> str | None:
+    """Why the guard fires on the latest measured intervals (oldest first), or None."""
+    if guard.consecutive < 1 or len(points) < guard.consecutive:
         return None
-    latest = measured[-guard.consecutive:]
+    latest = points[-guard.consecutive:]
     if guard.put_failure_allowance is not None:
-        excess: list[float] = []
-        for interval in latest:
-            c, t = interval.control, interval.treatment
-            if c is None or t is None or c.put_alloc_failures is None or t.put_alloc_failures is None:
-                break
-            excess.append(t.put_alloc_failures - c.put_alloc_failures)
+        excess = [p.put_excess for p in latest if p.put_excess is not None]
         if (len(excess) == len(latest) and all(e > guard.put_failure_allowance for e in excess)
                 and all(b >= a for a, b in zip(excess, excess[1:]))):
             return (f"treatment put-allocation failures above control's by {', '.join(f'{e:g}' for e in excess)} "
                     f"in the last {len(excess)} intervals (allowance {guard.put_failure_allowance:g})")
     if guard.ttft_threshold_s is not None:
-        quantiles: list[float] = []
-        for interval in latest:
-            t = interval.treatment
-            value = histogram_quantile(guard.ttft_quantile, t.ttft) if t is not None and t.ttft is not None else None
-            if value is None:
-                break
-            quantiles.append(value)
+        quantiles = [p.treatment_ttft_s for p in latest if p.treatment_ttft_s is not None]
         if len(quantiles) == len(latest) and all(v > guard.ttft_threshold_s for v in quantiles):
             return (f"treatment TTFT p{guard.ttft_quantile * 100:g} {', '.join(f'{v:.3g}s' for v in quantiles)} "
                     f"past the failure threshold {guard.ttft_threshold_s:g}s in the last {len(quantiles)} intervals")
     return None
 
 
-def evaluate_ab(intervals: Sequence[IntervalSample], config: AnalysisConfig) -> Verdict:
-    """The verdict of an A/B analysis over all intervals measured so far, in time order.
+@dataclass(frozen=True)
+class AnalysisState:
+    """Everything the verdict depends on, folded interval by interval (`fold_interval`).
+
+    Constant size whatever the number of intervals: the operator keeps it in the policy status,
+    so a restarted operator decides exactly as the one before it would have.
+    """
+
+    samples: int = 0
+    """Measured intervals (both arms present)."""
+    consecutive_errors: int = 0
+    last_error: str | None = None
+    control: ArmTotals = ArmTotals()
+    treatment: ArmTotals = ArmTotals()
+    recent: tuple[GuardPoint, ...] = ()
+    """The latest `GUARD_WINDOW` measured intervals, oldest first."""
+
+
+def fold_interval(state: AnalysisState, interval: IntervalSample, config: AnalysisConfig) -> AnalysisState:
+    """The state after one more interval. A failed measurement adds nothing but an error:
+    it can delay a decision, never produce one."""
+    if interval.failed or interval.control is None or interval.treatment is None:
+        return replace(state, consecutive_errors=state.consecutive_errors + 1,
+                       last_error=interval.error or "an arm was not measured")
+    return AnalysisState(
+        samples=state.samples + 1, consecutive_errors=0, last_error=None,
+        control=state.control.add(interval.control), treatment=state.treatment.add(interval.treatment),
+        recent=(*state.recent, build_guard_point(interval, config.guard))[-GUARD_WINDOW:],
+    )
+
+
+def decide(state: AnalysisState, config: AnalysisConfig) -> Verdict:
+    """The verdict of an A/B analysis from its folded state.
 
     Order of precedence: Error (too many consecutive failed measurements) > Abort (guard) >
     NoData (a condition's metric missing everywhere, once min_samples intervals were measured)
-    > Failure > Success > Inconclusive. Failed measurements are skipped, not zeros: they can
-    delay a decision but never produce one.
+    > Failure > Success > Inconclusive.
     """
-    errors = _trailing_errors(intervals)
-    measured = [i for i in intervals if not i.failed]
-    n = len(measured)
+    n, errors = state.samples, state.consecutive_errors
     if errors > config.consecutive_error_limit:
-        last = intervals[-1].error or "an arm was not measured"
         return Verdict(Outcome.ERROR, f"{errors} consecutive failed measurements (limit "
-                       f"{config.consecutive_error_limit}); last: {last}", True, n, errors)
-    abort = evaluate_guard(config.guard, measured)
+                       f"{config.consecutive_error_limit}); last: {state.last_error}", True, n, errors)
+    abort = evaluate_guard(config.guard, state.recent)
     if abort is not None:
         return Verdict(Outcome.ABORT, abort, True, n, errors)
-    control = [i.control for i in measured if i.control is not None]
-    treatment = [i.treatment for i in measured if i.treatment is not None]
-    results = tuple(evaluate_condition(c, control, treatment, z=config.z) for c in config.conditions)
+    results = tuple(evaluate_condition(c, state.control, state.treatment, z=config.z) for c in config.conditions)
     out_of_samples = config.max_samples is not None and n >= config.max_samples
     if n < config.min_samples:
-        note = f"; last measurement failed: {intervals[-1].error}" if errors else ""
+        note = f"; last measurement failed: {state.last_error}" if errors else ""
         return Verdict(Outcome.INCONCLUSIVE, f"{n} of {config.min_samples} samples measured{note}",
                        False, n, errors, results)
     no_data = [r for r in results if r.outcome is Outcome.NO_DATA]
@@ -419,3 +550,11 @@ def evaluate_ab(intervals: Sequence[IntervalSample], config: AnalysisConfig) -> 
     pending = "; ".join(r.reason for r in results if r.outcome is Outcome.INCONCLUSIVE)
     suffix = f" after the maximum of {config.max_samples} samples" if out_of_samples else ""
     return Verdict(Outcome.INCONCLUSIVE, pending + suffix, out_of_samples, n, errors, results)
+
+
+def evaluate_ab(intervals: Sequence[IntervalSample], config: AnalysisConfig) -> Verdict:
+    """The verdict over all intervals measured so far, in time order (fold, then decide)."""
+    state = AnalysisState()
+    for interval in intervals:
+        state = fold_interval(state, interval, config)
+    return decide(state, config)

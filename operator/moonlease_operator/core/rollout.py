@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease_operator.api import (
+    AB_DECISION_ANNOTATION,
     APPROVE_MASTER_RESTART_ANNOTATION,
+    ABTestPhase,
+    ABTestStatus,
     ConditionStatus,
     ConditionType,
     FailurePolicy,
@@ -42,6 +45,15 @@ from moonlease_operator.api import (
     TargetStatus,
     WorkloadKind,
     parse_spec,
+)
+from moonlease_operator.core.ab_plan import (
+    ABReading,
+    apply_decision_annotation,
+    begin_test,
+    decision_hint,
+    measurement_due,
+    record_measurement,
+    start_measuring,
 )
 from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
 from moonlease_operator.core.conditions import set_condition
@@ -67,6 +79,7 @@ from moonlease_operator.core.desired_state import (
     rollback_revision,
     template_config_hash,
 )
+from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
 
@@ -75,6 +88,7 @@ MAX_LISTED = 5  # problems named in one condition message
 _DONE = (StagePhase.SUCCEEDED, StagePhase.SKIPPED)
 _UNWINDING = (StagePhase.FAILED, StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED)
 _WARNING_STAGES = (StagePhase.FAILED, StagePhase.ROLLING_BACK, StagePhase.ROLLBACK_FAILED)
+_AT_REST = (Phase.READY, Phase.ANALYZING, Phase.AWAITING_DECISION)  # drift here starts a new attempt
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,6 +113,8 @@ class FetchPlan:
 
     config_maps: tuple[str, ...]
     pods: bool
+    ab_due: bool = False
+    """An A/B test is measuring and its interval has passed: read the arms' metrics."""
 
 
 @dataclass(frozen=True)
@@ -111,15 +127,8 @@ class Observed:
     config_maps: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     policies: Sequence[Mapping[str, Any]] = ()
     pods: Sequence[Mapping[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
-class EventNote:
-    """An event to post on the policy."""
-
-    type: str  # "Normal" | "Warning"
-    reason: str
-    message: str
+    ab_reading: ABReading | None = None
+    """The arms' metrics, read because `FetchPlan.ab_due` asked for them."""
 
 
 @dataclass(frozen=True)
@@ -132,14 +141,18 @@ class ReconcilePlan:
     spec: PolicySpec | None = None
 
 
-def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus) -> FetchPlan:
+def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetime.datetime | None = None) -> FetchPlan:
     try:
         spec = parse_spec(raw_spec)
     except PolicySpecError:
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
     verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
-    return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying)
+    ab = spec.rollout.ab_test
+    due = now is not None and measurement_due(previous.ab_test, ab, now)
+    scraping = due and ab is not None and ab.prometheus is None
+    return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
+                     ab_due=due)
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,6 +245,8 @@ class _Planner:
     order: list[StageName] = field(default_factory=list)
     stages: dict[StageName, StageStatus] = field(default_factory=dict)
     health: dict[WorkloadKey, WorkloadHealth] = field(default_factory=dict)
+    ab: ABTestStatus | None = None  # the A/B test, with strategy ABTest
+    held: frozenset[WorkloadKey] = frozenset()  # the control while an A/B test runs: covered, not changed
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -240,15 +255,18 @@ class _Planner:
         prev = self.previous
         self.revision = prev.revision or 0
         self.applied_revision = prev.applied_revision
+        self._begin_ab_test(desired_hash)
         self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
-        drifted = prev.phase is Phase.READY and bool(out_of_sync)
+        drifted = prev.phase in _AT_REST and bool(out_of_sync)
         if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
             self.failed_stage = None
-            what = "re-applying to workloads that drifted or joined" if drifted and \
-                prev.desired_config_hash == desired_hash else f"configuration {desired_hash}"
+            promoting = self.ab is not None and self.ab.phase is ABTestPhase.PROMOTING
+            what = ("promoting the A/B treatment's configuration to the control" if promoting and drifted else
+                    "re-applying to workloads that drifted or joined" if drifted and
+                    prev.desired_config_hash == desired_hash else f"configuration {desired_hash}")
             self.notes.append(EventNote("Normal", Reason.ROLLOUT_STARTED.value,
                                         f"Rollout {self.revision}: {what}; stages "
                                         + " -> ".join(s.value for s in self.spec.rollout.stages)))
@@ -261,15 +279,100 @@ class _Planner:
         self.applied_hash = prev.applied_config_hash
         self._release_orphans()
 
-        if any(s.phase in _UNWINDING for s in stages):
+        if self.ab is not None and self.ab.phase is ABTestPhase.ROLLING_BACK and \
+                not any(s.phase in _UNWINDING for s in stages):
+            self._fail_treatment()
+        if any(s.phase in _UNWINDING for s in self.stages.values()):
             outcome = self._unwind()
         else:
             outcome = self._advance()
-            if outcome.phase is Phase.READY:
-                self.applied_hash, self.applied_revision = desired_hash, self.revision
+        if self.ab is not None:
+            outcome = self._ab_outcome(outcome)
+        if outcome.phase is Phase.READY:
+            self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
         events = (*self.notes, *_phase_events(prev, status))
         return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes), spec=self.spec)
+
+    # ---- A/B test ----------------------------------------------------------------------------
+
+    def _begin_ab_test(self, desired_hash: str) -> None:
+        """With strategy ABTest: carry the test on (a reading, a human's decision) and hold the
+        control out of the rollout until the test promotes."""
+        spec = self.spec.rollout.ab_test
+        if spec is None:
+            return
+        ab = begin_test(self.previous.ab_test, desired_hash)
+        reading = self.observed.ab_reading
+        if ab.phase is ABTestPhase.MEASURING and reading is not None:
+            ab, notes = record_measurement(ab, spec, reading, self.now)
+            self.notes.extend(notes)
+        ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
+        self.notes.extend(notes)
+        self.ab = ab
+        if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
+            control = set(spec.control.workloads)
+            self.held = frozenset(m.key for m in self.fleet.members if m.target is not None and m.name in control)
+            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing)
+
+    def _arm_names(self) -> tuple[list[str], list[str]]:
+        spec = self.spec.rollout.ab_test
+        assert spec is not None
+        return list(spec.control.workloads), list(spec.treatment.workloads)
+
+    def _fail_treatment(self) -> None:
+        """The verdict rolls the treatment back: its last changed stage counts as failed, so the
+        rollback machinery restores every treatment stage this attempt changed (never the
+        master: both arms share it, so its settings were not under test)."""
+        assert self.ab is not None
+        changed = [n for n in self.order if n is not StageName.MASTER and self.stages[n].phase is StagePhase.SUCCEEDED]
+        if not changed:
+            return
+        name = changed[-1]
+        self.failed_stage = name
+        self.stages[name] = self.stages[name].model_copy(update={
+            "phase": StagePhase.FAILED, "finished_at": self.now,
+            "message": f"A/B test {self.ab.verdict or 'decision'}: rolling the treatment back"})
+
+    def _ab_outcome(self, outcome: _Outcome) -> _Outcome:
+        """The rollout's outcome seen through the A/B test, which moves on when the rollout
+        settles: measuring once the treatment is ready, promoted once the control is."""
+        ab, spec = self.ab, self.spec.rollout.ab_test
+        assert ab is not None and spec is not None
+        if ab.phase is ABTestPhase.ROLLING_BACK:
+            if outcome.phase is Phase.ROLLING_BACK:
+                return _Outcome(Phase.ROLLING_BACK, outcome.stage, Reason.AB_TEST_ROLLING_BACK,
+                                f"A/B test {ab.verdict}: rolling the treatment back ({outcome.message})")
+            restored = outcome.phase is Phase.DEGRADED and outcome.reason is Reason.ROLLED_BACK
+            what = ("the treatment was rolled back to what it ran before the test" if restored else
+                    "the treatment ran this configuration before the test: there is nothing to roll back to"
+                    if outcome.phase is Phase.READY else "rolling the treatment back did not complete")
+            self.ab = ab = ab.model_copy(update={"phase": ABTestPhase.ROLLED_BACK,
+                                                 "reason": f"{ab.reason}; {what}"[:4096]})
+        if ab.phase is ABTestPhase.ROLLED_BACK:
+            if outcome.reason is Reason.ROLLBACK_INCOMPLETE:
+                return outcome
+            return _Outcome(Phase.DEGRADED, outcome.stage, Reason.AB_TEST_ROLLED_BACK,
+                            f"A/B test {ab.verdict}: {ab.reason} (change the spec to test again)")
+        if outcome.phase is not Phase.READY:
+            return outcome  # the rollout (of the treatment, or of the control's promotion) is under way
+        if ab.phase is ABTestPhase.DEPLOYING:
+            self.ab, notes = start_measuring(ab, spec, *self._arm_names(), self.now)
+            self.notes.extend(notes)
+            ab = self.ab
+        if ab.phase is ABTestPhase.MEASURING:
+            return _Outcome(Phase.ANALYZING, outcome.stage, Reason.AB_TEST_MEASURING,
+                            f"A/B test: {ab.samples} of {spec.min_samples} samples; {ab.reason}")
+        if ab.phase is ABTestPhase.AWAITING_DECISION:
+            return _Outcome(Phase.AWAITING_DECISION, outcome.stage, Reason.AB_TEST_AWAITING_DECISION,
+                            f"A/B test {ab.verdict}: {ab.reason}. {decision_hint(ab)}")
+        if ab.phase is ABTestPhase.PROMOTING:
+            self.ab = ab = ab.model_copy(update={"phase": ABTestPhase.PROMOTED})
+            self.notes.append(EventNote("Normal", Reason.AB_TEST_PROMOTED.value,
+                                        f"A/B test {ab.verdict}: the control runs the treatment's configuration"
+                                        f" {ab.config_hash}"))
+        return _Outcome(Phase.READY, outcome.stage, Reason.AB_TEST_PROMOTED,
+                        f"A/B test {ab.verdict}: promoted; every stage runs configuration {self.desired_hash}")
 
     # ---- per-member decisions ---------------------------------------------------------------
 
@@ -325,7 +428,7 @@ class _Planner:
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""
         for key, obj in sorted(self.observed.workloads.items()):
-            if managed_by(obj) == self.policy.name and key not in self.fleet.keys:
+            if managed_by(obj) == self.policy.name and key not in self.fleet.keys and key not in self.held:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
                 if needs_update(obj, change):
                     self.changes.append(change)
@@ -416,13 +519,16 @@ class _Planner:
         """Roll back, last stage first, every stage this attempt changed."""
         failed = self.failed_stage
         failure = _failure_of(self.stages[failed].message) if failed is not None and failed in self.stages else ""
-        if self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
+        ab_rollback = self.ab is not None and self.ab.phase in (ABTestPhase.ROLLING_BACK, ABTestPhase.ROLLED_BACK)
+        if not ab_rollback and self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
                 s.phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK) for s in self.stages.values()):
             name = failed or self.order[-1]
             return _Outcome(Phase.DEGRADED, name, Reason.HALTED,
                             f"Stage {name.value} failed ({failure}); halted as spec.rollout.onFailure says")
         for name in reversed(self.order):
             stage = self.stages[name]
+            if ab_rollback and name is StageName.MASTER:
+                continue  # shared by both arms: not under test
             members = [m for m in self.fleet.in_stage(name) if self._changed_in_attempt(m)]
             if stage.phase in (StagePhase.SUCCEEDED, StagePhase.FAILED, StagePhase.PROGRESSING):
                 changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
@@ -499,7 +605,7 @@ class _Planner:
                                    reason=Reason.SPEC_VALID.value, message="The spec is valid and the fleet can run it",
                                    generation=generation, now=self.now)
         ready = outcome.phase is Phase.READY
-        progressing = outcome.phase in (Phase.PROGRESSING, Phase.ROLLING_BACK)
+        progressing = outcome.phase in (Phase.PROGRESSING, Phase.ROLLING_BACK, Phase.ANALYZING)
         degraded = outcome.phase in (Phase.DEGRADED, Phase.ROLLING_BACK)
         for type_, flag in ((ConditionType.READY, ready), (ConditionType.PROGRESSING, progressing)):
             conditions = set_condition(conditions, type_=type_.value, status=_flag(flag), reason=outcome.reason.value,
@@ -507,7 +613,9 @@ class _Planner:
         conditions = set_condition(conditions, type_=ConditionType.DEGRADED.value, status=_flag(degraded),
                                    reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
                                    message=outcome.message if degraded else "", generation=generation, now=self.now)
+        conditions = self._ab_condition(conditions)
         return prev.model_copy(update={
+            "ab_test": self.ab,
             "phase": outcome.phase,
             "observed_generation": generation,
             "conditions": _ordered(conditions),
@@ -522,6 +630,29 @@ class _Planner:
             "pending_approval": self.pending_approval,
             "last_transition_time": prev.last_transition_time if prev.phase == outcome.phase else self.now,
         })
+
+    def _ab_condition(self, conditions: list[Any]) -> list[Any]:
+        """ABTestConcluded: False while the test measures (why no verdict yet: measuring, no
+        data, failed measurements), True once it decided; absent without an A/B test."""
+        kind = ConditionType.AB_TEST_CONCLUDED.value
+        ab = self.ab
+        if ab is None:
+            return [c for c in conditions if c.type != kind]
+        if ab.phase in (ABTestPhase.DEPLOYING, ABTestPhase.MEASURING):
+            reason = (Reason.MEASUREMENT_FAILED if ab.consecutive_errors else
+                      Reason.AB_TEST_NO_DATA if ab.verdict == "NoData" else Reason.AB_TEST_MEASURING)
+            message = ("Deploying the treatment" if ab.phase is ABTestPhase.DEPLOYING else
+                       f"{ab.samples} of {self.spec.rollout.ab_test.min_samples if self.spec.rollout.ab_test else 0}"
+                       f" samples; {ab.reason}")
+            return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE, reason=reason.value,
+                                 message=message, generation=self.policy.generation, now=self.now)
+        reason = {ABTestPhase.PROMOTING: Reason.AB_TEST_PROMOTING, ABTestPhase.PROMOTED: Reason.AB_TEST_PROMOTED,
+                  ABTestPhase.ROLLING_BACK: Reason.AB_TEST_ROLLING_BACK,
+                  ABTestPhase.ROLLED_BACK: Reason.AB_TEST_ROLLED_BACK,
+                  ABTestPhase.AWAITING_DECISION: Reason.AB_TEST_AWAITING_DECISION}[ab.phase]
+        return set_condition(conditions, type_=kind, status=ConditionStatus.TRUE, reason=reason.value,
+                             message=f"{ab.verdict} after {ab.samples} samples: {ab.reason}",
+                             generation=self.policy.generation, now=self.now)
 
     def _targets(self) -> list[TargetStatus]:
         result = []
@@ -632,7 +763,8 @@ def _phase_events(previous: PolicyStatus, status: PolicyStatus) -> list[EventNot
 # --------------------------------------------------------------------------------------------
 
 _CONDITION_ORDER = {t.value: i for i, t in enumerate(
-    (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.INVALID))}
+    (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.INVALID,
+     ConditionType.AB_TEST_CONCLUDED))}
 
 
 def _ordered(conditions: Sequence[Any]) -> list[Any]:

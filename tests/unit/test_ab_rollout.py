@@ -1,0 +1,228 @@
+"""Strategy ABTest through the rollout state machine: the treatment rolls out stage by stage while
+the control is held untouched, measured intervals decide, and the decision is carried out by the
+same staged machinery — promotion rolls the treatment's configuration out to the control,
+rollback restores the treatment (never the shared master), a hold waits for an annotation.
+
+The cluster is test_rollout_plan's `Cluster`; the handler's measurements are played by readings
+handed to `reconcile` when the planner says one is due.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import pytest
+
+from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase
+from moonlease_operator.core.ab_plan import ABReading
+from moonlease_operator.core.analysis import ArmSample, IntervalSample
+from tests.unit.test_rollout_plan import Cluster, deployment, master_deployment, template
+
+pytestmark = pytest.mark.unit
+
+CONTROL, TREATMENT = ["prefill-a", "decode-a"], ["prefill-b", "decode-b"]
+SPEC: dict[str, Any] = {
+    "master": {"name": "mooncake-master", "evictionRatio": 0.1},
+    "connector": {"leaseMode": "selective"},
+    "targets": [{"name": n, "role": n.split("-")[0], "mooncakeVersion": "0.3.14"} for n in CONTROL + TREATMENT],
+    "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 60, "abTest": {
+        "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
+        "intervalSeconds": 10, "minSamples": 3, "maxSamples": 6,
+        "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05}]}},
+}
+
+
+def ab_spec(**changes: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    spec["rollout"]["abTest"].update(changes)
+    return spec
+
+
+def ab_fleet() -> Cluster:
+    return Cluster(master_deployment(), *(deployment(n) for n in CONTROL + TREATMENT))
+
+
+def reading(cluster: Cluster, control_rate: float | None, treatment_rate: float, i: int) -> ABReading:
+    """An interval ending now (control_rate None: the control's series were missing)."""
+    def arm(rate: float) -> ArmSample:
+        return ArmSample(external_hits=rate * 1000 + (i % 2) * 5, external_queries=1000)
+
+    end = cluster.now.timestamp()
+    control = arm(control_rate) if control_rate is not None else None
+    return ABReading(cluster.now, IntervalSample(end - 10, end, control, arm(treatment_rate),
+                                                 error=None if control is not None else "no series for the control arm"))
+
+
+def runs(cluster: Cluster, name: str) -> tuple[Any, Any]:
+    """What a workload's pods run: its pod spec and template annotations (not its own labels)."""
+    pod = template(cluster, name)
+    return pod["spec"], pod["metadata"].get("annotations")
+
+
+def deploy_treatment(cluster: Cluster, spec: dict[str, Any]) -> None:
+    cluster.run(spec)
+    assert cluster.status.ab_test is not None and cluster.status.ab_test.phase is ABTestPhase.MEASURING
+
+
+def measure(cluster: Cluster, spec: dict[str, Any], rates: list[tuple[float | None, float]]) -> None:
+    """The baseline, then one interval per (control, treatment) pair, each settled and reconciled."""
+    cluster.reconcile(spec, ab_reading=ABReading(cluster.now, None))
+    for i, (control, treatment) in enumerate(rates):
+        cluster.now += datetime.timedelta(seconds=10)
+        cluster.reconcile(spec, ab_reading=reading(cluster, control, treatment, i))
+        for key in cluster.workloads:
+            cluster.settle(key[1])
+
+
+def test_the_treatment_rolls_out_while_the_control_is_held_untouched() -> None:
+    cluster = ab_fleet()
+    originals = {n: copy.deepcopy(template(cluster, n)) for n in CONTROL}
+    deploy_treatment(cluster, SPEC)
+    status = cluster.status
+    assert status.phase is Phase.ANALYZING and status.ab_test is not None
+    assert {n: template(cluster, n) for n in CONTROL} == originals
+    assert all(runs(cluster, n) != runs(cluster, c) for n, c in zip(TREATMENT, CONTROL))
+    assert [t.name for t in status.targets] == ["mooncake-master", *TREATMENT]
+    assert status.applied_config_hash is None  # only the treatment runs it
+    concluded = status.condition("ABTestConcluded")
+    assert concluded is not None and (concluded.status.value, concluded.reason) == ("False", "ABTestMeasuring")
+    assert "ABTestStarted" in cluster.reasons()
+    # measuring reconciles write nothing to the workloads
+    writes = len(cluster.writes)
+    measure(cluster, SPEC, [(0.5, 0.5)])
+    assert len(cluster.writes) == writes and cluster.status.ab_test.samples == 1
+
+
+def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> None:
+    cluster = ab_fleet()
+    deploy_treatment(cluster, SPEC)
+    measure(cluster, SPEC, [(0.4, 0.7)] * 2)
+    cluster.now += datetime.timedelta(seconds=10)
+    plan = cluster.reconcile(SPEC, ab_reading=reading(cluster, 0.4, 0.7, 2))
+    assert cluster.status.ab_test.phase is ABTestPhase.PROMOTING
+    assert [c.name for c in plan.changes] == ["prefill-a"]  # the control's first stage, at once
+    assert any("promoting the A/B treatment's configuration" in m for _, _, m in cluster.events)
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.READY and status.ab_test.phase is ABTestPhase.PROMOTED
+    assert status.applied_config_hash == status.desired_config_hash
+    assert runs(cluster, "prefill-a") == runs(cluster, "prefill-b")
+    assert runs(cluster, "decode-a") == runs(cluster, "decode-b")
+    assert cluster.reasons().count("ABTestPromoted") == 1
+    verdict = [m for _, r, m in cluster.events if r == "ABTestVerdict"]
+    assert verdict and verdict[-1].startswith("Success after 3 samples: externalHitRate: treatment 0.70")
+    assert status.ab_test.control.external_hit_rate == pytest.approx(0.4, abs=0.01)
+    assert [h.treatment.external_hit_rate for h in status.ab_test.history][:1] == [0.7]
+    concluded = status.condition("ABTestConcluded")
+    assert concluded is not None and (concluded.status.value, concluded.reason) == ("True", "ABTestPromoted")
+
+
+def test_a_regression_rolls_the_treatment_back_but_never_the_shared_master() -> None:
+    cluster = ab_fleet()
+    originals = {n: copy.deepcopy(template(cluster, n)) for n in CONTROL + TREATMENT}
+    deploy_treatment(cluster, SPEC)
+    master = copy.deepcopy(template(cluster, "mooncake-master"))
+    measure(cluster, SPEC, [(0.7, 0.4)] * 3)
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.DEGRADED and status.ab_test.phase is ABTestPhase.ROLLED_BACK
+    assert {n: template(cluster, n) for n in CONTROL + TREATMENT} == originals
+    assert template(cluster, "mooncake-master") == master
+    assert {s.name.value: s.phase.value for s in status.stages} == {
+        "master": "Succeeded", "prefill": "RolledBack", "decode": "RolledBack"}
+    degraded = status.condition("Degraded")
+    assert degraded is not None and degraded.reason == "ABTestRolledBack" and "Failure" in degraded.message
+    assert [r for r in cluster.reasons() if r.startswith("ABTest")][-3:] == [
+        "ABTestVerdict", "ABTestRollingBack", "ABTestRolledBack"]
+    assert "MasterRestart" not in cluster.reasons()[cluster.reasons().index("ABTestRollingBack"):]
+    # at rest: nothing more is written, and the verdict stays
+    writes = len(cluster.writes)
+    cluster.run(SPEC)
+    assert len(cluster.writes) == writes and cluster.status.phase is Phase.DEGRADED
+
+
+def test_rollback_happens_even_when_staged_failures_halt() -> None:
+    cluster = ab_fleet()
+    spec = ab_spec()
+    spec["rollout"]["onFailure"] = "halt"
+    originals = {n: copy.deepcopy(template(cluster, n)) for n in TREATMENT}
+    deploy_treatment(cluster, spec)
+    measure(cluster, spec, [(0.7, 0.4)] * 3)
+    cluster.run(spec)
+    assert {n: template(cluster, n) for n in TREATMENT} == originals
+
+
+def test_an_inconclusive_test_holds_until_an_annotation_decides_it() -> None:
+    cluster = ab_fleet()
+    deploy_treatment(cluster, SPEC)
+    measure(cluster, SPEC, [(0.5, 0.5)] * 6)
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.AWAITING_DECISION and status.ab_test.verdict == "Inconclusive"
+    ready = status.condition("Ready")
+    config_hash = status.ab_test.config_hash
+    assert ready is not None and f"{AB_DECISION_ANNOTATION}=promote:{config_hash}" in ready.message
+    cluster.annotations[AB_DECISION_ANNOTATION] = "promote:stale"
+    assert cluster.run(SPEC).phase is Phase.AWAITING_DECISION
+    cluster.annotations[AB_DECISION_ANNOTATION] = f"promote:{config_hash}"
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.READY and status.ab_test.phase is ABTestPhase.PROMOTED
+    assert runs(cluster, "decode-a") == runs(cluster, "decode-b")
+
+
+def test_failed_measurements_are_reported_and_never_decide() -> None:
+    cluster = ab_fleet()
+    deploy_treatment(cluster, ab_spec(consecutiveErrorLimit=2))
+    spec = ab_spec(consecutiveErrorLimit=2)
+    measure(cluster, spec, [(None, 0.9)] * 2)
+    status = cluster.status
+    assert status.phase is Phase.ANALYZING and status.ab_test.samples == 0
+    concluded = status.condition("ABTestConcluded")
+    assert concluded is not None and concluded.reason == "MeasurementFailed"
+    assert cluster.reasons().count("MeasurementFailed") == 2
+    measure(cluster, spec, [(None, 0.9)])
+    status = cluster.run(spec)
+    assert status.ab_test.verdict == "Error" and status.phase is Phase.AWAITING_DECISION
+
+
+def test_a_new_configuration_starts_a_new_test_and_the_promoted_control_is_kept_meanwhile() -> None:
+    cluster = ab_fleet()
+    deploy_treatment(cluster, SPEC)
+    measure(cluster, SPEC, [(0.4, 0.7)] * 3)
+    cluster.run(SPEC)
+    promoted = copy.deepcopy(runs(cluster, "decode-a"))
+    spec = copy.deepcopy(SPEC)
+    spec["connector"]["junctionRetention"] = True
+    status = cluster.run(spec)
+    assert status.ab_test.phase is ABTestPhase.MEASURING and status.ab_test.samples == 0
+    assert runs(cluster, "decode-a") == promoted  # held, not released back to the original
+    assert runs(cluster, "decode-b") != promoted
+
+
+def test_switching_to_staged_mid_test_rolls_the_configuration_out_to_everyone() -> None:
+    cluster = ab_fleet()
+    deploy_treatment(cluster, SPEC)
+    staged = copy.deepcopy(SPEC)
+    staged["rollout"] = {"stageTimeoutSeconds": 60}
+    status = cluster.run(staged)
+    assert status.phase is Phase.READY and status.ab_test is None
+    assert status.condition("ABTestConcluded") is None
+    assert runs(cluster, "decode-a") == runs(cluster, "decode-b")
+
+
+def test_every_ab_status_fits_the_crd() -> None:
+    import jsonschema
+
+    from moonlease_operator.crd import build_crd, validation_schema
+
+    validator = jsonschema.Draft4Validator(validation_schema(build_crd(), strict=True))
+    seen = set()
+    for rates in ([(0.4, 0.7)] * 3, [(0.7, 0.4)] * 3, [(None, 0.5)] + [(0.5, 0.5)] * 6):
+        cluster = ab_fleet()
+        deploy_treatment(cluster, SPEC)
+        measure(cluster, SPEC, rates)
+        cluster.run(SPEC)
+        present = {k: v for k, v in cluster.status_json.items() if v is not None}
+        validator.validate({"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
+                            "metadata": {"name": "fleet"}, "spec": SPEC, "status": present})
+        seen.add(cluster.status.ab_test.phase)
+    assert seen == {ABTestPhase.PROMOTED, ABTestPhase.ROLLED_BACK, ABTestPhase.AWAITING_DECISION}
