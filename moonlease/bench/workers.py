@@ -1,9 +1,11 @@
 """Lookup workers built around vLLM's real coordinator, without an engine.
 
 `build_worker(cls, layout, store)` gives an upstream `MooncakeStoreWorker` or our
-`MoonleaseStoreWorker` with only what `lookup` reads: the coordinator of the drawn group
-layout, rank namespaces, and a store handle (a recorder in unit tests, a real Mooncake client
-in store tests). Shared by the property tests against upstream and the real-store tests.
+`MoonleaseStoreWorker` with only what `lookup` reads: the coordinator of the named group
+layout, rank namespaces, and a store handle (an in-memory store, a recorder in unit tests, a
+real Mooncake client in store tests and `moonlease bench replay`). Product code of the replay
+benchmark; the tests import it from here (`tests/support/lookup_workers.py` adds test-only
+recorders).
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls
-from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
+from moonlease_connector.adapters.vllm_metrics import LOOKUPS_KEY, MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.last_hit import LAST_HIT_ONLY_POLICY
 
 HASH_BLOCK = 16
 
@@ -48,6 +52,8 @@ def mamba_align(block_size: int) -> MambaSpec:
 
 @dataclass(frozen=True)
 class Layout:
+    """A model's KV-cache groups as the store sees them (16-token hash blocks)."""
+
     name: str
     specs: tuple[Any, ...]
     scheduler_block: int
@@ -65,18 +71,6 @@ LAYOUTS = [
     Layout("full+mamba", (full_attention(), mamba_align(64)), 64, (1, 2)),
     Layout("full+mamba-eagle", (full_attention(), mamba_align(64)), 64, (1, 1), eagle=True),
 ]
-
-
-class RecordingStore:
-    """Answers batch_is_exist from a fixed pattern and records every call."""
-
-    def __init__(self, answer_for: dict[str, int]) -> None:
-        self.answer_for = answer_for
-        self.calls: list[tuple[str, tuple[str, ...]]] = []
-
-    def batch_is_exist(self, keys: list[str]) -> list[int]:
-        self.calls.append(("batch_is_exist", tuple(keys)))
-        return [self.answer_for.get(key, 0) for key in keys]
 
 
 def build_worker(cls: type, layout: Layout, store: Any,
@@ -105,22 +99,6 @@ def build_worker(cls: type, layout: Layout, store: Any,
         worker.moonlease_config = config or MoonleaseConnectorConfig()
         worker.store_calls = StoreCalls(store, worker._record_kv_connector_operation)
     return worker
-
-
-class PatternStore(RecordingStore):
-    """A recorder that also probes: `batch_probe_key` answers like `batch_is_exist`, and each
-    call records whether it leases (is_exist) or not (probe)."""
-
-    def batch_probe_key(self, keys: list[str], policy: str = "none", candidate_size: int = 1) -> list[int]:
-        self.calls.append((f"batch_probe_key:{policy}:{candidate_size}", tuple(keys)))
-        return [self.answer_for.get(key, 0) for key in keys]
-
-    def leased_keys(self) -> set[str]:
-        return {key for name, keys in self.calls if name == "batch_is_exist"
-                for key, answer in zip(keys, (self.answer_for.get(k, 0) for k in keys)) if answer == 1}
-
-    def probed_keys(self) -> set[str]:
-        return {key for name, keys in self.calls if name.startswith("batch_probe_key") for key in keys}
 
 
 def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> set[str]:
@@ -152,13 +130,31 @@ def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> 
     return keys
 
 
-def every_possible_key(worker: Any, hashes: list[bytes]) -> list[str]:
-    """Every key a lookup over `hashes` could ask about (per-hash and per-chunk, all namespaces),
-    sorted: the universe random existence patterns are drawn over."""
-    keys: set[str] = set()
-    for group, prefixes in enumerate(worker._lookup_key_prefixes):
-        spec = worker._kv_cache_groups[group].kv_cache_spec
-        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
-        for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
-            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
-    return sorted(keys)
+def layout_by_name(name: str) -> Layout:
+    for layout in LAYOUTS:
+        if layout.name == name:
+            return layout
+    raise ValueError(f"unknown layout {name!r}; known: {', '.join(l.name for l in LAYOUTS)}")
+
+
+def build_mode_worker(layout: Layout, store: Any, lease_mode: LeaseMode, *,
+                      junction_retention: bool = False,
+                      retention_interval: int | None = None) -> MoonleaseStoreWorker:
+    """Our worker in one lease mode over `store`, as `MoonleaseStoreWorker.__init__` would set it.
+
+    Capabilities are those of a Mooncake 0.3.14 client (per-key `LastHitOnly` answers); the
+    in-memory stores answer the same way. `retention_interval` is read only by saves (store
+    masks); lookups always ask about every boundary (upstream).
+    """
+    config = MoonleaseConnectorConfig.for_mode(lease_mode, junction_retention=junction_retention)
+    worker: MoonleaseStoreWorker = build_worker(MoonleaseStoreWorker, layout, store, config,
+                                                retention_interval=retention_interval)
+    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", LAST_HIT_ONLY_POLICY))
+    return worker
+
+
+def last_outcome(worker: MoonleaseStoreWorker) -> dict[str, Any]:
+    """The lookup record our stats keep (and drain them, so they never pile up)."""
+    stats = worker.get_kv_connector_stats()
+    assert stats is not None, "every lookup records an outcome"
+    return stats.data[LOOKUPS_KEY][-1]

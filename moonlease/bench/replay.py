@@ -1,0 +1,315 @@
+"""`moonlease bench replay`: a trace through our real lookup/lease/save code and a real store.
+
+I/O module. For each lease mode it starts a fresh real `mooncake_master` and store pool whose
+segment is small enough to force eviction, builds `MoonleaseStoreWorker` in that mode around
+vLLM's real coordinator (no engine, no model: `moonlease.bench.workers`), and replays the
+trace: each request looks its prompt up (the connector's planning and store adapter, leases
+and all), then saves as upstream's worker does (`moonlease.bench.saves`). Offline, with the
+same code against never-evicting and clairvoyant in-memory stores, it computes each
+request's ideal hit (for misses by age, `moonlease.bench.accounting`) and Belady's hit rate
+at the same capacity (`moonlease.bench.belady`).
+
+Virtual time: trace arrivals are virtual seconds; the replay runs them `time_scale` times
+faster (`wall_s_per_run / trace span`), sleeping until each request's scaled arrival, and the
+master's `default_kv_lease_ttl` is the production TTL (`lease_ttl_s`, Mooncake's default
+10 s) times the same scale. So the share of keys under lease when eviction runs — the thing
+lease modes change — is the production one, and eviction order (oldest lease timeout first)
+follows the trace's time. A request processed late (the machine is slower than the scaled
+arrivals) starts at once; the report gives the lag.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moonlease.bench.accounting import LookupCosts, RequestAccount, state_age, summarize_hits
+from moonlease.bench.belady import BeladyStore, build_read_index
+from moonlease.bench.saves import ValueSizes, apply_save, build_prompt_chunks, build_save_keys
+from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
+from moonlease.bench.trace import Trace
+from moonlease.bench.workers import Layout, build_mode_worker, keys_the_load_reads, last_outcome, layout_by_name
+from moonlease_connector.config import LeaseMode
+from moonlease_connector.core.lookup_protocol import parse_wire_entries
+
+MIN_SEGMENT_MIB = 16  # mooncake_client refuses a smaller global segment
+RETENTION_INTERVAL = {"dense": None, "sparse": 0}
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A lease mode as a user turns it on (connector settings)."""
+
+    name: str
+    lease_mode: LeaseMode
+    junction_retention: bool = False
+
+    def applies_to(self, layout: Layout, retention: str) -> bool:
+        kinds = {type(spec).__name__ for spec in layout.specs}
+        if self.lease_mode is LeaseMode.LAST_HIT_ONLY and kinds != {"FullAttentionSpec", "MambaSpec"}:
+            return False  # start-up refuses it for anything but full attention + align Mamba
+        if self.junction_retention:
+            # Junctions keep sliding-window tails; dense retention stores them all anyway.
+            return "SlidingWindowSpec" in kinds and retention == "sparse"
+        return True
+
+
+MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
+    ModeSpec("leaseAll", LeaseMode.LEASE_ALL),
+    ModeSpec("selective", LeaseMode.SELECTIVE),
+    ModeSpec("lastHitOnly", LeaseMode.LAST_HIT_ONLY),
+    ModeSpec("leaseAll+junctions", LeaseMode.LEASE_ALL, junction_retention=True),
+    ModeSpec("selective+junctions", LeaseMode.SELECTIVE, junction_retention=True),
+)}
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    capacities: tuple[float, ...] = (0.05, 0.15, 0.4)  # share of the trace's stored bytes that fits
+    modes: tuple[str, ...] = tuple(MODES)  # those that apply to each trace's layout run
+    watermark: float = 0.8  # eviction_high_watermark_ratio
+    eviction_ratio: float = 0.05
+    lease_ttl_s: float = 10.0  # production default_kv_lease_ttl, scaled like the trace
+    wall_s_per_run: float = 25.0  # wall seconds one mode's replay of a trace takes
+    sizes: ValueSizes = ValueSizes(attention=16384, recurrent=65536)
+
+
+@dataclass
+class IdealReplay:
+    """The trace against a store that never evicts (one per junction-retention setting)."""
+
+    hits: list[int]
+    ages: list[float | None]
+    reads: list[list[str]]  # keys each ideal load reads (Belady's future)
+    key_sizes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(self.key_sizes.values())
+
+
+class Pacer:
+    """Sleeps until each request's scaled arrival; the clock and sleep are injectable."""
+
+    def __init__(self, scale: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.scale = scale
+        self._clock = clock
+        self._sleep = sleep
+        self._origin: tuple[float, float] | None = None  # (virtual, wall)
+        self.lags_s: list[float] = []  # virtual seconds each request started late
+
+    def wait(self, virtual_s: float) -> None:
+        if self._origin is None:
+            self._origin = (virtual_s, self._clock())
+        due = self._origin[1] + (virtual_s - self._origin[0]) * self.scale
+        ahead = due - self._clock()
+        if ahead > 0:
+            self._sleep(ahead)
+            self.lags_s.append(0.0)
+        else:
+            self.lags_s.append(-ahead / self.scale if self.scale else 0.0)
+
+
+def _retention_interval(trace: Trace) -> int | None:
+    return RETENTION_INTERVAL[trace.header.retention]
+
+
+def _junctions(result: Any) -> tuple[int, ...]:
+    entries = ((b.group_id, b.num_tokens) for b in result.tail_key_boundaries)
+    return parse_wire_entries(result.hit_length, entries).junctions
+
+
+def build_ideal_replay(trace: Trace, *, junction_retention: bool, sizes: ValueSizes) -> IdealReplay:
+    """Every request against a never-evicting in-memory store, through the same code."""
+    layout = layout_by_name(trace.header.layout)
+    store = DictStore()
+    worker = build_mode_worker(layout, store, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+                               retention_interval=_retention_interval(trace))
+    block = trace.header.hash_block_tokens
+    ideal = IdealReplay([], [], [])
+    last_use: dict[str, float] = {}
+    for request in trace.requests:
+        hashes = request.hashes()
+        result = worker.lookup(request.prompt_tokens(block), hashes)
+        worker.get_kv_connector_stats()
+        hit = result.hit_length
+        reads = sorted(keys_the_load_reads(worker, hashes, result))
+        ideal.hits.append(hit)
+        ideal.ages.append(state_age(reads, last_use, request.arrival_s) if hit > 0 else None)
+        ideal.reads.append(reads)
+        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
+        saved = build_save_keys(worker, hashes, hit, chunks)
+        for chunk in saved:
+            for key in chunk.keys:
+                ideal.key_sizes.setdefault(key, sizes.of(chunk))
+                last_use[key] = request.arrival_s
+        store.keys.update(key for chunk in saved for key in chunk.keys)
+        for key in reads:
+            last_use[key] = request.arrival_s
+    return ideal
+
+
+def build_belady_replay(trace: Trace, ideal: IdealReplay, capacity_bytes: int, *,
+                        junction_retention: bool) -> list[int]:
+    """Per request, the hit under Belady's MIN at `capacity_bytes` (same lookup and saves)."""
+    layout = layout_by_name(trace.header.layout)
+    belady = BeladyStore(capacity_bytes, build_read_index(ideal.reads), ideal.key_sizes)
+    view = DictStore()
+    view.keys = belady.present  # lookups see exactly what MIN kept
+    worker = build_mode_worker(layout, view, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+                               retention_interval=_retention_interval(trace))
+    block = trace.header.hash_block_tokens
+    hits = []
+    for step, request in enumerate(trace.requests):
+        hashes = request.hashes()
+        result = worker.lookup(request.prompt_tokens(block), hashes)
+        worker.get_kv_connector_stats()
+        hits.append(result.hit_length)
+        belady.touch(ideal.reads[step], step)
+        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
+        belady.admit([key for chunk in build_save_keys(worker, hashes, result.hit_length, chunks)
+                      for key in chunk.keys], step)
+    return hits
+
+
+@dataclass
+class ModeRun:
+    """What one mode's replay measured (before summarizing)."""
+
+    accounts: list[RequestAccount]
+    costs: LookupCosts
+    keys_put: int = 0
+    put_failures: int = 0
+    put_failed_keys: int = 0
+    lags_s: list[float] = field(default_factory=list)
+
+
+def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay, sizes: ValueSizes, *,
+                    pacer: Pacer | None = None,
+                    before_request: Callable[[int], None] | None = None,
+                    after_request: Callable[[int], None] | None = None,
+                    clock: Callable[[], float] = time.perf_counter) -> ModeRun:
+    """Replay every request: lookup in `mode` (counted), then upstream's save, on `store`."""
+    layout = layout_by_name(trace.header.layout)
+    counting = CountingStore(store)
+    worker = build_mode_worker(layout, counting, mode.lease_mode, junction_retention=mode.junction_retention,
+                               retention_interval=_retention_interval(trace))
+    block = trace.header.hash_block_tokens
+    run = ModeRun([], LookupCosts())
+    for step, request in enumerate(trace.requests):
+        if pacer is not None:
+            pacer.wait(request.arrival_s)
+        if before_request is not None:
+            before_request(step)
+        hashes = request.hashes()
+        prompt_tokens = request.prompt_tokens(block)
+        counting.reset()
+        started = clock()
+        result = worker.lookup(prompt_tokens, hashes)
+        elapsed = clock() - started
+        outcome = last_outcome(worker)
+        run.costs.add(keys_leased=outcome["keys_leased"], rpcs=counting.rpcs, latency_us=elapsed * 1e6)
+        run.accounts.append(RequestAccount(prompt_tokens, ideal.hits[step], result.hit_length,
+                                           ideal.ages[step]))
+        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
+        saved = apply_save(store, build_save_keys(worker, hashes, result.hit_length, chunks), sizes)
+        run.keys_put += saved.keys_put
+        run.put_failures += saved.put_failures
+        run.put_failed_keys += saved.keys_failed
+        if after_request is not None:
+            after_request(step)
+    if pacer is not None:
+        run.lags_s = pacer.lags_s
+    return run
+
+
+def build_mode_result(run: ModeRun) -> dict[str, Any]:
+    """The JSON record of one mode's run (what the report reads)."""
+    summary = summarize_hits(run.accounts)
+    lags = run.lags_s or [0.0]
+    return {
+        "hit_rate": summary.hit_rate, "ideal_rate": summary.ideal_rate,
+        "hit_tokens": summary.hit_tokens, "prompt_tokens": summary.prompt_tokens,
+        "ideal_tokens": summary.ideal_tokens, "requests": summary.requests,
+        "missed_tokens_by_age": summary.missed_by_age, "missed_points_by_age": summary.missed_points(),
+        "above_ideal": summary.above_ideal,
+        **run.costs.summary(),
+        "keys_put": run.keys_put, "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
+        "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags),
+    }
+
+
+def segment_mib_for(stored_bytes: int, capacity: float, watermark: float) -> int:
+    """Segment whose watermark holds `capacity` of the trace's stored bytes (at least 16 MiB)."""
+    return max(MIN_SEGMENT_MIB, math.ceil(stored_bytes * capacity / watermark / (1 << 20)))
+
+
+def run_trace(trace: Trace, settings: ReplaySettings, log_dir: Path,
+              progress: Any | None = None) -> dict[str, Any]:
+    """Every applicable mode at every capacity, plus the ideal and Belady, for one trace."""
+    layout = layout_by_name(trace.header.layout)
+    modes = [MODES[name] for name in settings.modes if MODES[name].applies_to(layout, trace.header.retention)]
+    ideals = {flag: build_ideal_replay(trace, junction_retention=flag, sizes=settings.sizes)
+              for flag in sorted({m.junction_retention for m in modes})}
+    base = ideals[False] if False in ideals else next(iter(ideals.values()))
+    scale = settings.wall_s_per_run / trace.span_s if trace.span_s else 1.0
+    ttl_ms = max(1, round(settings.lease_ttl_s * 1000 * scale))
+    prompt_tokens = sum(r.prompt_tokens(trace.header.hash_block_tokens) for r in trace.requests)
+    capacities = []
+    for capacity in settings.capacities:
+        segment_mib = segment_mib_for(base.stored_bytes, capacity, settings.watermark)
+        capacity_bytes = int((segment_mib << 20) * settings.watermark)
+        belady = {}
+        for flag, ideal in ideals.items():
+            hits = build_belady_replay(trace, ideal, capacity_bytes, junction_retention=flag)
+            belady["junctions" if flag else "plain"] = sum(hits) / prompt_tokens
+        results = {}
+        for mode in modes:
+            if progress is not None:
+                progress.set_postfix_str(f"{trace.header.workload} {capacity:g} {mode.name}")
+            run_dir = log_dir / f"{trace.header.workload}-{capacity:g}-{mode.name}".replace("+", "_")
+            bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=ttl_ms, watermark=settings.watermark,
+                              eviction_ratio=settings.eviction_ratio, log_dir=run_dir)
+            try:
+                run = replay_requests(trace, bed.client, mode, ideals[mode.junction_retention], settings.sizes,
+                                      pacer=Pacer(scale),
+                                      after_request=(lambda _: progress.update(1)) if progress else None)
+                metrics = bed.metrics()
+            finally:
+                bed.close()
+            results[mode.name] = {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in (
+                "master_evicted_key_count", "master_put_start_alloc_failures_total",
+                "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")}}
+        capacities.append({"capacity": capacity, "segment_mib": segment_mib,
+                           "fits": capacity_bytes / base.stored_bytes,
+                           "capacity_bytes": capacity_bytes, "belady": belady, "modes": results})
+    return {
+        "workload": trace.header.workload, "layout": trace.header.layout,
+        "retention": trace.header.retention, "seed": trace.header.seed, "knobs": trace.header.knobs,
+        "requests": len(trace.requests), "span_s": trace.span_s, "prompt_tokens": prompt_tokens,
+        "kinds": {kind: sum(1 for r in trace.requests if r.kind == kind)
+                  for kind in ("new", "turn", "resume", "branch", "long")},
+        "stored_bytes": base.stored_bytes, "time_scale": scale, "lease_ttl_ms": ttl_ms,
+        "ideal_rate": {("junctions" if flag else "plain"): sum(i.hits) / prompt_tokens
+                       for flag, i in ideals.items()},
+        "modes": [m.name for m in modes], "capacities": capacities,
+    }
+
+
+def count_runs(traces: Sequence[Trace], settings: ReplaySettings) -> int:
+    """Requests the progress bar will count."""
+    total = 0
+    for trace in traces:
+        layout = layout_by_name(trace.header.layout)
+        modes = [n for n in settings.modes if MODES[n].applies_to(layout, trace.header.retention)]
+        total += len(modes) * len(settings.capacities) * len(trace.requests)
+    return total
+
+
+def settings_record(settings: ReplaySettings) -> dict[str, Any]:
+    return asdict(settings)

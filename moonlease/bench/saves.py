@@ -1,0 +1,123 @@
+"""What a request stores, imitating upstream's worker without an engine.
+
+Which keys a prompt stores comes from vLLM's own retention masks (the coordinator's
+`_reachable_masks`: sliding-window tails and Mamba states at block boundaries, dense or at the
+replay boundary only), plus — with junction retention (seed 004) — the tails at the lookup's
+junctions (`JunctionStoreMasks.junction_masks`, the mask our send thread adds). What a save
+writes after a hit is upstream's: `batch_is_exist` on every full-attention block from token 0,
+the loaded window and new blocks of other groups, new boundary states; then `put_batch` of
+the keys the store lacks. `build_*` are pure over the worker's coordinator; `apply_save` does
+the store I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
+from moonlease_connector.core.junctions import add_junction_tails
+
+
+@dataclass(frozen=True)
+class ChunkKeys:
+    """One group's chunk of a prompt, keyed at its end, in every rank namespace."""
+
+    group_id: int
+    chunk: int
+    end_tokens: int
+    keys: tuple[str, ...]
+    recurrent: bool
+
+
+@dataclass(frozen=True)
+class ValueSizes:
+    """Bytes of one stored value: a stand-in for the real KV sizes (eviction counts objects)."""
+
+    attention: int = 2048  # one 16-token block of one attention group and rank
+    recurrent: int = 8192  # one Mamba checkpoint of one rank namespace
+
+    def of(self, chunk: ChunkKeys) -> int:
+        return self.recurrent if chunk.recurrent else self.attention
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    keys_checked: int
+    keys_put: int
+    put_failures: int  # put_batch calls that returned an error
+    keys_failed: int  # keys in those calls
+
+
+def build_prompt_chunks(worker: Any, hashes: Sequence[bytes], hash_block_tokens: int,
+                        junctions: Sequence[int] = ()) -> list[ChunkKeys]:
+    """Every key storing this prompt writes, each group's chunks keyed at their end.
+
+    Upstream saves lcm-aligned prefixes; which sliding-window blocks and Mamba states it keeps
+    comes from vLLM's own retention masks (`store_mask` for KV blocks; for Mamba the same
+    reachable-block mask that decides which boundary states the scheduler hands off, which
+    `store_mask` leaves out only because those travel as boundary puts). `junctions` add the
+    sliding-window tails junction retention keeps (never Mamba states).
+    """
+    coord = worker.coord
+    num_tokens = len(hashes) * hash_block_tokens
+    aligned = num_tokens // coord.lcm_block_size * coord.lcm_block_size
+    if aligned == 0:
+        return []
+    masks = list(coord._reachable_masks(aligned, 0, retention_interval=coord.retention_interval,
+                                        num_prompt_tokens=num_tokens))
+    groups = worker.store_groups()
+    if junctions:
+        junction_masks = JunctionStoreMasks(coord).junction_masks(aligned, 0, tuple(junctions))
+        recurrent = [any(g.group_id == i and g.is_recurrent for g in groups)
+                     for i in range(len(masks))]
+        masks = list(add_junction_tails(masks, junction_masks, recurrent).masks)
+    chunks = []
+    for group in groups:
+        spec = worker._kv_cache_groups[group.group_id].kv_cache_spec
+        chunk_hashes = coord.block_hashes_for_spec(list(hashes), spec)
+        mask = masks[group.group_id]
+        for chunk in range(aligned // group.block_size):
+            if mask is None or mask[chunk]:
+                chunks.append(ChunkKeys(group.group_id, chunk, (chunk + 1) * group.block_size,
+                                        group.keys_for(bytes(chunk_hashes[chunk])), group.is_recurrent))
+    return chunks
+
+
+def build_save_keys(worker: Any, hashes: Sequence[bytes], hit: int,
+                    chunks: Sequence[ChunkKeys]) -> list[ChunkKeys]:
+    """What upstream's worker checks with `batch_is_exist` (and puts when missing) after a hit.
+
+    Its first save of a request starts at token 0: every full-attention block of the prompt,
+    and for a sliding window only the blocks the engine holds (the loaded window, then the new
+    ones); recurrent states are saved only as new boundary states after the hit.
+    """
+    load_masks = worker.coord.load_mask(list(hashes), hit) if hit > 0 else None
+    keep = []
+    for chunk in chunks:
+        if chunk.end_tokens > hit:
+            keep.append(chunk)
+        elif not chunk.recurrent and load_masks is not None:
+            mask = load_masks[chunk.group_id]
+            if chunk.chunk < len(mask) and mask[chunk.chunk]:
+                keep.append(chunk)
+    return keep
+
+
+def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes) -> SaveResult:
+    """Upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing."""
+    keyed = [(key, sizes.of(chunk)) for chunk in chunks for key in chunk.keys]
+    if not keyed:
+        return SaveResult(0, 0, 0, 0)
+    exists = client.batch_is_exist([key for key, _ in keyed])
+    missing = [(key, size) for (key, size), answer in zip(keyed, exists, strict=True) if answer != 1]
+    values = {size: b"\0" * size for size in {sizes.attention, sizes.recurrent}}
+    failures = failed_keys = 0
+    for start in range(0, len(missing), 512):
+        batch = missing[start:start + 512]
+        code = client.put_batch([key for key, _ in batch], [values[size] for _, size in batch])
+        if code != 0:
+            failures += 1
+            failed_keys += len(batch)
+    return SaveResult(len(keyed), len(missing), failures, failed_keys)

@@ -1,0 +1,62 @@
+"""Test-only recorders around the lookup workers of `moonlease.bench.workers`.
+
+The workers themselves (layouts, `build_worker`, `keys_the_load_reads`) are product code of
+`moonlease bench replay`; this module re-exports them for the tests and adds stores that
+record every call, and the universe of keys random existence patterns are drawn over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
+    HASH_BLOCK,
+    LAYOUTS,
+    Layout,
+    build_worker,
+    full_attention,
+    keys_the_load_reads,
+    layout_by_name,
+    mamba_align,
+    sliding_window,
+)
+
+
+class RecordingStore:
+    """Answers batch_is_exist from a fixed pattern and records every call."""
+
+    def __init__(self, answer_for: dict[str, int]) -> None:
+        self.answer_for = answer_for
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        self.calls.append(("batch_is_exist", tuple(keys)))
+        return [self.answer_for.get(key, 0) for key in keys]
+
+
+class PatternStore(RecordingStore):
+    """A recorder that also probes: `batch_probe_key` answers like `batch_is_exist`, and each
+    call records whether it leases (is_exist) or not (probe)."""
+
+    def batch_probe_key(self, keys: list[str], policy: str = "none", candidate_size: int = 1) -> list[int]:
+        self.calls.append((f"batch_probe_key:{policy}:{candidate_size}", tuple(keys)))
+        return [self.answer_for.get(key, 0) for key in keys]
+
+    def leased_keys(self) -> set[str]:
+        return {key for name, keys in self.calls if name == "batch_is_exist"
+                for key, answer in zip(keys, (self.answer_for.get(k, 0) for k in keys)) if answer == 1}
+
+    def probed_keys(self) -> set[str]:
+        return {key for name, keys in self.calls if name.startswith("batch_probe_key") for key in keys}
+
+
+def every_possible_key(worker: Any, hashes: list[bytes]) -> list[str]:
+    """Every key a lookup over `hashes` could ask about (per-hash and per-chunk, all namespaces),
+    sorted: the universe random existence patterns are drawn over."""
+    keys: set[str] = set()
+    for group, prefixes in enumerate(worker._lookup_key_prefixes):
+        spec = worker._kv_cache_groups[group].kv_cache_spec
+        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
+        for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
+            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
+    return sorted(keys)
