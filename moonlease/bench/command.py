@@ -62,6 +62,8 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wall-s-per-run", type=float,
                         help="wall seconds one mode's replay of a trace takes (default 25); sets "
                              "the time scale and so the scaled lease TTL")
+    parser.add_argument("--repeats", type=int,
+                        help="fresh runs per mode and capacity (default 1); the report shows the range")
     parser.add_argument("--lease-ttl-s", type=float, help="production lease TTL to scale (default 10)")
     parser.add_argument("--watermark", type=float, help="eviction_high_watermark_ratio (default 0.8)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -104,8 +106,8 @@ def _write_report(results: dict[str, Any], out: Path) -> None:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.write_text(render_markdown(results))
-    write_plots(results, out.parent)
+    out.write_text(render_markdown(results, plot_prefix=out.stem))
+    write_plots(results, out.parent, plot_prefix=out.stem)
     print(f"report: {out}", file=sys.stderr)
 
 
@@ -128,7 +130,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     settings = ReplaySettings()
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
-              "lease_ttl_s": args.lease_ttl_s, "watermark": args.watermark}
+              "lease_ttl_s": args.lease_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
     unknown = [m for m in settings.modes if m not in MODES]
     if unknown:

@@ -75,6 +75,7 @@ class ReplaySettings:
     eviction_ratio: float = 0.05
     lease_ttl_s: float = 10.0  # production default_kv_lease_ttl, scaled like the trace
     wall_s_per_run: float = 25.0  # wall seconds one mode's replay of a trace takes
+    repeats: int = 1  # fresh runs per mode and capacity (the report shows their spread)
     sizes: ValueSizes = ValueSizes(attention=16384, recurrent=65536)
 
 
@@ -244,6 +245,40 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
     }
 
 
+MASTER_COUNTERS = ("master_evicted_key_count", "master_put_start_alloc_failures_total",
+                   "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")
+
+
+def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplaySettings, *,
+             segment_mib: int, ttl_ms: int, scale: float, log_dir: Path,
+             progress: Any | None = None) -> dict[str, Any]:
+    """One mode's replay of the trace against a fresh real master and store pool."""
+    bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=ttl_ms, watermark=settings.watermark,
+                      eviction_ratio=settings.eviction_ratio, log_dir=log_dir)
+    try:
+        run = replay_requests(trace, bed.client, mode, ideal, settings.sizes, pacer=Pacer(scale),
+                              after_request=(lambda _: progress.update(1)) if progress else None)
+        metrics = bed.metrics()
+    finally:
+        bed.close()
+    return {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in MASTER_COUNTERS}}
+
+
+def build_repeat_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Repeated runs of one cell: the mean of every number, and each run's hit rate.
+
+    Pure. One run comes back as it is, plus `hit_rate_runs` with its single value.
+    """
+    def mean(values: list[Any]) -> Any:
+        if isinstance(values[0], dict):
+            return {key: mean([v[key] for v in values]) for key in values[0]}
+        if len(values) == 1:
+            return values[0]
+        return sum(values) / len(values)
+
+    return {**mean(list(runs)), "hit_rate_runs": [run["hit_rate"] for run in runs]}
+
+
 def segment_mib_for(stored_bytes: int, capacity: float, watermark: float) -> int:
     """Segment whose watermark holds `capacity` of the trace's stored bytes (at least 16 MiB)."""
     return max(MIN_SEGMENT_MIB, math.ceil(stored_bytes * capacity / watermark / (1 << 20)))
@@ -270,21 +305,15 @@ def run_trace(trace: Trace, settings: ReplaySettings, log_dir: Path,
             belady["junctions" if flag else "plain"] = sum(hits) / prompt_tokens
         results = {}
         for mode in modes:
-            if progress is not None:
-                progress.set_postfix_str(f"{trace.header.workload} {capacity:g} {mode.name}")
-            run_dir = log_dir / f"{trace.header.workload}-{capacity:g}-{mode.name}".replace("+", "_")
-            bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=ttl_ms, watermark=settings.watermark,
-                              eviction_ratio=settings.eviction_ratio, log_dir=run_dir)
-            try:
-                run = replay_requests(trace, bed.client, mode, ideals[mode.junction_retention], settings.sizes,
-                                      pacer=Pacer(scale),
-                                      after_request=(lambda _: progress.update(1)) if progress else None)
-                metrics = bed.metrics()
-            finally:
-                bed.close()
-            results[mode.name] = {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in (
-                "master_evicted_key_count", "master_put_start_alloc_failures_total",
-                "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")}}
+            runs = []
+            for repeat in range(settings.repeats):
+                if progress is not None:
+                    progress.set_postfix_str(f"{trace.header.workload} {capacity:g} {mode.name}")
+                run_dir = log_dir / f"{trace.header.workload}-{capacity:g}-{mode.name}-{repeat}".replace("+", "_")
+                runs.append(run_mode(trace, mode, ideals[mode.junction_retention], settings,
+                                     segment_mib=segment_mib, ttl_ms=ttl_ms, scale=scale,
+                                     log_dir=run_dir, progress=progress))
+            results[mode.name] = build_repeat_summary(runs)
         capacities.append({"capacity": capacity, "segment_mib": segment_mib,
                            "fits": capacity_bytes / base.stored_bytes,
                            "capacity_bytes": capacity_bytes, "belady": belady, "modes": results})
@@ -307,7 +336,7 @@ def count_runs(traces: Sequence[Trace], settings: ReplaySettings) -> int:
     for trace in traces:
         layout = layout_by_name(trace.header.layout)
         modes = [n for n in settings.modes if MODES[n].applies_to(layout, trace.header.retention)]
-        total += len(modes) * len(settings.capacities) * len(trace.requests)
+        total += len(modes) * len(settings.capacities) * len(trace.requests) * settings.repeats
     return total
 
 

@@ -42,7 +42,53 @@ def render_headline(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_markdown(results: dict[str, Any]) -> str:
+def _hit_cell(mode: dict[str, Any]) -> str:
+    runs = mode.get("hit_rate_runs", [])
+    if len(runs) > 1:
+        return f"{_pct(mode['hit_rate'])} ({_pct(min(runs))}–{_pct(max(runs))})"
+    return _pct(mode["hit_rate"])
+
+
+def render_losses(results: dict[str, Any]) -> list[str]:
+    """Every cell where a mode does worse than lease-all, overall or in one age bucket."""
+    buckets = [label for label, _, _ in AGE_BUCKETS]
+    repeats = results["settings"].get("repeats", 1)
+    lines = ["## Where a mode loses to leaseAll", "",
+             "Computed from the tables below: each cell where a mode's hit rate is below "
+             "leaseAll's, then each age bucket in which it missed more (points of prompt tokens). "
+             + ("One run per cell (`replay_spread.md` repeats some cells, to show how far a rerun "
+                "moves them)." if repeats == 1 else
+                f"{repeats} runs per cell; hit rates are means (range across runs in the tables)."),
+             ""]
+    overall, by_bucket = [], []
+    for trace in results["traces"]:
+        for capacity in trace["capacities"]:
+            base = capacity["modes"].get(BASELINE)
+            if base is None:
+                continue
+            for name, mode in capacity["modes"].items():
+                if name == BASELINE:
+                    continue
+                where = f"`{trace['workload']}` at {capacity['fits']:.2f}, {name}"
+                if mode["hit_rate"] < base["hit_rate"]:
+                    overall.append(f"- {where}: {_pct(mode['hit_rate'])} vs {_pct(base['hit_rate'])} "
+                                   f"({100 * (mode['hit_rate'] - base['hit_rate']):+.2f} pt).")
+                worse = [f"{b} {mode['missed_points_by_age'][b]:.2f} vs {base['missed_points_by_age'][b]:.2f}"
+                         for b in buckets
+                         if mode["missed_points_by_age"][b] > base["missed_points_by_age"][b] + 0.005]
+                if worse:
+                    by_bucket.append(f"- {where}: missed more in " + "; ".join(worse) + ".")
+    lines += overall or ["- No cell: every mode's hit rate is at least leaseAll's."]
+    lines += ["", "Age buckets in which a mode missed more than leaseAll (seed 002's trade-off: states "
+              "only passed over by lookups are no longer protected). Junction modes' misses are "
+              "counted against their own, higher ideal (junction tails stored), so they can miss "
+              "states leaseAll never had:", ""]
+    lines += by_bucket or ["- None."]
+    lines.append("")
+    return lines
+
+
+def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str:
     env = results["environment"]
     settings = results["settings"]
     lines = [
@@ -56,6 +102,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
     ]
     lines += render_headline(results)
+    lines += render_losses(results)
     lines += [
         "## Method",
         "",
@@ -124,18 +171,18 @@ def render_markdown(results: dict[str, Any]) -> str:
                 belady = _belady_for(capacity, name)
                 missed = " | ".join(f"{mode['missed_points_by_age'][b]:.2f}" for b in buckets)
                 lines.append(
-                    f"| {label} | {name} | {_pct(mode['hit_rate'])} | {delta} | "
+                    f"| {label} | {name} | {_hit_cell(mode)} | {delta} | "
                     f"{_pct(mode['hit_rate'] / belady) if belady else '–'} | {missed} | "
                     f"{mode['keys_leased_per_lookup']:.0f} | {mode['latency_p50_us']:.0f} / "
-                    f"{mode['latency_p95_us']:.0f} | {mode['put_failures']} ({mode['put_failed_keys']}) | "
+                    f"{mode['latency_p95_us']:.0f} | {mode['put_failures']:g} ({mode['put_failed_keys']:g}) | "
                     f"{mode['master']['master_evicted_key_count']:.0f} | "
                     f"{mode['lag_mean_s']:.1f} / {mode['lag_max_s']:.0f} |")
         knobs = ", ".join(f"`{k}={v}`" for k, v in trace["knobs"].items())
         lines += ["", f"Knobs: {knobs}.", ""]
     lines += [
-        "![hit rate vs capacity](replay_hit_rate.png)",
+        f"![hit rate vs capacity]({plot_prefix}_hit_rate.png)",
         "",
-        "![misses by age](replay_miss_age.png)",
+        f"![misses by age]({plot_prefix}_miss_age.png)",
         "",
         "## How to reproduce",
         "",
@@ -145,9 +192,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "```",
         "",
         "Traces are generated from their seeds (`moonlease bench generate --workload NAME --seed N "
-        "--out trace.jsonl` writes one to replay with `--trace`). Raw numbers: `replay.json` "
-        "beside this file; `--render replay.json` rewrites this page and the plots without "
-        "measuring.",
+        f"--out trace.jsonl` writes one to replay with `--trace`). Raw numbers: `{plot_prefix}.json` "
+        f"beside this file; `--render {plot_prefix}.json --out {plot_prefix}.md` rewrites this page "
+        "and the plots without measuring.",
         "",
         "## Limits",
         "",
@@ -164,16 +211,16 @@ def render_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_plots(results: dict[str, Any], folder: Path) -> list[Path]:
-    """`replay_hit_rate.png` (hit rate vs capacity per mode, Belady and ideal lines) and
-    `replay_miss_age.png` (missed points by age per mode and capacity)."""
+def write_plots(results: dict[str, Any], folder: Path, plot_prefix: str = "replay") -> list[Path]:
+    """`<prefix>_hit_rate.png` (hit rate vs capacity per mode, Belady and ideal lines) and
+    `<prefix>_miss_age.png` (missed points by age per mode and capacity)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     traces = results["traces"]
-    hit_path, age_path = folder / "replay_hit_rate.png", folder / "replay_miss_age.png"
+    hit_path, age_path = folder / f"{plot_prefix}_hit_rate.png", folder / f"{plot_prefix}_miss_age.png"
     figure, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.5), squeeze=False)
     for axis, trace in zip(axes[0], traces):
         capacities = [c["fits"] for c in trace["capacities"]]

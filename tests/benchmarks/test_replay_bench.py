@@ -82,8 +82,9 @@ def test_accounting_adds_up_against_a_real_store(replay_run):
 
 def test_render_rewrites_the_report_from_raw_json(replay_run, tmp_path):
     out, _ = replay_run
-    again = tmp_path / "again.md"
+    again = tmp_path / "replay.md"
     render = subprocess.run([*MOONLEASE, "bench", "replay", "--render", str(out.with_suffix(".json")),
                              "--out", str(again)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert render.returncode == 0, render.stderr[-3000:]
     assert again.read_text() == out.read_text()
+    assert (tmp_path / "replay_hit_rate.png").exists() and (tmp_path / "replay_miss_age.png").exists()

@@ -24,7 +24,14 @@ from __future__ import annotations
 import pytest
 
 from moonlease.bench.accounting import summarize_hits
-from moonlease.bench.replay import MODES, Pacer, build_ideal_replay, build_mode_result, replay_requests
+from moonlease.bench.replay import (
+    MODES,
+    Pacer,
+    build_ideal_replay,
+    build_mode_result,
+    build_repeat_summary,
+    replay_requests,
+)
 from moonlease.bench.saves import ValueSizes
 from moonlease.bench.stores import DictStore
 from moonlease.bench.trace import Trace, TraceHeader, TraceRequest
@@ -120,3 +127,12 @@ def test_pacer_scales_virtual_time_and_reports_lag():
     pacer.wait(250.0)
     assert slept == [pytest.approx(1.0)]
     assert pacer.lags_s == [0.0, 0.0, pytest.approx(200.0)]
+
+
+def test_repeated_runs_average_every_number_and_keep_each_hit_rate():
+    runs = [{"hit_rate": 0.5, "put_failures": 1, "missed_points_by_age": {"< 2 min": 1.0}},
+            {"hit_rate": 0.7, "put_failures": 2, "missed_points_by_age": {"< 2 min": 3.0}}]
+    assert build_repeat_summary(runs) == {
+        "hit_rate": pytest.approx(0.6), "put_failures": 1.5, "missed_points_by_age": {"< 2 min": 2.0},
+        "hit_rate_runs": [0.5, 0.7]}
+    assert build_repeat_summary(runs[:1]) == {**runs[0], "hit_rate_runs": [0.5]}
