@@ -1333,6 +1333,7 @@ def _pod_status(template: Mapping[str, Any], *, ready: bool) -> JsonObj:
     now = now_rfc3339()
     return {
         "phase": "Running",
+        "podIP": "127.0.0.1",  # every pod's servers run on this machine's loopback
         "conditions": [{"type": "Ready", "status": flag, "lastTransitionTime": now},
                        {"type": "ContainersReady", "status": flag, "lastTransitionTime": now}],
         "containerStatuses": [

@@ -3,9 +3,10 @@
 `register(registry, context)` attaches them to a registry (the runner builds one per operator,
 so two operators in one process, such as tests, share nothing):
 
-* a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds, and at once
-  when any watch event of the policy arrives (spec edit, approval annotation, our own status
-  write), so a change is acted on without waiting for the next tick;
+* a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds (sooner when an
+  A/B measurement falls due), and at once when any watch event of the policy arrives (spec edit,
+  approval or decision annotation, our own status write), so a change is acted on without
+  waiting for the next tick;
 * `release_policy` runs on deletion (kopf holds the policy with the `moonlease.io/finalizer`
   until it succeeds) and restores every workload the policy changed.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import time
@@ -26,6 +28,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from moonlease_operator.adapters.ab_metrics import build_metric_source, measure_arms
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.adapters.workloads import (
@@ -36,7 +39,8 @@ from moonlease_operator.adapters.workloads import (
     object_path,
     post_event,
 )
-from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase
+from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, ABTestPhase, Phase, parse_spec
+from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.desired_state import WorkloadChange
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
@@ -102,12 +106,16 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                            logger: logging.Logger, **_: Any) -> None:
         """Reconcile now, then whenever woken or every `reconcile_interval` seconds."""
         wake = _wake(memo)
+        baselines: dict[str, Snapshot] = memo.setdefault("moonlease_ab_baselines", {})
         while not stopped:
             wake.clear()
             delay = context.options.reconcile_interval
             try:
                 async with _lock(memo):
-                    await reconcile_policy(context, meta["namespace"], meta["name"], logger)
+                    due_in = await reconcile_policy(context, meta["namespace"], meta["name"], logger,
+                                                    baselines=baselines)
+                if due_in is not None:
+                    delay = max(0.2, min(delay, due_in))
             except Exception as exc:  # an API outage must not end the daemon; try again later
                 kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
                 if isinstance(exc, ApiError) and exc.status == 401:
@@ -157,21 +165,39 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     kopf.on.cleanup(id="close_client", registry=registry)(close_client)
 
 
-async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: logging.Logger) -> None:
-    """One reconcile: read, plan, then status, events and changes — in that order."""
+async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: logging.Logger, *,
+                           baselines: dict[str, Snapshot] | None = None) -> float | None:
+    """One reconcile: read (the A/B arms' metrics too when due), plan, then status, events and
+    changes — in that order. Returns the seconds until the next A/B measurement, if one runs.
+
+    `baselines`: the A/B snapshot of the last measurement per tested configuration (memory).
+    """
     started = time.monotonic()
     client = context.client()
     policies = await client.list(object_path(KIND, namespace))
     policy = next((p for p in policies if p["metadata"]["name"] == name), None)
     if policy is None or policy["metadata"].get("deletionTimestamp"):
-        return  # gone, or being deleted: release_policy owns it now
+        return None  # gone, or being deleted: release_policy owns it now
     previous = read_status(policy.get("status"))
-    observed = await fetch_observed(client, namespace, plan_fetch(policy.get("spec") or {}, previous),
-                                    policies=policies)
-    plan = plan_reconcile(raw_spec=policy.get("spec") or {}, policy=_ref(policy), previous=previous,
-                          observed=observed, now=context.clock())
+    now = context.clock()
+    raw_spec = policy.get("spec") or {}
+    fetch = plan_fetch(raw_spec, previous, now)
+    observed = await fetch_observed(client, namespace, fetch, policies=policies)
+    baselines = {} if baselines is None else baselines
+    kept: Snapshot | None = None
+    if fetch.ab_due and previous.ab_test is not None:
+        tested = previous.ab_test.config_hash
+        source = build_metric_source(parse_spec(raw_spec), namespace, observed)
+        reading, kept = await measure_arms(source, baselines.get(tested),
+                                           last_measured_at=previous.ab_test.last_measured_at, now=now)
+        observed = dataclasses.replace(observed, ab_reading=reading)
+    plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now)
     if dump_status(plan.status) != dump_status(previous):
         await apply_status(client, namespace, name, plan.status)
+    ab = plan.status.ab_test
+    if kept is not None and ab is not None:
+        baselines.clear()
+        baselines[ab.config_hash] = kept
     for note in plan.events:
         await post_event(client, policy, note, component=COMPONENT, now=context.clock())
         logger.info("%s: %s", note.reason, note.message)
@@ -182,6 +208,12 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_status(namespace, name, plan.status)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
+    spec = plan.spec.rollout.ab_test if plan.spec is not None else None
+    if ab is None or spec is None or ab.phase is not ABTestPhase.MEASURING:
+        return None
+    if ab.last_measured_at is None:
+        return 0.0
+    return spec.interval_seconds - (context.clock() - ab.last_measured_at).total_seconds()
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

@@ -23,7 +23,7 @@ from moonlease_operator.adapters.metric_sources import (
     ScrapeSource,
     fetch_interval,
 )
-from moonlease_operator.core.ab_samples import Snapshot, group_scrape_endpoints
+from moonlease_operator.core.ab_samples import Snapshot, arm_scrape_endpoints
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
@@ -228,12 +228,13 @@ def test_prometheus_down_is_an_error_measurement_never_a_promotion(ab_bed: Calla
 
 def test_direct_scraping_without_prometheus(ab_bed: Callable[..., ABBed]) -> None:
     bed = ab_bed()
-    pods = [{"metadata": {"labels": {"moonlease.io/arm": arm}},
+    pods = [{"metadata": {"labels": {"app": app}, "annotations": {"prometheus.io/port": address.split(":")[1]}},
              "status": {"phase": "Running", "podIP": address.split(":")[0]}}
-            for arm, address in (("control", bed.control.address), ("treatment", bed.treatment.address))]
-    endpoints = group_scrape_endpoints(pods, port=0)
-    assert endpoints == {Arm.CONTROL: ["127.0.0.1:0"], Arm.TREATMENT: ["127.0.0.1:0"]}
-    source = ScrapeSource({Arm.CONTROL: [bed.control.address], Arm.TREATMENT: [bed.treatment.address]})
+            for app, address in (("decode-a", bed.control.address), ("decode-b", bed.treatment.address))]
+    endpoints = arm_scrape_endpoints(pods, {Arm.CONTROL: [{"matchLabels": {"app": "decode-a"}}],
+                                            Arm.TREATMENT: [{"matchLabels": {"app": "decode-b"}}]}, 8000)
+    assert endpoints == {Arm.CONTROL: [bed.control.address], Arm.TREATMENT: [bed.treatment.address]}
+    source = ScrapeSource(endpoints)
     config = AnalysisConfig(conditions=(HIT_RATE, TTFT_GUARD), min_samples=3, max_samples=5)
     bed.snapshot = source.fetch_snapshot(at=time.time())
     for control, treatment in zip(steady(0.3, 5), steady(0.6, 5)):

@@ -15,7 +15,8 @@ from moonlease_operator.core.ab_samples import (
     Snapshot,
     build_interval,
     canonical_name,
-    group_scrape_endpoints,
+    arm_scrape_endpoints,
+    pod_matchers,
 )
 from moonlease_operator.core.analysis import Arm
 
@@ -69,11 +70,27 @@ def test_both_spellings_of_vllm_names() -> None:
     assert canonical_name("vllm_prefix_cache_queries_created") is None
 
 
-def test_scrape_endpoints_grouped_by_the_arm_label() -> None:
-    def pod(arm: str | None, ip: str | None, phase: str = "Running") -> dict[str, object]:
-        return {"metadata": {"labels": {"moonlease.io/arm": arm} if arm else {}},
+def test_scrape_endpoints_are_the_running_pods_each_arms_workloads_select() -> None:
+    def pod(app: str | None, ip: str | None, phase: str = "Running", port: str | None = None) -> dict[str, object]:
+        return {"metadata": {"labels": {"app": app} if app else {},
+                             "annotations": {"prometheus.io/port": port} if port else {}},
                 "status": {"phase": phase, "podIP": ip}}
-    pods = [pod("control", "10.0.0.1"), pod("treatment", "10.0.0.2"), pod("treatment", "10.0.0.3", "Pending"),
-            pod(None, "10.0.0.4"), pod("control", None), pod("other", "10.0.0.5")]
-    assert group_scrape_endpoints(pods, 8000) == {Arm.CONTROL: ["10.0.0.1:8000"],
-                                                  Arm.TREATMENT: ["10.0.0.2:8000"]}
+    pods = [pod("decode-a", "10.0.0.1"), pod("decode-b", "10.0.0.2", port="9100"), pod("decode-b", "10.0.0.3", "Pending"),
+            pod(None, "10.0.0.4"), pod("decode-a", None), pod("other", "10.0.0.5"), pod("prefill-b", "10.0.0.6")]
+    selectors = {Arm.CONTROL: [{"matchLabels": {"app": "decode-a"}}],
+                 Arm.TREATMENT: [{"matchLabels": {"app": "decode-b"}},
+                                 {"matchExpressions": [{"key": "app", "operator": "In", "values": ["prefill-b"]}]}]}
+    assert arm_scrape_endpoints(pods, selectors, 8000) == {Arm.CONTROL: ["10.0.0.1:8000"],
+                                                           Arm.TREATMENT: ["10.0.0.2:9100", "10.0.0.6:8000"]}
+
+
+def test_pod_matchers_pick_exactly_a_workloads_pods() -> None:
+    import re
+
+    matchers = pod_matchers("ns", [("Deployment", "decode"), ("StatefulSet", "prefill.x")])
+    assert matchers.startswith('namespace="ns",pod=~"')
+    literal = matchers.split('pod=~"')[1].rstrip('"')
+    assert literal.count("\\\\.") == 1  # PromQL string escaping: a doubled backslash
+    pattern = re.compile(literal.replace("\\\\", "\\"))
+    assert pattern.fullmatch("decode-6d9f7c8b5-x2x9z") and pattern.fullmatch("prefill.x-0")
+    assert not pattern.fullmatch("decode-b-6d9f7c8b5-x2x9z") and not pattern.fullmatch("prefillxx-0")

@@ -50,16 +50,6 @@ def fetch_interval(source: MetricSource, previous: Snapshot | None, *,
     return build_interval(previous, current), current
 
 
-def arm_label_selectors(label: str = "moonlease_io_arm") -> dict[Arm, str]:
-    """PromQL matchers by the pods' `moonlease.io/arm` label (as Kubernetes SD's labelmap names it)."""
-    return {arm: f'{label}="{arm.value}"' for arm in Arm}
-
-
-def workload_selectors(control: str, treatment: str, *, pod_label: str = "pod") -> dict[Arm, str]:
-    """PromQL matchers by workload: pods named `<workload>-...` (Deployment/StatefulSet pods)."""
-    return {Arm.CONTROL: f'{pod_label}=~"{control}-.*"', Arm.TREATMENT: f'{pod_label}=~"{treatment}-.*"'}
-
-
 def _with_retries(what: str, attempts: int, delay: float, sleep: Callable[[float], None],
                   call: Callable[[], Any]) -> Any:
     last = ""
@@ -84,7 +74,7 @@ def _get(url: str, timeout: float) -> str:
 class PrometheusSource:
     """Instant queries against a Prometheus server's HTTP API.
 
-    `selectors`: a label matcher per arm (`arm_label_selectors()`, `workload_selectors(...)`).
+    `selectors`: label matchers per arm (`core.ab_samples.pod_matchers`, or the user's).
     `store_selectors`: matchers for the Mooncake master series of each arm's store, when they
     differ (default: the same). `custom_queries`: {name: PromQL template}, `$selector` replaced by
     the arm's matcher; each must answer one number (wrap it in sum()).
@@ -148,8 +138,8 @@ class PrometheusSource:
 class ScrapeSource:
     """Reads the pods' `/metrics` directly, when no Prometheus is configured.
 
-    `endpoints`: "host:port" per arm (`core.ab_samples.group_scrape_endpoints` builds them from
-    the pods' `moonlease.io/arm` label). Every endpoint must answer, or the snapshot fails: a
+    `endpoints`: "host:port" per arm (`core.ab_samples.arm_scrape_endpoints` builds them from
+    the pods the arms' workloads select). Every endpoint must answer, or the snapshot fails: a
     partial arm would bias its deltas. Custom PromQL needs Prometheus and is not available here.
     """
 

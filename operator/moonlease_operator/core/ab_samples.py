@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from moonlease_operator.api.common import LabelSelector
 from moonlease_operator.core.analysis import Arm, ArmSample, Histogram, IntervalSample
 
 # vLLM (vllm/v1/metrics/loggers.py; counters exposed with `_total`) and the Mooncake master
@@ -39,10 +41,6 @@ _CANONICAL = {**{n: n for n in BUILTIN_SERIES}, **{n.replace(":", "_"): n for n 
 def canonical_name(name: str) -> str | None:
     """The built-in series `name` denotes, in either spelling; None for any other series."""
     return _CANONICAL.get(name)
-
-
-ARM_LABEL = "moonlease.io/arm"
-"""Pod label naming a pod's arm (`control` / `treatment`)."""
 
 
 @dataclass(frozen=True)
@@ -120,19 +118,48 @@ def build_interval(previous: Snapshot, current: Snapshot) -> IntervalSample:
                           treatment=arms[Arm.TREATMENT], error=error)
 
 
-def group_scrape_endpoints(pods: Sequence[Mapping[str, object]], port: int) -> dict[Arm, list[str]]:
-    """`host:port` of each running pod with an IP, grouped by its `moonlease.io/arm` label.
+# ---- which pods and series belong to an arm -----------------------------------------------------------
 
-    `pods` are plain Pod dicts as the API returns them; pods of no arm are ignored.
+PORT_ANNOTATION = "prometheus.io/port"
+"""Pod annotation naming its metrics port (the Prometheus scrape convention); overrides the spec's."""
+
+WorkloadRef = tuple[str, str]  # (kind, name)
+
+
+def workload_pod_pattern(kind: str, name: str) -> str:
+    """A regex of the names of a workload's pods: `<name>-<replicaset hash>-<suffix>` for a
+    Deployment, `<name>-<ordinal>` for a StatefulSet (so `decode` never matches `decode-b`'s).
+    Object names are DNS subdomains: `.` is the only regex metacharacter they can hold."""
+    escaped = name.replace(".", r"\.")
+    return f"{escaped}-[0-9]+" if kind == "StatefulSet" else f"{escaped}-[a-z0-9]+-[a-z0-9]+"
+
+
+def pod_matchers(namespace: str, workloads: Sequence[WorkloadRef], *, pod_label: str = "pod",
+                 namespace_label: str = "namespace") -> str:
+    """PromQL label matchers for the pods of `workloads` in `namespace` (a PromQL string
+    literal: the regex's backslashes doubled)."""
+    pattern = "|".join(workload_pod_pattern(kind, name) for kind, name in workloads).replace("\\", "\\\\")
+    return f'{namespace_label}="{namespace}",{pod_label}=~"{pattern}"'
+
+
+def arm_scrape_endpoints(pods: Sequence[Mapping[str, Any]], selectors: Mapping[Arm, Sequence[Mapping[str, Any]]],
+                         default_port: int) -> dict[Arm, list[str]]:
+    """`ip:port` of each running pod with an IP that an arm's workload selects.
+
+    `selectors` are each arm's workloads' `spec.selector` (matchLabels and matchExpressions);
+    a pod's `prometheus.io/port` annotation overrides `default_port`.
     """
+    parsed = {arm: [LabelSelector.model_validate(s) for s in found] for arm, found in selectors.items()}
     endpoints: dict[Arm, list[str]] = {arm: [] for arm in Arm}
     for pod in pods:
-        metadata = pod.get("metadata") or {}
-        status = pod.get("status") or {}
-        labels = (metadata.get("labels") if isinstance(metadata, Mapping) else None) or {}
-        arm_name = labels.get(ARM_LABEL) if isinstance(labels, Mapping) else None
-        ip = status.get("podIP") if isinstance(status, Mapping) else None
-        phase = status.get("phase") if isinstance(status, Mapping) else None
-        if arm_name in {a.value for a in Arm} and ip and phase == "Running":
-            endpoints[Arm(arm_name)].append(f"{ip}:{port}")
-    return endpoints
+        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+        labels = metadata.get("labels") or {}
+        ip = status.get("podIP")
+        if status.get("phase") != "Running" or not ip:
+            continue
+        port = (metadata.get("annotations") or {}).get(PORT_ANNOTATION) or default_port
+        for arm, arm_selectors in parsed.items():
+            if any(selector.matches(labels) for selector in arm_selectors):
+                endpoints[arm].append(f"{ip}:{port}")
+                break
+    return {arm: sorted(found) for arm, found in endpoints.items()}

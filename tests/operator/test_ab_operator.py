@@ -1,0 +1,172 @@
+"""Strategy ABTest end to end: kopf against the local API server, and the arms' metrics from
+real exporters — through a real Prometheus, or scraped directly from the pods' /metrics.
+
+Each arm's exporter serves vLLM's prefix-cache counters and TTFT histogram under their real names;
+a background task plays steady traffic. The operator rolls the treatment out, measures every
+interval, and promotes, rolls back or reports what stops it, with the evidence in the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
+from moonlease.testbed.prometheus import PrometheusServer
+from moonlease_operator.runner import OperatorThread
+from tests.fixtures.kube import FAST_OPTIONS
+from tests.operator.fleet import MASTER, NS, condition, phase, policy, reasons, status
+from tests.operator.test_ab_metric_sources import ArmExporter
+
+pytestmark = pytest.mark.prometheus
+
+CONTROL, TREATMENT = ["prefill-a", "decode-a"], ["prefill-b", "decode-b"]
+WAIT = 60.0
+
+
+def ab_policy(**ab: Any) -> dict[str, Any]:
+    spec = {
+        "master": {"name": "mooncake-master"},
+        "connector": {"leaseMode": "selective"},
+        "targets": [{"name": n, "role": n.split("-")[0], "container": "vllm", "mooncakeVersion": "0.3.14"}
+                    for n in CONTROL + TREATMENT],
+        "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 30, "abTest": {
+            "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
+            "intervalSeconds": 5, "minSamples": 3, "maxSamples": 6,
+            "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05},
+                           {"metric": "ttftP90", "direction": "LowerIsBetter", "maxRegression": 0.5,
+                            "guardrail": True}],
+            **ab}},
+    }
+    return policy("ab", spec)
+
+
+async def create_arms(kube: LocalApiServer, ports: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """The master and four vLLM Deployments; each arm's pods say where their /metrics is."""
+    await kube.create(copy.deepcopy(MASTER))
+    for name in CONTROL + TREATMENT:
+        manifest = deployment_manifest(name, replicas=1, containers=[
+            {"name": "vllm", "image": "registry.local/vllm:0.9.1", "args": ["serve", "/models/tiny"]}])
+        arm = "control" if name in CONTROL else "treatment"
+        manifest["spec"]["template"]["metadata"]["annotations"] = {"prometheus.io/port": str(ports[arm])}
+        await kube.create(manifest)
+    names = ["mooncake-master", *CONTROL, *TREATMENT]
+    await kube.wait_for(lambda: all(is_rollout_complete(kube.get(DEPLOYMENTS, NS, n) or {}) for n in names),
+                        timeout=10, what="the arms to settle")
+    return {n: copy.deepcopy((kube.get(DEPLOYMENTS, NS, n) or {})["spec"]["template"]) for n in names}
+
+
+@contextlib.asynccontextmanager
+async def traffic(control: ArmExporter, treatment: ArmExporter, *, control_rate: float,
+                  treatment_rate: float) -> AsyncIterator[None]:
+    """Both arms serve steady traffic (1000 tokens, 20 requests per arm every 0.5 s)."""
+    async def play() -> None:
+        tick = 0
+        while True:
+            jitter = 0.01 if tick % 2 else -0.01
+            control.serve(hit_rate=control_rate + jitter)
+            treatment.serve(hit_rate=treatment_rate - jitter)
+            tick += 1
+            await asyncio.sleep(0.5)
+
+    task = asyncio.create_task(play())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def ab_status(kube: LocalApiServer) -> dict[str, Any]:
+    return status(kube, "ab").get("abTest") or {}
+
+
+def template(kube: LocalApiServer, name: str) -> dict[str, Any]:
+    return (kube.get(DEPLOYMENTS, NS, name) or {})["spec"]["template"]
+
+
+@pytest.fixture
+def exporters(metrics_exporter: Callable[[], tuple[CollectorRegistry, str]]) -> tuple[ArmExporter, ArmExporter]:
+    return ArmExporter(*metrics_exporter()), ArmExporter(*metrics_exporter())
+
+
+def port_of(exporter: ArmExporter) -> int:
+    return int(exporter.address.rsplit(":", 1)[1])
+
+
+async def test_prometheus_measured_win_promotes_the_treatment_to_the_control(
+        kube: LocalApiServer, prometheus: Callable[..., PrometheusServer],
+        exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    control, treatment = exporters
+    server = prometheus({"control": [control.address], "treatment": [treatment.address]})
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    spec = ab_policy(prometheus={"url": server.url, "selectors": {"control": 'job="control"',
+                                                                  "treatment": 'job="treatment"'}})
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.3, treatment_rate=0.6):
+        await kube.create(spec)
+        await kube.wait_for(lambda: phase(kube, "ab") == "Analyzing", timeout=WAIT, what="measuring")
+        # the control is untouched while the treatment runs the new configuration
+        assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
+        assert "moonlease.io/config-hash" in (template(kube, "decode-b")["metadata"].get("annotations") or {})
+        await kube.wait_for(lambda: phase(kube, "ab") == "Ready", timeout=WAIT, what="promotion")
+        await kube.wait_for(lambda: "ABTestPromoted" in reasons(kube, "ab"), timeout=5, what="the event")
+    ab = ab_status(kube)
+    assert ab["phase"] == "Promoted" and ab["verdict"] == "Success" and ab["samples"] >= 3
+    assert ab["control"]["externalHitRate"] == pytest.approx(0.3, abs=0.03)
+    assert ab["treatment"]["externalHitRate"] == pytest.approx(0.6, abs=0.03)
+    assert ab["history"] and ab["analysis"]["samples"] == ab["samples"]
+    assert "externalHitRate: treatment 0.6" in ab["reason"]
+    for a, b in zip(CONTROL, TREATMENT):
+        assert template(kube, a)["spec"] == template(kube, b)["spec"]
+    got = reasons(kube, "ab")
+    for reason in ("ABTestStarted", "ABTestVerdict", "ABTestPromoting", "ABTestPromoted", "RolloutComplete"):
+        assert reason in got, (reason, got)
+    assert condition(kube, "ABTestConcluded", "ab")["reason"] == "ABTestPromoted"
+
+
+async def test_scraped_regression_rolls_the_treatment_back(
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    control, treatment = exporters
+    originals = await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.6, treatment_rate=0.3):
+        await kube.create(ab_policy())  # no Prometheus: the pods' /metrics, on their prometheus.io/port
+        await kube.wait_for(lambda: phase(kube, "ab") == "Degraded", timeout=WAIT, what="rollback")
+        await kube.wait_for(lambda: all(template(kube, n) == originals[n] for n in TREATMENT), timeout=WAIT,
+                            what="the treatment restored")
+        await kube.wait_for(lambda: "ABTestRolledBack" in reasons(kube, "ab"), timeout=5, what="the event")
+    ab = ab_status(kube)
+    assert ab["phase"] == "RolledBack" and ab["verdict"] == "Failure"
+    assert all(template(kube, n) == originals[n] for n in CONTROL + TREATMENT)
+    degraded = condition(kube, "Degraded", "ab")
+    assert degraded["reason"] == "ABTestRolledBack" and "externalHitRate" in degraded["message"]
+    got = reasons(kube, "ab")
+    assert got.index("ABTestVerdict") < got.index("ABTestRollingBack") < got.index("ABTestRolledBack")
+
+
+async def test_prometheus_down_is_reported_and_never_decides(kube: LocalApiServer,
+                                                             exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    control, treatment = exporters
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    spec = ab_policy(prometheus={"url": "http://127.0.0.1:1"}, consecutiveErrorLimit=1)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.3, treatment_rate=0.9):
+        await kube.create(spec)
+        await kube.wait_for(lambda: condition(kube, "ABTestConcluded", "ab").get("reason") == "MeasurementFailed",
+                            timeout=WAIT, what="the failed measurement reported")
+        message = condition(kube, "ABTestConcluded", "ab")["message"]
+        assert "127.0.0.1:1" in message and "failed after 2 attempts" in message
+        assert phase(kube, "ab") == "Analyzing"
+        await kube.wait_for(lambda: "MeasurementFailed" in reasons(kube, "ab"), timeout=5, what="the event")
+        await kube.wait_for(lambda: phase(kube, "ab") == "AwaitingDecision", timeout=WAIT, what="holding")
+    ab = ab_status(kube)
+    assert ab["verdict"] == "Error" and ab["samples"] == 0
+    assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
