@@ -229,9 +229,16 @@ def write_plots(results: dict[str, Any], folder: Path, plot_prefix: str = "repla
                       marker="o", label=name)
         axis.plot(capacities, [100 * c["belady"]["plain"] for c in trace["capacities"]],
                   "k--", marker="s", label="Belady (MIN)")
-        ideal = trace["ideal_rate"].get("plain", next(iter(trace["ideal_rate"].values())))
-        axis.axhline(100 * ideal, color="grey", linestyle=":", label="ideal (no eviction)")
+        if "junctions" in trace["capacities"][0]["belady"]:
+            axis.plot(capacities, [100 * c["belady"]["junctions"] for c in trace["capacities"]],
+                      "k-.", marker="D", label="Belady, junction tails stored")
+        for kind, style in (("plain", ":"), ("junctions", (0, (1, 4)))):
+            if kind in trace["ideal_rate"]:
+                axis.axhline(100 * trace["ideal_rate"][kind], color="grey", linestyle=style,
+                             label="ideal (no eviction)" + (", junction tails" if kind == "junctions" else ""))
         axis.set_xscale("log")
+        axis.set_xticks(capacities, [f"{c:.2f}" for c in capacities])
+        axis.minorticks_off()
         axis.set_xlabel("capacity (share of stored bytes below the watermark)")
         axis.set_ylabel("prompt-token hit rate (%)")
         axis.set_title(f"{trace['workload']} ({trace['layout']}, {trace['retention']})")
