@@ -6,9 +6,11 @@ Definitions (the report's, and seed 002's "per-request audit against the trace")
 - its **missed tokens** are `ideal hit - hit` (never negative);
 - the **age of the missed state** is the time since the state serving the ideal hit was last
   used: for each key the ideal load reads, the last time (before this request) an earlier
-  request stored it or loaded it, in the never-evicting replay; the state's age is that of
-  its stalest key (the hit needs every one). A lookup that only passes over a key does not
-  count as a use: that is the lease modes' difference, and the age must not depend on mode.
+  request saved it (wrote it, or found it there: upstream's save checks every key it would
+  write with a leasing `batch_is_exist`) or loaded it, in the never-evicting replay; the
+  state's age is that of its stalest key (the hit needs every one). A lookup that only passes
+  over a key does not count as a use: that is the lease modes' difference, and the age must
+  not depend on mode.
 Misses are reported in points of prompt tokens, bucketed `< 2 min`, `2-10 min`, `> 10 min`.
 """
 

@@ -132,7 +132,8 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
         "classic reference rather than a proven bound, and it ignores leases and evicts exactly "
         "to capacity (both in its favour). **Missed** = ideal hit − hit, in points of prompt "
         "tokens, by the age of the missed state: time since the stalest key of the ideal load "
-        "was last stored or loaded (lookups that only pass over a key do not count), as in seed 002.",
+        "was last saved (written, or re-checked by a save) or loaded — lookups that only pass over "
+        "a key do not count, so ages are the same in every mode — as in seed 002.",
         "",
     ]
     buckets = [label for label, _, _ in AGE_BUCKETS]
