@@ -74,3 +74,77 @@ def test_the_check_refuses_what_the_api_server_would(chart: helm.Chart) -> None:
     cel = yaml.safe_load(yaml.safe_dump(policy))
     cel["spec"]["rollout"]["stages"] = ["prefill", "decode"]
     assert any("stages must include master" in p for p in accepted_problems(cel))
+
+
+AB_VARIANTS: dict[str, dict[str, Any]] = {
+    "ab-test set": SETS["ab-test"],
+    "CRD defaults, renamed arms beside an unmanaged one": {
+        "vllm": {"arms": [{"name": "a"}, {"name": "b"}, {"name": "canary", "leaseMode": "selective",
+                                                         "managedByPolicy": False}]},
+        "policy": {"abTest": {"enabled": True, "controlArm": "a", "treatmentArm": "b"}}},
+    "scraping, held failures, a custom port": {
+        "vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+        "policy": {"abTest": {"enabled": True, "analysis": {
+            "scrape": {"port": 9000, "path": "/metrics"}, "onFailure": "hold", "onSuccess": "hold",
+            "onInconclusive": "rollback", "consecutiveErrorLimit": 0,
+            "abort": {"putFailureGuard": False, "consecutiveIntervals": 3, "ttftQuantile": 0.9,
+                      "ttftThresholdSeconds": 2.5},
+            "prometheus": None}}}},
+    "Prometheus with the user's matchers": {
+        "vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+        "policy": {"abTest": {"enabled": True, "analysis": {"prometheus": {
+            "url": "https://prom.example:9090", "selectors": {"control": 'job="vllm-a"', "treatment": 'job="vllm-b"'},
+            "storeSelector": 'job="mooncake"', "podLabel": "kubernetes_pod_name",
+            "namespaceLabel": "kubernetes_namespace"}}}}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(AB_VARIANTS))
+def test_a_rendered_ab_test_policy_is_valid_against_the_built_crd_and_parses(chart: helm.Chart, case: str) -> None:
+    """The CRD as the operator builds it (strict: no unknown field anywhere), then the operator's
+    parse, whose arms are exactly the chart's two arms' Deployments."""
+    import jsonschema
+
+    from moonlease_operator.api import RolloutStrategy
+    from moonlease_operator.crd import build_crd, validation_schema
+
+    values = AB_VARIANTS[case]
+    if values["policy"]["abTest"].get("analysis", {}).get("prometheus", "") is None:
+        values = yaml.safe_load(yaml.safe_dump(values))
+        del values["policy"]["abTest"]["analysis"]["prometheus"]
+    objects = render_objects(chart, values)
+    (policy,) = find(objects, "MooncakeLeasePolicy")
+    jsonschema.Draft4Validator(validation_schema(build_crd(), strict=True)).validate(policy)
+    assert accepted_problems(policy) == []
+    spec = parse_spec(policy["spec"])
+    assert spec.rollout.strategy is RolloutStrategy.AB_TEST and spec.rollout.ab_test is not None
+    ab = values["policy"]["abTest"]
+    arms = {"control": ab.get("controlArm", "control"), "treatment": ab.get("treatmentArm", "treatment")}
+    assert spec.rollout.ab_test.control.workloads == [f"moonlease-{r}-{arms['control']}" for r in ("prefill", "decode")]
+    assert spec.rollout.ab_test.treatment.workloads == [f"moonlease-{r}-{arms['treatment']}"
+                                                        for r in ("prefill", "decode")]
+    deployments = {o["metadata"]["name"] for o in find(objects, "Deployment")}
+    assert {t.name for t in spec.targets} <= deployments
+
+
+def _shape(node: dict[str, Any]) -> Any:
+    """Property names, recursively (through array items), and enums: what a values schema must
+    mirror to accept exactly the fields the CRD has."""
+    if node.get("type") == "array":
+        return ["items", _shape(node["items"])]
+    if "properties" in node:
+        return {name: _shape(sub) for name, sub in node["properties"].items()}
+    return node.get("enum")
+
+
+def test_the_values_schema_of_the_ab_analysis_mirrors_the_crd() -> None:
+    """policy.abTest.analysis is the CRD's spec.rollout.abTest without the arms (the chart fills
+    those in): same fields, same enums, so no typo passes `helm install` and no field is missing."""
+    import json
+
+    values_schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    analysis = values_schema["properties"]["policy"]["properties"]["abTest"]["properties"]["analysis"]
+    crd_ab = crd_schema()["properties"]["spec"]["properties"]["rollout"]["properties"]["abTest"]
+    expected = _shape(crd_ab)
+    del expected["control"], expected["treatment"]
+    assert _shape(analysis) == expected

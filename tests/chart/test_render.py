@@ -46,7 +46,7 @@ MASTER_ADDRESS = f"moonlease-mooncake-master.{NAMESPACE}.svc:50051"
 
 
 def test_the_values_sets_are_the_ones_the_issue_names() -> None:
-    assert set(SETS) == {"default", "no-vllm", "external-master", "ab", "namespaced-rdma"}
+    assert set(SETS) == {"default", "no-vllm", "external-master", "ab", "ab-test", "namespaced-rdma"}
 
 
 @pytest.mark.parametrize("name", sorted(SETS))
@@ -283,6 +283,44 @@ def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
     assert policy["spec"]["connector"]["leaseMode"] == "leaseAll"
 
 
+def test_ab_test_set_renders_an_ab_test_policy_over_the_two_managed_arms(chart: helm.Chart) -> None:
+    """Strategy ABTest: both arms are targets, each arm's Deployments are its workloads (named as
+    the chart names them), and the analysis values reach spec.rollout.abTest unchanged."""
+    values = SETS["ab-test"]
+    objects = render_objects(chart, values)
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    rollout = policy["spec"]["rollout"]
+    assert rollout["strategy"] == "ABTest"
+    deployments = {o["metadata"]["name"] for o in find(objects, "Deployment")}
+    for side, arm in (("control", "control"), ("treatment", "treatment")):
+        workloads = rollout["abTest"][side]["workloads"]
+        assert workloads == [f"moonlease-prefill-{arm}", f"moonlease-decode-{arm}"]
+        assert set(workloads) <= deployments
+        for name in workloads:
+            labels = one(objects, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
+            assert labels["moonlease.io/arm"] == arm
+    assert sorted(t["name"] for t in policy["spec"]["targets"]) == sorted(
+        rollout["abTest"]["control"]["workloads"] + rollout["abTest"]["treatment"]["workloads"])
+    analysis = {k: v for k, v in rollout["abTest"].items() if k not in ("control", "treatment")}
+    assert analysis == values["policy"]["abTest"]["analysis"]
+    # Both arms run what the policy declares: the operator finds the release in sync.
+    for name in deployments & {f"moonlease-{r}-{a}" for r in ("prefill", "decode") for a in ("control", "treatment")}:
+        assert kv_transfer_config(one(objects, "Deployment", name))["kv_connector_extra_config"][
+            "mooncake_selective_lease"] is False
+
+
+def test_an_ab_test_with_defaults_renders_only_the_arms(chart: helm.Chart) -> None:
+    """An empty `analysis` leaves every knob to the CRD's defaults; other arm names work."""
+    values = {"vllm": {"arms": [{"name": "a"}, {"name": "b"}, {"name": "canary", "leaseMode": "selective",
+                                                                 "managedByPolicy": False}]},
+              "policy": {"abTest": {"enabled": True, "controlArm": "b", "treatmentArm": "a"}}}
+    rollout = one(render_objects(chart, values), "MooncakeLeasePolicy", "moonlease")["spec"]["rollout"]
+    assert rollout["abTest"] == {"control": {"workloads": ["moonlease-prefill-b", "moonlease-decode-b"]},
+                                 "treatment": {"workloads": ["moonlease-prefill-a", "moonlease-decode-a"]}}
+    assert one(render_objects(chart, {}), "MooncakeLeasePolicy", "moonlease")["spec"]["rollout"]["strategy"] == \
+        "Staged"
+
+
 def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     values = SETS["namespaced-rdma"]
     objects = render_objects(chart, values)
@@ -338,3 +376,8 @@ def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart, name: str) -> No
         assert "/v1/completions" in notes
     if values.get("policy", {}).get("requireApprovalForRestart"):
         assert "moonlease.io/approve-master-restart" in notes
+    if values.get("policy", {}).get("abTest", {}).get("enabled"):
+        assert "kubectl -n inference get mlp moonlease -w" in notes
+        assert "moonlease.io/ab-decision=promote:" in notes and "Analyzing" in notes
+    else:
+        assert "ab-decision" not in notes

@@ -78,7 +78,8 @@ def test_every_object_in_the_schema_is_closed_and_every_value_explained() -> Non
     free_form = {path for path, node in walk_schema(SCHEMA)
                  if node.get("type") == "object" and "properties" not in node}
     assert all(p.split(".")[-1] in {"commonLabels", "annotations", "podAnnotations", "nodeSelector", "affinity",
-                                    "requests", "limits", "global"} or p.endswith("[]") for p in free_form), free_form
+                                    "requests", "limits", "global", "customQueries"} or p.endswith("[]")
+               for p in free_form), free_form
 
 
 @pytest.mark.parametrize("name", ["values.yaml", *sorted(SETS)])
@@ -117,6 +118,18 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "a stage twice": ({"policy": {"rollout": {"stages": ["master", "master"]}}},
                       "at '/policy/rollout/stages': items at 0 and 1 are equal"),
     "an unknown top-level value": ({"vllmm": {"enabled": False}}, "at '': additional properties 'vllmm' not allowed"),
+    "a typo in the A/B analysis": (
+        {"policy": {"abTest": {"analysis": {"minSample": 3}}}},
+        "at '/policy/abTest/analysis': additional properties 'minSample' not allowed"),
+    "arms set inside the A/B analysis": (
+        {"policy": {"abTest": {"analysis": {"control": {"workloads": ["x"]}}}}},
+        "at '/policy/abTest/analysis': additional properties 'control' not allowed"),
+    "an A/B confidence of 1": (
+        {"policy": {"abTest": {"analysis": {"confidence": 1}}}},
+        "at '/policy/abTest/analysis/confidence': exclusiveMaximum"),
+    "an unknown A/B action": (
+        {"policy": {"abTest": {"analysis": {"onSuccess": "rollback"}}}},
+        "at '/policy/abTest/analysis/onSuccess': value must be one of 'promote', 'hold'"),
 }
 
 
@@ -160,6 +173,37 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
     "last-hit-only on a model not declared hybrid": (
         {"vllm": {"connector": {"leaseMode": "lastHitOnly"}}},
         "leaseMode lastHitOnly is for hybrid models (full attention + align-mode Mamba): set vllm.hybrid=true"),
+    "an A/B test without vLLM": (
+        {"vllm": {"enabled": False}, "policy": {"targets": [{"name": "x", "role": "decode"}],
+                                                "abTest": {"enabled": True}}},
+        "policy.abTest compares two of the chart's vllm.arms: set vllm.enabled=true"),
+    "an A/B test without arms": (
+        {"policy": {"abTest": {"enabled": True}}},
+        'policy.abTest.controlArm: vllm.arms has no arm named "control" (arms: none)'),
+    "an A/B test of a missing arm": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "b"}]}, "policy": {"abTest": {"enabled": True}}},
+        'policy.abTest.treatmentArm: vllm.arms has no arm named "treatment" (arms: control, b)'),
+    "an A/B test of one arm against itself": (
+        {"vllm": {"arms": [{"name": "control"}]},
+         "policy": {"abTest": {"enabled": True, "treatmentArm": "control"}}},
+        'policy.abTest: controlArm and treatmentArm are both "control"'),
+    "an A/B arm the policy does not manage": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment", "leaseMode": "selective",
+                                                 "managedByPolicy": False}]},
+         "policy": {"abTest": {"enabled": True}}},
+        'policy.abTest.treatmentArm: arm "treatment" sets managedByPolicy: false, but both A/B arms must be targets'),
+    "a third managed arm beside an A/B test": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}, {"name": "extra"}]},
+         "policy": {"abTest": {"enabled": True}}},
+        'vllm.arms: arm "extra" is managed by the policy but is neither policy.abTest.controlArm nor treatmentArm'),
+    "more targets beside an A/B test": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+         "policy": {"targets": [{"name": "other", "role": "decode"}], "abTest": {"enabled": True}}},
+        "policy.targets must be empty with policy.abTest"),
+    "an A/B test without the policy": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+         "policy": {"enabled": False, "abTest": {"enabled": True}}},
+        "policy.abTest.enabled needs policy.enabled"),
     "an operator that does not watch the policy": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces must include the release namespace inference"),

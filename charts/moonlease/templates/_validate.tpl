@@ -61,8 +61,46 @@ Included once, by validate.yaml (which renders nothing).
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- $ab := .Values.policy.abTest -}}
+{{- if $ab.enabled -}}
+{{- if not .Values.vllm.enabled -}}
+{{- fail "policy.abTest compares two of the chart's vllm.arms: set vllm.enabled=true with two arms, or policy.abTest.enabled=false" -}}
+{{- end -}}
+{{- if eq $ab.controlArm $ab.treatmentArm -}}
+{{- fail (printf "policy.abTest: controlArm and treatmentArm are both %q: name two different arms of vllm.arms" $ab.controlArm) -}}
+{{- end -}}
+{{- $names := list -}}
+{{- range $arms -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- range $key, $wanted := dict "controlArm" $ab.controlArm "treatmentArm" $ab.treatmentArm -}}
+{{- $found := false -}}
+{{- range $arms -}}
+{{- if eq .name $wanted -}}
+{{- $found = true -}}
+{{- if not .managed -}}
+{{- fail (printf "policy.abTest.%s: arm %q sets managedByPolicy: false, but both A/B arms must be targets of the policy (the treatment gets its settings first, the control is held): remove managedByPolicy (and any leaseMode/junctionRetention of its own) from the arm" $key $wanted) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $found -}}
+{{- fail (printf "policy.abTest.%s: vllm.arms has no arm named %q (arms: %s); add it, e.g. vllm.arms: [{name: control}, {name: treatment}]" $key $wanted (ternary "none" (join ", " (compact $names)) (empty (compact $names)))) -}}
+{{- end -}}
+{{- end -}}
+{{- range $arms -}}
+{{- if and .managed (not (has .name (list $ab.controlArm $ab.treatmentArm))) -}}
+{{- fail (printf "vllm.arms: arm %q is managed by the policy but is neither policy.abTest.controlArm nor treatmentArm: an ABTest policy's targets must all be in one arm, so set managedByPolicy: false on it" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.policy.targets -}}
+{{- fail "policy.targets must be empty with policy.abTest: an ABTest policy's targets must all be in one of its two arms, which are the chart's" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.operator.enabled .Values.operator.watchNamespaces (not (has .Release.Namespace .Values.operator.watchNamespaces)) -}}
 {{- fail (printf "operator.watchNamespaces must include the release namespace %s, where the chart's policy lives (or set policy.enabled=false)" .Release.Namespace) -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.policy.abTest.enabled (not .Values.policy.enabled) -}}
+{{- fail "policy.abTest.enabled needs policy.enabled: the A/B test is a strategy of the chart's policy" -}}
 {{- end -}}
 {{- end -}}
