@@ -209,6 +209,10 @@ def test_measurement_is_due_once_per_interval_while_measuring() -> None:
     ({**ARMS, "minSamples": 30, "maxSamples": 30}, set()),
     ({"control": {"workloads": ["a", "b"]}, "treatment": {"workloads": ["b"]}}, {"a workload cannot be in both arms"}),
     ({**ARMS, "minSamples": 10, "maxSamples": 5}, {"maxSamples must be at least minSamples"}),
+    ({**ARMS, "conditions": [{"metric": "queued"}]}, {"each condition's metric must be built in or named in"
+                                                      " prometheus.customQueries"}),
+    ({**ARMS, "conditions": [{"metric": "queued"}], "prometheus": {"url": "http://p:9090", "customQueries": {
+        "queued": "sum(x{$selector})"}}}, set()),
 ])
 def test_cel_rules_agree_with_their_pydantic_mirrors(raw: dict[str, object], violated: set[str]) -> None:
     """The rules the API server will evaluate (cel-python) refuse exactly what pydantic refuses."""

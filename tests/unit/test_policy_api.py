@@ -113,7 +113,8 @@ def _walk(node: Any, path: str = "$"):
 def test_schema_is_structural(crd: dict[str, Any]) -> None:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     text = yaml.safe_dump(schema)
-    for forbidden in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "title", "null", "additionalProperties: false"):
+    for forbidden in ("$ref", "$defs", "anyOf", "oneOf", "allOf", "title", "null", "additionalProperties: false",
+                      "patternProperties", "propertyNames"):  # the API server refuses the last two
         assert forbidden not in text, forbidden
     for path, node in _walk(schema):
         assert "type" in node, f"{path} has no type"
@@ -256,6 +257,11 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
         **AB_ROLLOUT["abTest"], "minSamples": 10, "maxSamples": 5}}}),
     "every A/B arm workload must be a named target": with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {
         "control": {"workloads": ["llama-prefill"]}, "treatment": {"workloads": ["llama-decode", "other"]}}}}),
+    "each condition's metric must be built in or named in prometheus.customQueries": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [{"metric": "queueDepth"}]}}}),
+    "customQueries names start with a letter and hold only letters, digits and underscores (at most 63)":
+        with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090", "customQueries": {"queue-depth": "sum(q{$selector})"}}}}}),
     "with strategy ABTest every target must be named and in one arm": with_changes(**{
         "rollout": AB_ROLLOUT, "targets": [*VALID["targets"], {"name": "extra", "role": "decode"}]}),
 }

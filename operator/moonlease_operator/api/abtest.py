@@ -10,6 +10,8 @@ or holds for a human. `core.ab_plan` plans it; `core.analysis` decides.
 from __future__ import annotations
 
 import enum
+import json
+import re
 from datetime import datetime
 from typing import Annotated, ClassVar
 
@@ -85,6 +87,15 @@ class ArmSelectorsSpec(ApiModel):
     treatment: PromMatchers
 
 
+# A CRD schema cannot constrain map keys (no patternProperties): a CEL rule does.
+_METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,62}")
+_QUERY_NAMES = CelRule(
+    rule="!has(self.customQueries) || self.customQueries.all(name, name.matches('^[A-Za-z][A-Za-z0-9_]{0,62}$'))",
+    message="customQueries names start with a letter and hold only letters, digits and underscores (at most 63)",
+    field_path=".customQueries",
+)
+
+
 class PrometheusSpec(ApiModel):
     """Read the arms' metrics from a Prometheus server's HTTP API."""
 
@@ -101,9 +112,18 @@ class PrometheusSpec(ApiModel):
     """Prometheus label holding the pod name."""
     namespace_label: Annotated[str, Field(min_length=1, max_length=63)] = "namespace"
     """Prometheus label holding the pod's namespace."""
-    custom_queries: Annotated[dict[MetricName, Annotated[str, Field(max_length=4096)]],
+    custom_queries: Annotated[dict[str, Annotated[str, Field(max_length=4096)]],
                               Field(max_length=16)] = Field(default_factory=dict)
-    """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number."""
+    """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number.
+    Names start with a letter and hold letters, digits and underscores."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES,)
+
+    @model_validator(mode="after")
+    def _check_names(self) -> PrometheusSpec:
+        if not all(_METRIC_NAME.fullmatch(name) for name in self.custom_queries):
+            raise _QUERY_NAMES.violation()
+        return self
 
 
 class ScrapeSpec(ApiModel):
@@ -119,6 +139,14 @@ _DISJOINT_ARMS = CelRule(
     rule="!self.control.workloads.exists(w, w in self.treatment.workloads)",
     message="a workload cannot be in both arms",
     field_path=".treatment.workloads",
+)
+BUILTIN_METRICS = ("prefixCacheHitRate", "externalHitRate", "ttftP50", "ttftP90", "ttftP99", "putAllocFailures",
+                   "evictions")
+_KNOWN_METRICS = CelRule(
+    rule="!has(self.conditions) || self.conditions.all(c, c.metric in " + json.dumps(list(BUILTIN_METRICS))
+    + " || (has(self.prometheus) && has(self.prometheus.customQueries) && c.metric in self.prometheus.customQueries))",
+    message="each condition's metric must be built in or named in prometheus.customQueries",
+    field_path=".conditions",
 )
 _MAX_AT_LEAST_MIN = CelRule(
     rule="self.maxSamples >= self.minSamples",
@@ -157,7 +185,7 @@ class ABTestSpec(ApiModel):
     on_failure: FailureAction = FailureAction.ROLLBACK
     on_inconclusive: FailureAction = FailureAction.HOLD
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -165,6 +193,9 @@ class ABTestSpec(ApiModel):
             raise _DISJOINT_ARMS.violation()
         if self.max_samples < self.min_samples:
             raise _MAX_AT_LEAST_MIN.violation()
+        custom = self.prometheus.custom_queries if self.prometheus is not None else {}
+        if any(c.metric not in BUILTIN_METRICS and c.metric not in custom for c in self.conditions):
+            raise _KNOWN_METRICS.violation()
         return self
 
 
