@@ -15,7 +15,8 @@ master's `default_kv_lease_ttl` is the production TTL (`lease_ttl_s`, Mooncake's
 10 s) times the same scale. So the share of keys under lease when eviction runs — the thing
 lease modes change — is the production one, and eviction order (oldest lease timeout first)
 follows the trace's time. A request processed late (the machine is slower than the scaled
-arrivals) starts at once; the report gives the lag.
+arrivals) starts at once and shifts the rest of the schedule (`Pacer`); the report gives the
+lateness.
 """
 
 from __future__ import annotations
@@ -94,26 +95,36 @@ class IdealReplay:
 
 
 class Pacer:
-    """Sleeps until each request's scaled arrival; the clock and sleep are injectable."""
+    """Sleeps until each request's scaled arrival; the clock and sleep are injectable.
+
+    A request that starts late (the machine was slower than the scaled arrivals) shifts the
+    schedule of every later request by its lateness, instead of letting them run back to back
+    to catch up: a catch-up burst would put many requests inside one scaled lease TTL and so
+    hold more keys under lease than production would. Lateness is recorded per request, in
+    virtual seconds (it does not accumulate), and in total wall seconds (`stretch_s`).
+    """
 
     def __init__(self, scale: float, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.scale = scale
         self._clock = clock
         self._sleep = sleep
-        self._origin: tuple[float, float] | None = None  # (virtual, wall)
+        self._origin: tuple[float, float] | None = None  # (virtual, wall) of an on-time request
         self.lags_s: list[float] = []  # virtual seconds each request started late
+        self.stretch_s = 0.0  # wall seconds the schedule was shifted in all
 
     def wait(self, virtual_s: float) -> None:
+        now = self._clock()
         if self._origin is None:
-            self._origin = (virtual_s, self._clock())
+            self._origin = (virtual_s, now)
         due = self._origin[1] + (virtual_s - self._origin[0]) * self.scale
-        ahead = due - self._clock()
-        if ahead > 0:
-            self._sleep(ahead)
+        if due > now:
+            self._sleep(due - now)
             self.lags_s.append(0.0)
-        else:
-            self.lags_s.append(-ahead / self.scale if self.scale else 0.0)
+            return
+        self.lags_s.append((now - due) / self.scale if self.scale else 0.0)
+        self.stretch_s += now - due
+        self._origin = (virtual_s, now)
 
 
 def _retention_interval(trace: Trace) -> int | None:
@@ -188,6 +199,7 @@ class ModeRun:
     put_failures: int = 0
     put_failed_keys: int = 0
     lags_s: list[float] = field(default_factory=list)
+    stretch_s: float = 0.0
 
 
 def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay, sizes: ValueSizes, *,
@@ -225,7 +237,7 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         if after_request is not None:
             after_request(step)
     if pacer is not None:
-        run.lags_s = pacer.lags_s
+        run.lags_s, run.stretch_s = pacer.lags_s, pacer.stretch_s
     return run
 
 
@@ -241,7 +253,7 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
         "above_ideal": summary.above_ideal,
         **run.costs.summary(),
         "keys_put": run.keys_put, "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
-        "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags),
+        "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags), "stretch_s": run.stretch_s,
     }
 
 

@@ -121,8 +121,10 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
         f"`time scale` times faster ({settings['wall_s_per_run']:g} s of wall time per run) and "
         f"the master's `default_kv_lease_ttl` is the production TTL ({settings['lease_ttl_s']:g} s) "
         "times the same scale, so the share of leased keys when eviction runs is the production "
-        "one and eviction order follows the trace's time. `lag`: how late (virtual seconds) "
-        "requests started because the machine was slower than the scaled arrivals.",
+        "one and eviction order follows the trace's time. A request the machine starts late "
+        "shifts the rest of the schedule rather than letting later requests catch up back to "
+        "back; `late`: how late requests started (virtual seconds, mean / max) and how much "
+        "wall time the shifts added in all.",
         "",
         "**Ideal** is the hit rate against a store that never evicts; **Belady** is the hit rate "
         "when, at the same capacity in the same bytes, the store keeps what clairvoyant MIN keeps "
@@ -151,7 +153,7 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
             "",
             "| capacity (segment) | mode | hit rate | Δ vs leaseAll | of Belady | "
             + " | ".join(f"missed {b}" for b in buckets)
-            + " | keys leased / lookup | lookup p50 / p95 µs | put failures (keys) | evicted keys | lag mean / max s |",
+            + " | keys leased / lookup | lookup p50 / p95 µs | put failures (keys) | evicted keys | late mean / max s (wall added) |",
             "| --- | --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in buckets)
             + " | ---: | ---: | ---: | ---: | ---: |",
         ]
@@ -177,7 +179,7 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
                     f"{mode['keys_leased_per_lookup']:.0f} | {mode['latency_p50_us']:.0f} / "
                     f"{mode['latency_p95_us']:.0f} | {mode['put_failures']:g} ({mode['put_failed_keys']:g}) | "
                     f"{mode['master']['master_evicted_key_count']:.0f} | "
-                    f"{mode['lag_mean_s']:.1f} / {mode['lag_max_s']:.0f} |")
+                    f"{mode['lag_mean_s']:.1f} / {mode['lag_max_s']:.0f} ({mode.get('stretch_s', 0.0):.1f} s) |")
         knobs = ", ".join(f"`{k}={v}`" for k, v in trace["knobs"].items())
         lines += ["", f"Knobs: {knobs}.", ""]
     lines += [

@@ -112,7 +112,7 @@ def test_keys_leased_per_lookup_by_hand():
     assert result["missed_tokens_by_age"] == {"< 2 min": 0, "2-10 min": 16, "> 10 min": 16}
 
 
-def test_pacer_scales_virtual_time_and_reports_lag():
+def test_pacer_scales_virtual_time_and_a_late_request_shifts_the_rest():
     now = [100.0]
     slept: list[float] = []
 
@@ -123,10 +123,13 @@ def test_pacer_scales_virtual_time_and_reports_lag():
     pacer = Pacer(0.01, clock=lambda: now[0], sleep=sleep)
     pacer.wait(50.0)  # origin: no wait
     pacer.wait(150.0)  # due 1 s later
-    now[0] += 3.0  # the machine fell 2 s (wall) behind
+    now[0] += 3.0  # processing took 3 s of wall time: the next request is 2 s (200 virtual s) late
     pacer.wait(250.0)
-    assert slept == [pytest.approx(1.0)]
-    assert pacer.lags_s == [0.0, 0.0, pytest.approx(200.0)]
+    now[0] += 0.5  # on time again: the next one is due 1 s after the late one started, not before
+    pacer.wait(350.0)
+    assert slept == [pytest.approx(1.0), pytest.approx(0.5)]
+    assert pacer.lags_s == [0.0, 0.0, pytest.approx(200.0), 0.0]
+    assert pacer.stretch_s == pytest.approx(2.0)
 
 
 def test_repeated_runs_average_every_number_and_keep_each_hit_rate():
