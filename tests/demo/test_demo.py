@@ -1,4 +1,4 @@
-"""`moonlease demo` runs end to end (shortened) and reports measured results."""
+"""`moonlease demo --quick` runs the whole story end to end and reports a measured verdict."""
 
 from __future__ import annotations
 
@@ -11,16 +11,33 @@ import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store, pytest.mark.operator]
 
+VERDICTS = ("Success", "Failure", "Inconclusive", "Abort", "NoData", "Error")
 
-def test_short_demo_completes_with_store_hits_and_a_settled_policy(tmp_path: Path) -> None:
+
+def test_quick_demo_ab_tests_selective_against_lease_all_on_measured_metrics(tmp_path: Path) -> None:
     moonlease = Path(sys.executable).with_name("moonlease")
-    run = subprocess.run([str(moonlease), "demo", "--prompts", "2", "--workdir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    run = subprocess.run([str(moonlease), "demo", "--quick", "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
     out = run.stdout
-    hits = re.search(r"engine 2: (\d+) of (\d+) prompt tokens from the store", out)
-    assert hits and int(hits.group(1)) > 0, out
-    rows = re.findall(r"^\s+\d+\s+\d+\s+(\d+)\s+(yes|NO)$", out, flags=re.M)
-    assert len(rows) == 2 and all(same == "yes" and int(cached) > 0 for cached, same in rows), out
-    assert "phase Ready" in out and "Stopping everything" in out, out
-    assert (tmp_path / "logs").is_dir()
+    assert run.returncode == 0, out[-6000:] + run.stderr[-4000:]
+    # The operator rolled selective out to the treatment only, and each engine runs what its
+    # Deployment holds.
+    assert re.search(r"treatment's kv_connector_extra_config now: .*\"mooncake_selective_lease\": true", out), out
+    assert re.search(r"control's, untouched: .*\"mooncake_selective_lease\": false", out), out
+    assert "treatment: lease mode selective" in out and "control: lease mode leaseAll" in out, out
+    # Intervals measured from the engines' real metrics: store hit rates and TTFT per arm.
+    intervals = re.findall(r"interval +\d+: control store hits +([\d.]+)%, TTFT p90 (\d+) ms; "
+                           r"treatment store hits +([\d.]+)%, TTFT p90 (\d+) ms", out)
+    assert len(intervals) >= 3, out
+    assert all(int(c_ttft) > 0 and int(t_ttft) > 0 for _, c_ttft, _, t_ttft in intervals), intervals
+    # A decided test, as `kubectl get mlp` shows it, and the per-arm table.
+    row = re.search(r"selective-ab +selective +(\S+) +\S+ +(Promoted|RolledBack|AwaitingDecision) +(\S+)", out)
+    assert row and row.group(3) in VERDICTS, out
+    for arm, mode in (("control", "leaseAll"), ("treatment", "selective")):
+        assert re.search(rf"^\s+{arm} +{mode} +[\d.]+% +[\d.]+% +\d+ ms", out, flags=re.M), out
+    assert re.search(r"verdict (Success|Failure|Inconclusive|Abort|NoData|Error) after|verdict \w+: ", out), out
+    plot = tmp_path / "ab-test.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Stopping everything" in out and (tmp_path / "logs" / "engine-treatment.log").is_file()
+    left = subprocess.run(["pgrep", "-f", f"moonlease.demo_arm {tmp_path}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "an arm engine outlived the demo"
