@@ -49,8 +49,8 @@ class DemoOptions:
     interval_seconds: int = 10
     min_samples: int = 4
     max_samples: int = 10
-    segment_mib: int = 8
-    """The store pool's segment: small, so that the two arms' KV does not all fit."""
+    segment_mib: int = 16
+    """The store pool's segment (16 MiB is Mooncake's smallest); eviction starts at half of it."""
     kv_cache_mib: int = 3
     """Each engine's own KV cache: small, so that resumed conversations go to the store."""
     lease_ttl_ms: int = 2000
@@ -102,7 +102,7 @@ def start_store(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack
               "`make setup` finished; ports on 127.0.0.1 are free; logs under " + str(workdir / "logs")):
         master = stack.enter_context(MooncakeMaster(master_settings(options), log_dir=workdir / "logs"))
         stack.enter_context(StorePool(master, segment_bytes=options.segment_mib << 20, log_dir=workdir / "logs"))
-        detail(f"master rpc {master.rpc_address}, metrics {master.metrics_url}; eviction above 80% full, "
+        detail(f"master rpc {master.rpc_address}, metrics {master.metrics_url}; eviction above 50% full, "
                f"leases {options.lease_ttl_ms} ms")
     return master
 
@@ -110,7 +110,7 @@ def start_store(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack
 def master_settings(options: DemoOptions) -> Any:
     from moonlease.testbed.mooncake import MasterSettings
 
-    return MasterSettings(eviction_high_watermark_ratio=0.8, eviction_ratio=0.1,
+    return MasterSettings(eviction_high_watermark_ratio=0.5, eviction_ratio=0.1,
                           default_kv_lease_ttl=options.lease_ttl_ms)
 
 
@@ -375,9 +375,24 @@ def print_outcome(cluster: Cluster, name: str, status: dict[str, Any], policy: d
               f"{_pct(values.get('prefixHitRate')):>15} {_ms(values.get('ttftP90Seconds')):>9}")
     print()
     detail(f"verdict {ab.get('verdict')}: {ab.get('reason', '')}")
+    detail(explain_outcome(ab, name))
     for event in cluster.events(name)[-6:]:
         detail(f"event {event['type']:<7} {event['reason']:<22} {event.get('message', '')[:110]}")
     print()
+
+
+def explain_outcome(ab: dict[str, Any], name: str) -> str:
+    """What the outcome means and what a user does next, in one line."""
+    match ab.get("phase"):
+        case "Promoted":
+            return ("=> selective lease did better on the measured store hit rate: the operator promoted it, "
+                    "and the control's Deployments now run it too (rolled out stage by stage)")
+        case "RolledBack":
+            return ("=> the treatment did worse (or tripped the abort guard): the operator rolled its Deployments "
+                    "back to lease-all; the policy stays Degraded until its spec changes")
+    return ("=> no significant difference within the noise of these intervals: the operator holds both arms for "
+            "a human. Decide with `kubectl annotate mlp " + name + " moonlease.io/ab-decision=promote:"
+            + str(ab.get("configHash")) + "` (or rollback:...), or measure longer (`moonlease demo --max-samples 30`)")
 
 
 def plot_intervals(status: dict[str, Any], path: Path) -> Path:

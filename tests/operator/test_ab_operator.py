@@ -109,7 +109,7 @@ async def test_prometheus_measured_win_promotes_the_treatment_to_the_control(
     await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
     spec = ab_policy(prometheus={"url": server.url, "selectors": {"control": 'job="control"',
                                                                   "treatment": 'job="treatment"'}})
-    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS) as operator, \
             traffic(control, treatment, control_rate=0.3, treatment_rate=0.6):
         await kube.create(spec)
         await kube.wait_for(lambda: phase(kube, "ab") == "Analyzing", timeout=WAIT, what="measuring")
@@ -130,6 +130,10 @@ async def test_prometheus_measured_win_promotes_the_treatment_to_the_control(
     for reason in ("ABTestStarted", "ABTestVerdict", "ABTestPromoting", "ABTestPromoted", "RolloutComplete"):
         assert reason in got, (reason, got)
     assert condition(kube, "ABTestConcluded", "ab")["reason"] == "ABTestPromoted"
+    registry = operator.metrics.registry
+    labels = {"namespace": NS, "policy": "ab"}
+    assert registry.get_sample_value("moonlease_operator_ab_test_phase", {**labels, "phase": "Promoted"}) == 1
+    assert registry.get_sample_value("moonlease_operator_ab_test_samples", labels) == ab["samples"]
 
 
 async def test_scraped_regression_rolls_the_treatment_back(

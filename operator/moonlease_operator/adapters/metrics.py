@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from moonlease_operator.api import Phase, PolicyStatus, StageName, TargetPhase
+from moonlease_operator.api import ABTestPhase, Phase, PolicyStatus, StageName, TargetPhase
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -43,6 +43,13 @@ class OperatorMetrics:
                              ["namespace", "policy", "state"], **kwargs)
         self.phase = Gauge("moonlease_operator_policy_phase", "1 for the phase a policy is in",
                            ["namespace", "policy", "phase"], **kwargs)
+        self.ab_phase = Gauge("moonlease_operator_ab_test_phase", "1 for the phase a policy's A/B test is in",
+                              ["namespace", "policy", "phase"], **kwargs)
+        self.ab_samples = Gauge("moonlease_operator_ab_test_samples", "Intervals an A/B test has measured",
+                                ["namespace", "policy"], **kwargs)
+        self.ab_errors = Gauge("moonlease_operator_ab_test_consecutive_errors",
+                               "Failed A/B measurements in a row (source down, an arm without series)",
+                               ["namespace", "policy"], **kwargs)
 
     def observe_reconcile(self, result: str, seconds: float | None) -> None:
         """Count a reconcile; `seconds` (None for one that failed midway) goes to the histogram."""
@@ -65,12 +72,24 @@ class OperatorMetrics:
                 sum(1 for t in status.targets if t.phase is state))
         for phase in Phase:
             self.phase.labels(namespace, policy, phase.value).set(1 if status.phase is phase else 0)
+        ab = status.ab_test
+        for ab_phase in ABTestPhase:
+            self.ab_phase.labels(namespace, policy, ab_phase.value).set(
+                1 if ab is not None and ab.phase is ab_phase else 0)
+        self.ab_samples.labels(namespace, policy).set(ab.samples if ab is not None else 0)
+        self.ab_errors.labels(namespace, policy).set(ab.consecutive_errors if ab is not None else 0)
 
     def forget(self, namespace: str, policy: str) -> None:
         """Drop a deleted policy's series."""
-        for gauge, values in ((self.current_stage, StageName), (self.targets, TargetPhase), (self.phase, Phase)):
+        for gauge, values in ((self.current_stage, StageName), (self.targets, TargetPhase), (self.phase, Phase),
+                              (self.ab_phase, ABTestPhase)):
             for value in values:
                 try:
                     gauge.remove(namespace, policy, value.value)
                 except KeyError:
                     pass
+        for gauge in (self.ab_samples, self.ab_errors):
+            try:
+                gauge.remove(namespace, policy)
+            except KeyError:
+                pass
