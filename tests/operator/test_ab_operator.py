@@ -174,3 +174,23 @@ async def test_prometheus_down_is_reported_and_never_decides(kube: LocalApiServe
     ab = ab_status(kube)
     assert ab["verdict"] == "Error" and ab["samples"] == 0
     assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
+
+
+async def test_missing_metrics_give_no_decision_and_a_clear_condition(
+        kube: LocalApiServer, metrics_exporter: Callable[[], tuple[CollectorRegistry, str]]) -> None:
+    # vLLM without a KV connector exposes no external (store) prefix-cache counters
+    control, treatment = ArmExporter(*metrics_exporter(), external=False), ArmExporter(*metrics_exporter(), external=False)
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.3, treatment_rate=0.9):
+        await kube.create(ab_policy(maxSamples=4))
+        await kube.wait_for(lambda: condition(kube, "ABTestConcluded", "ab").get("reason") == "ABTestNoData",
+                            timeout=WAIT, what="the NoData condition")
+        message = condition(kube, "ABTestConcluded", "ab")["message"]
+        assert "externalHitRate: no data for control and treatment" in message
+        assert phase(kube, "ab") == "Analyzing"
+        await kube.wait_for(lambda: phase(kube, "ab") == "AwaitingDecision", timeout=WAIT, what="holding")
+    ab = ab_status(kube)
+    assert ab["verdict"] == "NoData" and ab["action"] == "Hold"
+    assert ab["treatment"].get("externalHitRate") is None and ab["treatment"]["prefixHitRate"] > 0.8
+    assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
