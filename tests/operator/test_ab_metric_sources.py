@@ -195,7 +195,7 @@ def test_rising_put_failures_abort_early(ab_bed: Callable[..., ABBed]) -> None:
     plan = [(dict(hit_rate=0.3), dict(hit_rate=0.6, put_failures=f)) for f in (0, 4, 9, 15, 20)]
     verdict = bed.run(bed.source(), config, plan)
     assert verdict.outcome is Outcome.ABORT, verdict.reason
-    assert "put-allocation failures" in verdict.reason
+    assert "put failures above control" in verdict.reason
     assert verdict.samples == 3  # aborted before min_samples, despite the winning hit rate
     assert Outcome.SUCCESS not in [v.outcome for v in bed.verdicts]
 

@@ -218,7 +218,7 @@ def test_rising_put_failures_abort_before_min_samples() -> None:
     treatment = [arm(600, 1000, put_failures=f) for f in (0, 3, 8)]
     verdict = evaluate_ab(intervals(control, treatment), config)
     assert verdict.outcome is Outcome.ABORT and verdict.final
-    assert "put-allocation failures" in verdict.reason
+    assert "put failures above control" in verdict.reason
     # One bad interval is not yet "rising".
     assert evaluate_ab(intervals(control[:2], treatment[:2]), config).outcome is Outcome.INCONCLUSIVE
 
@@ -325,3 +325,20 @@ def test_state_folded_interval_by_interval_decides_like_the_whole_list() -> None
         state = fold_interval(state, interval, config)
         assert decide(state, config) == evaluate_ab(samples[:i], config)
     assert state.samples == 6 and state.consecutive_errors == 0
+
+
+def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> None:
+    """On one shared store both arms read the same master counters (excess 0): the engines' own
+    failed put keys tell the arms apart."""
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard(consecutive=2))
+
+    def pair(failed_c: float, failed_t: float) -> tuple[ArmSample, ArmSample]:
+        return (replace(arm(300, 1000, put_failures=7), put_failed_keys=failed_c),
+                replace(arm(600, 1000, put_failures=7), put_failed_keys=failed_t))
+
+    rising = [pair(0, f) for f in (0, 10, 30)]
+    verdict = evaluate_ab(intervals([c for c, _ in rising], [t for _, t in rising]), config)
+    assert verdict.outcome is Outcome.ABORT and "by 10, 30" in verdict.reason
+    shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30)]
+    verdict = evaluate_ab(intervals([c for c, _ in shared_only], [t for _, t in shared_only]), config)
+    assert verdict.outcome is Outcome.INCONCLUSIVE  # same master, same counts: no excess

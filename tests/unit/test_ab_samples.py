@@ -94,3 +94,18 @@ def test_pod_matchers_pick_exactly_a_workloads_pods() -> None:
     pattern = re.compile(literal.replace("\\\\", "\\"))
     assert pattern.fullmatch("decode-6d9f7c8b5-x2x9z") and pattern.fullmatch("prefill.x-0")
     assert not pattern.fullmatch("decode-b-6d9f7c8b5-x2x9z") and not pattern.fullmatch("prefillxx-0")
+
+
+def test_failed_put_keys_count_only_the_save_put_operation() -> None:
+    from moonlease_operator.core.ab_samples import STORE_FAILED_KEYS
+
+    before = (s(STORE_FAILED_KEYS, 5, operation="save_put", status="failed"),
+              s(STORE_FAILED_KEYS, 100, operation="load_get", status="failed"))
+    after = (s(STORE_FAILED_KEYS, 12, operation="save_put", status="failed"),
+             s(STORE_FAILED_KEYS, 900, operation="load_get", status="failed"),
+             s(STORE_FAILED_KEYS, 0, operation="save_exists", status="ok"))
+    interval = build_interval(Snapshot(1.0, {Arm.CONTROL: before, Arm.TREATMENT: before}),
+                              Snapshot(2.0, {Arm.CONTROL: after, Arm.TREATMENT: before}))
+    assert interval.control is not None and interval.control.put_failed_keys == 7
+    assert interval.treatment is not None and interval.treatment.put_failed_keys == 0
+    assert canonical_name("vllm_mooncake_store_operation_failed_keys_total") == STORE_FAILED_KEYS

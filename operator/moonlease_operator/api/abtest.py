@@ -50,7 +50,8 @@ class MetricDirection(str, enum.Enum):
 
 class ConditionSpec(ApiModel):
     """Treatment vs control on one metric: built-in (prefixCacheHitRate, externalHitRate,
-    ttftP50/P90/P99, putAllocFailures, evictions) or a name from `prometheus.customQueries`."""
+    ttftP50/P90/P99, putFailedKeys, putAllocFailures, evictions) or a name from
+    `prometheus.customQueries`."""
 
     metric: MetricName
     direction: MetricDirection = MetricDirection.HIGHER_IS_BETTER
@@ -67,10 +68,11 @@ class AbortSpec(ApiModel):
 
     consecutive_intervals: Annotated[int, Field(ge=1, le=20)] = 2
     put_failure_guard: bool = True
-    """Abort when the treatment's put-allocation failures exceed the control's by more than
-    `putFailureAllowance` in each of the intervals, and the excess does not fall."""
+    """Abort when the treatment's put failures (its engines' failed put keys, else its master's
+    allocation failures) exceed the control's by more than `putFailureAllowance` in each of the
+    intervals, and the excess does not fall."""
     put_failure_allowance: Annotated[float, Field(ge=0)] = 0.0
-    """Put-allocation failures per interval the treatment may have above the control's."""
+    """Put failures per interval the treatment may have above the control's."""
     ttft_threshold_seconds: Annotated[float, Field(gt=0)] | None = None
     """Abort when the treatment's TTFT at `ttftQuantile` is past this in each of the intervals;
     unset: no TTFT guard."""
@@ -140,8 +142,8 @@ _DISJOINT_ARMS = CelRule(
     message="a workload cannot be in both arms",
     field_path=".treatment.workloads",
 )
-BUILTIN_METRICS = ("prefixCacheHitRate", "externalHitRate", "ttftP50", "ttftP90", "ttftP99", "putAllocFailures",
-                   "evictions")
+BUILTIN_METRICS = ("prefixCacheHitRate", "externalHitRate", "ttftP50", "ttftP90", "ttftP99", "putFailedKeys",
+                   "putAllocFailures", "evictions")
 _KNOWN_METRICS = CelRule(
     rule="!has(self.conditions) || self.conditions.all(c, c.metric in " + json.dumps(list(BUILTIN_METRICS))
     + " || (has(self.prometheus) && has(self.prometheus.customQueries) && c.metric in self.prometheus.customQueries))",
@@ -210,6 +212,8 @@ class ArmValues(StatusModel):
     """Store (external prefix cache) hit rate, in tokens."""
     ttft_p90_seconds: float | None = None
     """90th percentile of time to first token."""
+    put_failed_keys: float | None = None
+    """Keys the arm's engines failed to put into the store (per interval)."""
     put_alloc_failures: float | None = None
     """Mooncake put-allocation failures (per interval)."""
     evictions: float | None = None
@@ -265,6 +269,7 @@ class ArmTotalsStatus(StatusModel):
     external: RatioSumsStatus = Field(default_factory=RatioSumsStatus)
     ttft: QuantileSumsStatus = Field(default_factory=QuantileSumsStatus)
     put_alloc_failures: MeanSumsStatus = Field(default_factory=MeanSumsStatus)
+    put_failed_keys: MeanSumsStatus = Field(default_factory=MeanSumsStatus)
     evictions: MeanSumsStatus = Field(default_factory=MeanSumsStatus)
     custom: Annotated[dict[str, MeanSumsStatus], Field(max_length=16)] = Field(default_factory=dict)
 

@@ -113,7 +113,8 @@ def build_arm_values(sample: ArmSample) -> ArmValues:
         prefix_hit_rate=_ratio(sample.prefix_hits, sample.prefix_queries),
         external_hit_rate=_ratio(sample.external_hits, sample.external_queries),
         ttft_p90_seconds=histogram_quantile(0.9, sample.ttft) if sample.ttft is not None else None,
-        put_alloc_failures=sample.put_alloc_failures, evictions=sample.evictions,
+        put_alloc_failures=sample.put_alloc_failures, put_failed_keys=sample.put_failed_keys,
+        evictions=sample.evictions,
     )
 
 
@@ -142,6 +143,7 @@ def _dump_totals(totals: ArmTotals) -> ArmTotalsStatus:
                     for le, c in (ttft.pooled.buckets if ttft.pooled else ())],
             batches=[MeanSumsStatus(**asdict(b)) for b in ttft.batches]),
         put_alloc_failures=MeanSumsStatus(**asdict(totals.put_alloc_failures)),
+        put_failed_keys=MeanSumsStatus(**asdict(totals.put_failed_keys)),
         evictions=MeanSumsStatus(**asdict(totals.evictions)),
         custom={name: MeanSumsStatus(**asdict(m)) for name, m in sorted(totals.custom.items())},
     )
@@ -156,7 +158,8 @@ def _load_totals(raw: ArmTotalsStatus) -> ArmTotals:
     return ArmTotals(
         prefix=RatioSums(**raw.prefix.model_dump()), external=RatioSums(**raw.external.model_dump()),
         ttft=QuantileSums(tuple(ttft.quantiles), pooled, ttft.intervals, tuple(mean(b) for b in ttft.batches)),
-        put_alloc_failures=mean(raw.put_alloc_failures), evictions=mean(raw.evictions),
+        put_alloc_failures=mean(raw.put_alloc_failures), put_failed_keys=mean(raw.put_failed_keys),
+        evictions=mean(raw.evictions),
         custom={name: mean(m) for name, m in raw.custom.items()},
     )
 
@@ -190,7 +193,8 @@ def summarize_arm(totals: ArmTotals) -> ArmValues:
     return ArmValues(
         prefix_hit_rate=value(totals.prefix.estimate()), external_hit_rate=value(totals.external.estimate()),
         ttft_p90_seconds=value(totals.ttft.estimate(0.9)),
-        put_alloc_failures=value(totals.put_alloc_failures.estimate()), evictions=value(totals.evictions.estimate()),
+        put_alloc_failures=value(totals.put_alloc_failures.estimate()),
+        put_failed_keys=value(totals.put_failed_keys.estimate()), evictions=value(totals.evictions.estimate()),
     )
 
 

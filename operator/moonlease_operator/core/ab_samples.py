@@ -28,10 +28,11 @@ EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 PUT_ALLOC_FAILURES = "master_put_start_alloc_failures_total"
+STORE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"  # {operation="save_put"}: puts
 EVICTED_KEYS = "master_evicted_key_count"
 
 BUILTIN_SERIES = (PREFIX_QUERIES, PREFIX_HITS, EXTERNAL_QUERIES, EXTERNAL_HITS, TTFT_BUCKET,
-                  PUT_ALLOC_FAILURES, EVICTED_KEYS)
+                  STORE_FAILED_KEYS, PUT_ALLOC_FAILURES, EVICTED_KEYS)
 
 # prometheus-client escapes `:` to `_` when a scraper negotiates OpenMetrics (Prometheus does), so
 # the same vLLM counter reaches Prometheus as `vllm_prefix_cache_queries_total`: accept both.
@@ -70,8 +71,8 @@ def _deltas(previous: Sequence[Series], current: Sequence[Series]) -> list[Serie
     return out
 
 
-def _total(deltas: Sequence[Series], name: str) -> float | None:
-    values = [s.value for s in deltas if s.name == name]
+def _total(deltas: Sequence[Series], name: str, **labels: str) -> float | None:
+    values = [s.value for s in deltas if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())]
     return sum(values) if values else None
 
 
@@ -98,6 +99,7 @@ def build_arm_sample(previous: Sequence[Series], current: Sequence[Series],
         external_hits=_total(deltas, EXTERNAL_HITS), external_queries=_total(deltas, EXTERNAL_QUERIES),
         ttft=_histogram(deltas, TTFT_BUCKET),
         put_alloc_failures=_total(deltas, PUT_ALLOC_FAILURES), evictions=_total(deltas, EVICTED_KEYS),
+        put_failed_keys=_total(deltas, STORE_FAILED_KEYS, operation="save_put"),
         custom=dict(custom),
     )
 

@@ -63,6 +63,7 @@ class BuiltinMetric(str, enum.Enum):
     TTFT_P90 = "ttftP90"
     TTFT_P99 = "ttftP99"
     PUT_FAILURES = "putAllocFailures"
+    PUT_FAILED_KEYS = "putFailedKeys"
     EVICTIONS = "evictions"
 
 
@@ -136,6 +137,9 @@ class ArmSample:
     external_queries: float | None = None
     ttft: Histogram | None = None
     put_alloc_failures: float | None = None
+    """The Mooncake master's put-allocation failures (one master may serve both arms)."""
+    put_failed_keys: float | None = None
+    """Keys the arm's own engines failed to put (vLLM's store metrics): per arm, shared store or not."""
     evictions: float | None = None
     custom: Mapping[str, float] = field(default_factory=dict)
     """User PromQL results by name; a name absent here was missing this interval."""
@@ -186,9 +190,9 @@ DEFAULT_CONDITIONS: tuple[Condition, ...] = (
 class AbortGuard:
     """Early abort on a clear regression, checked on the latest `consecutive` measured intervals.
 
-    Fires when, in each of them, the treatment's put-allocation failures exceed the control's by
-    more than `put_failure_allowance`, and the per-interval excess does not fall (rising put
-    failures); or when the treatment's TTFT `ttft_quantile` exceeds `ttft_threshold_s` seconds.
+    Fires when, in each of them, the treatment's put failures (its engines' failed put keys, else
+    its master's allocation failures) exceed the control's by more than `put_failure_allowance`,
+    and the per-interval excess does not fall (rising put failures); or when the treatment's TTFT `ttft_quantile` exceeds `ttft_threshold_s` seconds.
     None disables a check.
     """
 
@@ -375,6 +379,7 @@ class ArmTotals:
     external: RatioSums = RatioSums()
     ttft: QuantileSums = QuantileSums()
     put_alloc_failures: MeanSums = MeanSums()
+    put_failed_keys: MeanSums = MeanSums()
     evictions: MeanSums = MeanSums()
     custom: Mapping[str, MeanSums] = field(default_factory=dict)
 
@@ -390,6 +395,8 @@ class ArmTotals:
             ttft=self.ttft.add(s.ttft) if s.ttft is not None else self.ttft,
             put_alloc_failures=self.put_alloc_failures.add(s.put_alloc_failures)
             if s.put_alloc_failures is not None else self.put_alloc_failures,
+            put_failed_keys=self.put_failed_keys.add(s.put_failed_keys)
+            if s.put_failed_keys is not None else self.put_failed_keys,
             evictions=self.evictions.add(s.evictions) if s.evictions is not None else self.evictions,
             custom=custom,
         )
@@ -404,6 +411,8 @@ class ArmTotals:
             return self.ttft.estimate(TTFT_QUANTILES[metric])
         if metric == BuiltinMetric.PUT_FAILURES.value:
             return self.put_alloc_failures.estimate()
+        if metric == BuiltinMetric.PUT_FAILED_KEYS.value:
+            return self.put_failed_keys.estimate()
         if metric == BuiltinMetric.EVICTIONS.value:
             return self.evictions.estimate()
         sums = self.custom.get(metric)
@@ -454,16 +463,22 @@ class GuardPoint:
     """What the abort guard reads of one measured interval."""
 
     put_excess: float | None
-    """Treatment put-allocation failures minus the control's; None if either is missing."""
+    """Treatment put failures minus the control's (failed put keys of the arms' engines, else
+    the masters' allocation failures); None if either is missing."""
     treatment_ttft_s: float | None
     """The treatment's TTFT at the guard's quantile; None if not measured."""
 
 
 def build_guard_point(interval: IntervalSample, guard: AbortGuard) -> GuardPoint:
     c, t = interval.control, interval.treatment
-    excess = (t.put_alloc_failures - c.put_alloc_failures
-              if c is not None and t is not None and c.put_alloc_failures is not None
-              and t.put_alloc_failures is not None else None)
+    excess = None
+    if c is not None and t is not None:
+        # The arms' own failed puts when their engines report them (they tell arms apart on one
+        # shared store); else the masters' allocation failures (apart only with a master per arm).
+        if c.put_failed_keys is not None and t.put_failed_keys is not None:
+            excess = t.put_failed_keys - c.put_failed_keys
+        elif c.put_alloc_failures is not None and t.put_alloc_failures is not None:
+            excess = t.put_alloc_failures - c.put_alloc_failures
     ttft = histogram_quantile(guard.ttft_quantile, t.ttft) if t is not None and t.ttft is not None else None
     return GuardPoint(excess, ttft)
 
@@ -477,7 +492,7 @@ def evaluate_guard(guard: AbortGuard, points: Sequence[GuardPoint]) -> str | Non
         excess = [p.put_excess for p in latest if p.put_excess is not None]
         if (len(excess) == len(latest) and all(e > guard.put_failure_allowance for e in excess)
                 and all(b >= a for a, b in zip(excess, excess[1:]))):
-            return (f"treatment put-allocation failures above control's by {', '.join(f'{e:g}' for e in excess)} "
+            return (f"treatment put failures above control's by {', '.join(f'{e:g}' for e in excess)} "
                     f"in the last {len(excess)} intervals (allowance {guard.put_failure_allowance:g})")
     if guard.ttft_threshold_s is not None:
         quantiles = [p.treatment_ttft_s for p in latest if p.treatment_ttft_s is not None]
