@@ -342,3 +342,31 @@ def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> N
     shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30)]
     verdict = evaluate_ab(intervals([c for c, _ in shared_only], [t for _, t in shared_only]), config)
     assert verdict.outcome is Outcome.INCONCLUSIVE  # same master, same counts: no excess
+
+
+# ---- Student's t -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("confidence, df, table", [
+    (0.95, 1, 12.7062), (0.95, 3, 3.1824), (0.90, 3, 2.3534), (0.95, 10, 2.2281), (0.99, 5, 4.0321),
+    (0.80, 20, 1.3253), (0.95, 10**6, 1.9600),
+])
+def test_t_critical_values_match_the_tables(confidence: float, df: int, table: float) -> None:
+    from moonlease_operator.core.analysis import t_critical
+
+    assert t_critical(confidence, df) == pytest.approx(table, abs=1e-4)
+
+
+def test_no_degree_of_freedom_means_no_decision() -> None:
+    from moonlease_operator.core.analysis import t_critical
+
+    assert t_critical(0.95, 0) == math.inf
+
+
+def test_few_noisy_intervals_no_longer_decide_what_a_normal_z_would() -> None:
+    """Effect 0.1, stderr ~0.04 from 4 intervals: z (1.96) would call it; t(3) (3.18) does not."""
+    control = [arm(h, 1000) for h in (200, 300, 250, 330)]
+    treatment = [arm(h, 1000) for h in (300, 420, 330, 430)]
+    verdict = evaluate_ab(intervals(control, treatment), AnalysisConfig(conditions=(HIT_RATE,), min_samples=4))
+    result = verdict.conditions[0]
+    assert result.effect == pytest.approx(0.1) and 0.1 - 1.96 * result.stderr > 0 > 0.1 - 3.18 * result.stderr
+    assert verdict.outcome is Outcome.INCONCLUSIVE

@@ -46,7 +46,7 @@ def test_defaults_read_from_camel_case() -> None:
     spec = ABTestSpec.model_validate({**ARMS, "intervalSeconds": 30, "abort": {"ttftThresholdSeconds": 2.5}})
     assert spec.interval_seconds == 30 and spec.min_samples == 5 and spec.max_samples == 30
     config = build_analysis_config(spec)
-    assert config.z == pytest.approx(1.959964, abs=1e-5)
+    assert config.confidence == 0.95
     assert [c.metric for c in config.conditions] == ["externalHitRate", "ttftP90"]
     assert config.conditions[1].direction is Direction.LOWER_IS_BETTER and config.conditions[1].guardrail
     assert config.guard.ttft_threshold_s == 2.5 and config.guard.consecutive == 2

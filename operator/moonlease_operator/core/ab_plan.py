@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import enum
 import math
-import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -71,13 +70,12 @@ class ABAction(str, enum.Enum):
 
 
 def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
-    z = statistics.NormalDist().inv_cdf((1 + spec.confidence) / 2)
     return AnalysisConfig(
         conditions=tuple(
             Condition(c.metric, Direction.HIGHER_IS_BETTER if c.direction is MetricDirection.HIGHER_IS_BETTER
                       else Direction.LOWER_IS_BETTER, c.min_effect, c.max_regression, c.guardrail)
             for c in spec.conditions),
-        min_samples=spec.min_samples, max_samples=spec.max_samples, z=z,
+        min_samples=spec.min_samples, max_samples=spec.max_samples, confidence=spec.confidence,
         consecutive_error_limit=spec.consecutive_error_limit,
         guard=AbortGuard(consecutive=spec.abort.consecutive_intervals,
                          put_failure_allowance=spec.abort.put_failure_allowance if spec.abort.put_failure_guard

@@ -20,7 +20,9 @@ deltas: the quantile of the pooled buckets (interpolated like PromQL's histogram
 a batch-means standard error from the spread of the per-interval quantiles. Custom metrics are
 one value per interval: mean and standard error of the mean. A condition compares
 treatment - control (signed so that positive is better) with the combined standard error
-sqrt(se_t^2 + se_c^2) at `z` standard errors.
+sqrt(se_t^2 + se_c^2) times a Student-t critical value at the configured confidence, with
+min(n_t, n_c) - 1 degrees of freedom: a standard error estimated from a handful of intervals is
+itself uncertain, and a normal z would decide too early (t(3) at 95 % two-sided is 3.18, not 1.96).
 """
 
 from __future__ import annotations
@@ -166,8 +168,8 @@ class Condition:
     """Treatment vs control on one metric.
 
     Success when the treatment is better by at least `min_effect` (in the metric's unit) and the
-    interval estimate - z*SE excludes no improvement; failure when it is worse by at least
-    `max_regression` and estimate + z*SE excludes no regression. A `guardrail` condition can only
+    interval estimate - t*SE excludes no improvement; failure when it is worse by at least
+    `max_regression` and estimate + t*SE excludes no regression (t: the Student-t critical value). A `guardrail` condition can only
     fail: it is not required to show an improvement.
     """
 
@@ -209,7 +211,8 @@ class AnalysisConfig:
     """Measured intervals needed before Success or Failure (the guard may abort earlier)."""
     max_samples: int | None = None
     """Intervals after which an undecided analysis ends Inconclusive; None = no limit."""
-    z: float = 1.96
+    confidence: float = 0.95
+    """Two-sided confidence of each condition's interval (Student t, min(n) - 1 df)."""
     consecutive_error_limit: int = 4
     guard: AbortGuard = field(default_factory=AbortGuard)
 
@@ -427,15 +430,70 @@ def estimate_metric(metric: str, samples: Sequence[ArmSample]) -> Estimate | Non
     return totals.estimate(metric)
 
 
+# ---- Student's t (no SciPy in the operator image) -------------------------------------------------
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified
+    Lentz), on the side where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _incomplete_beta(1.0 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * fraction / a
+
+
+def t_cdf(value: float, df: float) -> float:
+    """P(T <= value) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * _incomplete_beta(df / (df + value * value), df / 2.0, 0.5)
+    return 1.0 - tail if value >= 0 else tail
+
+
+def t_critical(confidence: float, df: int) -> float:
+    """The two-sided critical value t such that P(|T| <= t) = confidence; inf without a degree
+    of freedom (one interval says nothing about its own spread)."""
+    if df < 1:
+        return math.inf
+    target = (1.0 + confidence) / 2.0
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < target:
+        high *= 2.0
+    for _ in range(200):
+        middle = (low + high) / 2.0
+        if t_cdf(middle, df) < target:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2.0
+
+
 # ---- the decision -------------------------------------------------------------------------------
 
-def evaluate_condition(condition: Condition, control: ArmTotals, treatment: ArmTotals, *, z: float) -> ConditionResult:
+def evaluate_condition(condition: Condition, control: ArmTotals, treatment: ArmTotals, *,
+                       confidence: float) -> ConditionResult:
     c = control.estimate(condition.metric)
     t = treatment.estimate(condition.metric)
     if c is None or t is None:
         missing = " and ".join(arm.value for arm, e in ((Arm.CONTROL, c), (Arm.TREATMENT, t)) if e is None)
         return ConditionResult(condition.metric, c, t, None, None, Outcome.NO_DATA,
                                f"{condition.metric}: no data for {missing}")
+    z = t_critical(confidence, min(c.samples, t.samples) - 1)
     sign = 1.0 if condition.direction is Direction.HIGHER_IS_BETTER else -1.0
     effect = sign * (t.value - c.value)
     stderr = math.sqrt(c.stderr ** 2 + t.stderr ** 2)
@@ -547,7 +605,8 @@ def decide(state: AnalysisState, config: AnalysisConfig) -> Verdict:
     abort = evaluate_guard(config.guard, state.recent)
     if abort is not None:
         return Verdict(Outcome.ABORT, abort, True, n, errors)
-    results = tuple(evaluate_condition(c, state.control, state.treatment, z=config.z) for c in config.conditions)
+    results = tuple(evaluate_condition(c, state.control, state.treatment, confidence=config.confidence)
+                    for c in config.conditions)
     out_of_samples = config.max_samples is not None and n >= config.max_samples
     if n < config.min_samples:
         note = f"; last measurement failed: {state.last_error}" if errors else ""
