@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--min-samples", type=_at_least(2), default=None,
                       help="intervals before any verdict (default 4; 3 with --quick; at least 2)")
     demo.add_argument("--max-samples", type=_at_least(2), default=None,
-                      help="intervals after which an undecided test holds (default 10; 4 with --quick); "
+                      help="intervals after which an undecided test holds (default 20; 4 with --quick); "
                            "more makes the demo longer and a verdict likelier")
     demo.add_argument("--workdir", default=None,
                       help="where logs, the engines' settings and the plot go (default: a temp dir)")

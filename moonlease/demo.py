@@ -48,7 +48,7 @@ class DemoOptions:
     """Tiny model both arms serve (sliding window: where selective lease changes most)."""
     interval_seconds: int = 10
     min_samples: int = 4
-    max_samples: int = 10
+    max_samples: int = 20
     segment_mib: int = 16
     """The store pool's segment (16 MiB is Mooncake's smallest); eviction starts at half of it."""
     kv_cache_mib: int = 3
