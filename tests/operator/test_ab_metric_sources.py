@@ -24,13 +24,12 @@ from moonlease_operator.adapters.metric_sources import (
     fetch_interval,
 )
 from moonlease_operator.core.ab_samples import Snapshot, arm_scrape_endpoints
+from moonlease_operator.api.abtest import BuiltinMetric, MetricDirection
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
     Arm,
-    BuiltinMetric,
     Condition,
-    Direction,
     IntervalSample,
     Outcome,
     Verdict,
@@ -41,9 +40,9 @@ pytestmark = pytest.mark.prometheus
 
 LABELS = ("model_name", "engine")
 MODEL = {"model_name": "tiny", "engine": "0"}
-HIT_RATE = Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, Direction.HIGHER_IS_BETTER,
+HIT_RATE = Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, MetricDirection.HIGHER_IS_BETTER,
                      min_effect=0.05, max_regression=0.05)
-TTFT_GUARD = Condition(BuiltinMetric.TTFT_P90.value, Direction.LOWER_IS_BETTER, max_regression=0.5,
+TTFT_GUARD = Condition(BuiltinMetric.TTFT_P90.value, MetricDirection.LOWER_IS_BETTER, max_regression=0.5,
                        guardrail=True)
 
 

@@ -11,13 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from moonlease_operator.api.abtest import BuiltinMetric, MetricDirection
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
     ArmSample,
-    BuiltinMetric,
     Condition,
-    Direction,
     Histogram,
     IntervalSample,
     Outcome,
@@ -31,7 +30,7 @@ from moonlease_operator.core.analysis import (
 pytestmark = pytest.mark.unit
 
 INF = math.inf
-HIT_RATE = Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, Direction.HIGHER_IS_BETTER,
+HIT_RATE = Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, MetricDirection.HIGHER_IS_BETTER,
                      min_effect=0.02, max_regression=0.02)
 
 
@@ -177,7 +176,7 @@ def test_significant_but_below_min_effect_is_inconclusive() -> None:
 
 def test_ttft_guardrail_fails_a_winning_hit_rate() -> None:
     config = AnalysisConfig(conditions=(HIT_RATE, Condition(BuiltinMetric.TTFT_P90.value,
-                                                            Direction.LOWER_IS_BETTER,
+                                                            MetricDirection.LOWER_IS_BETTER,
                                                             max_regression=0.1, guardrail=True)))
     control = [arm(300, 1000, ttft=ttft(10, 0, 0, 0))] * 3
     treatment = [arm(600, 1000, ttft=ttft(0, 0, 10, 0))] * 3
@@ -188,7 +187,7 @@ def test_ttft_guardrail_fails_a_winning_hit_rate() -> None:
 
 def test_guardrail_within_tolerance_does_not_block_success() -> None:
     config = AnalysisConfig(conditions=(HIT_RATE, Condition(BuiltinMetric.TTFT_P90.value,
-                                                            Direction.LOWER_IS_BETTER,
+                                                            MetricDirection.LOWER_IS_BETTER,
                                                             max_regression=0.1, guardrail=True)))
     same = ttft(10, 0, 0, 0)
     verdict = evaluate_ab(intervals([arm(300, 1000, ttft=same)] * 3, [arm(600, 1000, ttft=same)] * 3), config)
@@ -205,7 +204,7 @@ def test_missing_metric_is_no_data_with_the_metric_named() -> None:
 
 
 def test_custom_metric_condition() -> None:
-    config = AnalysisConfig(conditions=(Condition("goodput", Direction.HIGHER_IS_BETTER, min_effect=1.0),))
+    config = AnalysisConfig(conditions=(Condition("goodput", MetricDirection.HIGHER_IS_BETTER, min_effect=1.0),))
     control = [ArmSample(custom={"goodput": v}) for v in (10.0, 11.0, 10.5)]
     treatment = [ArmSample(custom={"goodput": v}) for v in (20.0, 21.0, 20.5)]
     assert evaluate_ab(intervals(control, treatment), config).outcome is Outcome.SUCCESS

@@ -10,7 +10,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus, AnalysisStateStatus
+from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus, AnalysisStateStatus, MetricDirection
 from moonlease_operator.core.ab_plan import (
     HISTORY_LIMIT,
     ABAction,
@@ -28,7 +28,6 @@ from moonlease_operator.core.analysis import (
     AnalysisConfig,
     AnalysisState,
     ArmSample,
-    Direction,
     Histogram,
     IntervalSample,
     Outcome,
@@ -48,7 +47,7 @@ def test_defaults_read_from_camel_case() -> None:
     config = build_analysis_config(spec)
     assert config.confidence == 0.95
     assert [c.metric for c in config.conditions] == ["externalHitRate", "ttftP90"]
-    assert config.conditions[1].direction is Direction.LOWER_IS_BETTER and config.conditions[1].guardrail
+    assert config.conditions[1].direction is MetricDirection.LOWER_IS_BETTER and config.conditions[1].guardrail
     assert config.guard.ttft_threshold_s == 2.5 and config.guard.consecutive == 2
 
 

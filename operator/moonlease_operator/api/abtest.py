@@ -48,6 +48,19 @@ class MetricDirection(str, enum.Enum):
     LOWER_IS_BETTER = "LowerIsBetter"
 
 
+class BuiltinMetric(str, enum.Enum):
+    """The metrics a condition can name without a custom query (`core.analysis` estimates them)."""
+
+    PREFIX_HIT_RATE = "prefixCacheHitRate"
+    EXTERNAL_HIT_RATE = "externalHitRate"
+    TTFT_P50 = "ttftP50"
+    TTFT_P90 = "ttftP90"
+    TTFT_P99 = "ttftP99"
+    PUT_FAILED_KEYS = "putFailedKeys"
+    PUT_FAILURES = "putAllocFailures"
+    EVICTIONS = "evictions"
+
+
 class ConditionSpec(ApiModel):
     """Treatment vs control on one metric: built-in (prefixCacheHitRate, externalHitRate,
     ttftP50/P90/P99, putFailedKeys, putAllocFailures, evictions) or a name from
@@ -142,8 +155,7 @@ _DISJOINT_ARMS = CelRule(
     message="a workload cannot be in both arms",
     field_path=".treatment.workloads",
 )
-BUILTIN_METRICS = ("prefixCacheHitRate", "externalHitRate", "ttftP50", "ttftP90", "ttftP99", "putFailedKeys",
-                   "putAllocFailures", "evictions")
+BUILTIN_METRICS = tuple(m.value for m in BuiltinMetric)
 _KNOWN_METRICS = CelRule(
     rule="!has(self.conditions) || self.conditions.all(c, c.metric in " + json.dumps(list(BUILTIN_METRICS))
     + " || (has(self.prometheus) && has(self.prometheus.customQueries) && c.metric in self.prometheus.customQueries))",

@@ -31,7 +31,6 @@ from moonlease_operator.api.abtest import (
     ArmValues,
     FailureAction,
     IntervalRecord,
-    MetricDirection,
     SuccessAction,
 )
 from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, Reason
@@ -42,7 +41,6 @@ from moonlease_operator.core.analysis import (
     ArmSample,
     ArmTotals,
     Condition,
-    Direction,
     GuardPoint,
     Histogram,
     IntervalSample,
@@ -72,8 +70,7 @@ class ABAction(str, enum.Enum):
 def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
     return AnalysisConfig(
         conditions=tuple(
-            Condition(c.metric, Direction.HIGHER_IS_BETTER if c.direction is MetricDirection.HIGHER_IS_BETTER
-                      else Direction.LOWER_IS_BETTER, c.min_effect, c.max_regression, c.guardrail)
+            Condition(c.metric, c.direction, c.min_effect, c.max_regression, c.guardrail)
             for c in spec.conditions),
         min_samples=spec.min_samples, max_samples=spec.max_samples, confidence=spec.confidence,
         consecutive_error_limit=spec.consecutive_error_limit,

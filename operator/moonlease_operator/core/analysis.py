@@ -32,6 +32,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from moonlease_operator.api.abtest import BuiltinMetric, MetricDirection
+
 
 class Arm(str, enum.Enum):
     CONTROL = "control"
@@ -51,22 +53,6 @@ class Outcome(str, enum.Enum):
     """A metric a condition needs is missing from every interval: no decision is possible."""
     ERROR = "Error"
     """More consecutive failed measurements than the limit allows."""
-
-
-class Direction(str, enum.Enum):
-    HIGHER_IS_BETTER = "HigherIsBetter"
-    LOWER_IS_BETTER = "LowerIsBetter"
-
-
-class BuiltinMetric(str, enum.Enum):
-    PREFIX_HIT_RATE = "prefixCacheHitRate"
-    EXTERNAL_HIT_RATE = "externalHitRate"
-    TTFT_P50 = "ttftP50"
-    TTFT_P90 = "ttftP90"
-    TTFT_P99 = "ttftP99"
-    PUT_FAILURES = "putAllocFailures"
-    PUT_FAILED_KEYS = "putFailedKeys"
-    EVICTIONS = "evictions"
 
 
 TTFT_QUANTILES: Mapping[str, float] = {
@@ -174,16 +160,16 @@ class Condition:
     """
 
     metric: str
-    direction: Direction = Direction.HIGHER_IS_BETTER
+    direction: MetricDirection = MetricDirection.HIGHER_IS_BETTER
     min_effect: float = 0.0
     max_regression: float = 0.0
     guardrail: bool = False
 
 
 DEFAULT_CONDITIONS: tuple[Condition, ...] = (
-    Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, Direction.HIGHER_IS_BETTER,
+    Condition(BuiltinMetric.EXTERNAL_HIT_RATE.value, MetricDirection.HIGHER_IS_BETTER,
               min_effect=0.02, max_regression=0.02),
-    Condition(BuiltinMetric.TTFT_P90.value, Direction.LOWER_IS_BETTER,
+    Condition(BuiltinMetric.TTFT_P90.value, MetricDirection.LOWER_IS_BETTER,
               max_regression=0.05, guardrail=True),
 )
 
@@ -494,7 +480,7 @@ def evaluate_condition(condition: Condition, control: ArmTotals, treatment: ArmT
         return ConditionResult(condition.metric, c, t, None, None, Outcome.NO_DATA,
                                f"{condition.metric}: no data for {missing}")
     z = t_critical(confidence, min(c.samples, t.samples) - 1)
-    sign = 1.0 if condition.direction is Direction.HIGHER_IS_BETTER else -1.0
+    sign = 1.0 if condition.direction is MetricDirection.HIGHER_IS_BETTER else -1.0
     effect = sign * (t.value - c.value)
     stderr = math.sqrt(c.stderr ** 2 + t.stderr ** 2)
     described = (f"{condition.metric}: treatment {t.value:.4g} vs control {c.value:.4g} "
