@@ -311,19 +311,28 @@ def test_running_ratio_sums_match_the_residual_formula(pairs: list[tuple[float, 
     assert estimate.stderr == pytest.approx(direct, rel=1e-6, abs=1e-9)
 
 
-def test_state_folded_interval_by_interval_decides_like_the_whole_list() -> None:
-    from moonlease_operator.core.analysis import AnalysisState, decide, fold_interval
+def test_the_folded_state_holds_what_the_direct_formulas_give() -> None:
+    """Folded interval by interval (failures in between), the state's estimates are the ratio
+    estimator and residual standard error computed directly from the measured intervals."""
+    from moonlease_operator.core.analysis import AnalysisState, fold_interval
 
     config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=3)
-    control = [arm(500 + i, 1000) for i in range(6)]
-    treatment = [arm(700 - i, 1000) for i in range(6)]
-    samples = intervals(control, treatment)
+    pairs = [(500, 1000), (430, 900), (610, 1100), (0, 0), (520, 1000)]  # one idle interval
+    samples = intervals([arm(h, q) for h, q in pairs], [arm(h, q) for h, q in pairs])
     samples.insert(2, IntervalSample(start=0, end=1, error="Prometheus down"))
+    samples.append(IntervalSample(start=0, end=1, error="Prometheus down"))
     state = AnalysisState()
-    for i, interval in enumerate(samples, 1):
+    for interval in samples:
         state = fold_interval(state, interval, config)
-        assert decide(state, config) == evaluate_ab(samples[:i], config)
-    assert state.samples == 6 and state.consecutive_errors == 0
+    assert (state.samples, state.consecutive_errors, state.last_error) == (5, 1, "Prometheus down")
+    used = [(h, q) for h, q in pairs if q > 0]
+    ratio = sum(h for h, _ in used) / sum(q for _, q in used)
+    qbar = sum(q for _, q in used) / len(used)
+    stderr = math.sqrt(sum((h - ratio * q) ** 2 for h, q in used) / (len(used) * (len(used) - 1))) / qbar
+    estimate = state.control.estimate(HIT_RATE.metric)
+    assert estimate is not None and estimate.samples == 4
+    assert estimate.value == pytest.approx(ratio) and estimate.stderr == pytest.approx(stderr)
+    assert len(state.recent) == 5 and all(p.put_excess == 0 for p in state.recent)
 
 
 def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> None:

@@ -76,7 +76,8 @@ def test_scrape_endpoints_are_the_running_pods_each_arms_workloads_select() -> N
                              "annotations": {"prometheus.io/port": port} if port else {}},
                 "status": {"phase": phase, "podIP": ip}}
     pods = [pod("decode-a", "10.0.0.1"), pod("decode-b", "10.0.0.2", port="9100"), pod("decode-b", "10.0.0.3", "Pending"),
-            pod(None, "10.0.0.4"), pod("decode-a", None), pod("other", "10.0.0.5"), pod("prefill-b", "10.0.0.6")]
+            pod(None, "10.0.0.4"), pod("decode-a", None), pod("other", "10.0.0.5"), pod("prefill-b", "10.0.0.6"),
+            pod("decode-a", "10.0.0.1")]  # a second pod on the same address: one endpoint
     selectors = {Arm.CONTROL: [{"matchLabels": {"app": "decode-a"}}],
                  Arm.TREATMENT: [{"matchLabels": {"app": "decode-b"}},
                                  {"matchExpressions": [{"key": "app", "operator": "In", "values": ["prefill-b"]}]}]}

@@ -164,4 +164,6 @@ def arm_scrape_endpoints(pods: Sequence[Mapping[str, Any]], selectors: Mapping[A
             if any(selector.matches(labels) for selector in arm_selectors):
                 endpoints[arm].append(f"{ip}:{port}")
                 break
-    return {arm: sorted(found) for arm, found in endpoints.items()}
+    # Two pods on one address (host networking, or all pods on one machine) are one endpoint:
+    # scraping it twice would count its series twice.
+    return {arm: sorted(set(found)) for arm, found in endpoints.items()}
