@@ -95,7 +95,7 @@ def step(title: str, hint: str) -> Iterator[None]:
 
 def start_store(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) -> Any:
     from moonlease import devenv
-    from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster, StorePool
+    from moonlease.testbed.mooncake import MooncakeMaster, StorePool
 
     devenv.preload()
     with step(f"Starting a Mooncake master and a {options.segment_mib} MiB store pool on loopback",

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import enum
 import math
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
