@@ -11,6 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from pathlib import Path
 from typing import Any
 
+import aiohttp.test_utils
+import aiohttp.web
+import aiohttp.web_request
+import aiohttp.web_server
 import kmock
 import yaml
 
@@ -20,9 +24,28 @@ from moonlease.testbed.kube.faults import InjectedFault
 from moonlease.testbed.kube.manifests import namespace_manifest
 from moonlease.testbed.kube.resources import EVENTS
 from moonlease.testbed.kube.simulator import RolloutSimulator
+from moonlease.testbed.kube.validation import MAX_REQUEST_BODY_BYTES
 from moonlease.testbed.kube.watches import DEFAULT_WATCH_HISTORY
 
 JsonObj = dict[str, Any]
+
+
+class _LenientHttpServer(aiohttp.web_server.Server):
+    """aiohttp's low-level server with a body limit far above the API server's, so that the
+    emulator decides what is too large (413 with a Status body), not aiohttp (1 MiB, plain text)."""
+
+    body_limit = 4 * MAX_REQUEST_BODY_BYTES
+
+    def _make_request(self, message: Any, payload: Any, protocol: Any, writer: Any,
+                      task: Any) -> aiohttp.web_request.BaseRequest:
+        return aiohttp.web_request.BaseRequest(message, payload, protocol, writer, task, self._loop,
+                                               client_max_size=self.body_limit)
+
+
+class _HttpServer(aiohttp.test_utils.RawTestServer):
+    async def _make_runner(self, debug: bool = True, **kwargs: Any) -> aiohttp.web.ServerRunner:
+        return aiohttp.web.ServerRunner(_LenientHttpServer(self._handler, loop=self._loop, debug=debug, **kwargs),
+                                        debug=debug, **kwargs)
 
 
 class LocalApiServer:
@@ -171,7 +194,7 @@ async def local_api_server(*, crds: Sequence[Mapping[str, Any]] | None = None,
     """
     crds = default_crds() if crds is None else list(crds)
     async with ApiServerEmulator(watch_history=watch_history, bookmark_interval=bookmark_interval) as emulator:
-        async with kmock.Server(emulator, host=host, port=port) as server:
+        async with kmock.Server(emulator, host=host, port=port, server_cls=_HttpServer) as server:
             api = LocalApiServer(emulator, server, RolloutSimulator(emulator))
             for ns in namespaces:
                 await api.create(namespace_manifest(ns))
