@@ -46,6 +46,7 @@ from moonlease_operator.api import (
     WorkloadKind,
     parse_spec,
 )
+from moonlease_operator.api.policy import policy_name_problems
 from moonlease_operator.core.ab_plan import (
     ABReading,
     apply_decision_annotation,
@@ -162,10 +163,13 @@ def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetim
 def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime) -> ReconcilePlan:
     """Decide one reconcile of one policy (see the module docstring)."""
+    name_problems = policy_name_problems(policy.name)
     try:
         spec = parse_spec(raw_spec)
     except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems + exc.problems, now)
+    if name_problems:
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems, now)
 
     fleet = resolve_fleet(spec, observed.workloads)
     if fleet.missing:
