@@ -194,3 +194,16 @@ async def test_kopf_resumes_a_watch_dropped_with_410_without_missing_a_change(ku
         await kube.patch(CONFIGMAPS, "default", "watched", {"data": {"v": "3"}})
         await kube.wait_for(lambda: kopf_side.saw("watched", {"v": "3"}), timeout=15, what="the next change")
         assert ("MODIFIED", "watched", {"v": "3"}) in kopf_side.seen
+
+
+async def test_watch_streams_count_in_the_traffic(kube_manual: LocalApiServer) -> None:
+    await kube_manual.create(deployment_manifest("web"))
+    before = kube_manual.traffic.snapshot()
+    received = 0
+    async with aiohttp.ClientSession() as session:
+        async with session.get(kube_manual.url + DEPLOYS, params={"watch": "true", "timeoutSeconds": "1"}) as rsp:
+            async for line in rsp.content:
+                received += len(line)
+    served = kube_manual.traffic.since(before)
+    assert served.requests == {("watch", "deployments"): 1}
+    assert served.bytes_served == {("watch", "deployments"): received} and received > 500
