@@ -315,6 +315,16 @@ async def test_lists_paginate_consistently_at_the_first_pages_version(kube_manua
     assert status == 400
 
 
+async def test_unknown_resources_and_objects_answer_404_status(kube_manual: LocalApiServer) -> None:
+    status, body = await http(kube_manual, "GET", "/apis/apps/v1/namespaces/default/widgets")
+    assert status == 404
+    assert_status(body, 404, "NotFound")
+    assert body["message"] == "the server could not find the requested resource"
+    status, body = await http(kube_manual, "GET", f"{DEPLOYS}/nowhere")
+    assert status == 404 and body["message"] == 'deployments.apps "nowhere" not found'
+    assert body["details"] == {"name": "nowhere", "group": "apps", "kind": "deployments"}
+
+
 async def test_traffic_counts_requests_and_bytes(kube_manual: LocalApiServer) -> None:
     await kube_manual.create(deployment_manifest("web"))
     before = kube_manual.traffic.snapshot()

@@ -615,6 +615,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return response
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, kmock.KubernetesNotFoundError):
+            # kmock's own 404s (unknown resource or path) carry made-up reasons; the real server's:
+            exc = errors.error(404, "NotFound", "the server could not find the requested resource")
         if isinstance(exc, kmock.KubernetesError):
             body = errors.status_body(exc.status, exc.reason or "InternalError", exc.message or "", exc.details)
             return aiohttp.web.json_response(body, status=exc.status)
