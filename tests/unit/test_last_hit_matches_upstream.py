@@ -15,17 +15,17 @@ import random
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.lookup import MissReason
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     Layout,
     PatternStore,
     RecordingStore,
-    build_worker,
+    build_lookup,
+    build_upstream_lookup,
     every_possible_key,
     full_attention,
     keys_the_load_reads,
@@ -73,10 +73,9 @@ def cases(draw: st.DrawFn):
     num_hashes = draw(st.integers(min_value=1, max_value=40))
     hashes = [bytes([index, 9]) * 4 for index in range(num_hashes)]
     num_tokens = draw(st.integers(min_value=1, max_value=num_hashes * HASH_BLOCK))
-    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
     rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
     density = draw(st.sampled_from([1.0, 1.0, 0.95, 0.8, 0.5]))
-    pattern = {key: int(rng.random() < density) for key in every_possible_key(probe_worker, hashes)}
+    pattern = {key: int(rng.random() < density) for key in every_possible_key(layout, hashes)}
     contract = draw(st.sampled_from(["per-key-existence", "selected-only"]))
     return layout, num_tokens, hashes, pattern, contract
 
@@ -87,12 +86,13 @@ def cases(draw: st.DrawFn):
 @given(cases())
 def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> None:
     layout, num_tokens, hashes, pattern, contract = case
-    upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(num_tokens, hashes)
+    upstream = build_upstream_lookup(layout, RecordingStore(pattern))(num_tokens, hashes)
 
     store = LastHitStore(pattern, contract)
-    worker = build_worker(MoonleaseStoreWorker, layout, store, LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.3.14" if contract == "per-key-existence" else "0.4.0",
-                                            True, ("none", "LastHitOnly"))
+    worker = build_lookup(layout, store, LAST_HIT,
+                          capabilities=StoreCapabilities(
+                              "0.3.14" if contract == "per-key-existence" else "0.4.0",
+                              True, ("none", "LastHitOnly")))
     ours = worker.lookup(num_tokens, hashes)
     event(f"{layout.name}: {'hit' if ours.hit_length else 'miss'}")
 
@@ -113,8 +113,7 @@ def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> No
 def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
     layout = HYBRID_LAYOUTS[0]
     hashes = [bytes([index, 9]) * 4 for index in range(16)]
-    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
-    pattern = {key: 1 for key in every_possible_key(probe_worker, hashes)}
+    pattern = {key: 1 for key in every_possible_key(layout, hashes)}
 
     class Broken(LastHitStore):
         def batch_probe_key(self, keys, policy="none", candidate_size=1):
@@ -127,11 +126,11 @@ def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
             return [1] * len(keys)  # every candidate "selected": breaks RFC 4255
 
     store = Broken(pattern, "selected-only")
-    worker = build_worker(MoonleaseStoreWorker, layout, store, LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.4.0", True, ("none", "LastHitOnly"))
-    assert worker.lookup(len(hashes) * HASH_BLOCK, hashes).hit_length == 0
-    outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
-    assert outcome["result"] == "miss" and outcome["reason"] == "store_error"
+    worker = build_lookup(layout, store, LAST_HIT,
+                          capabilities=StoreCapabilities("0.4.0", True, ("none", "LastHitOnly")))
+    answer = worker.lookup(len(hashes) * HASH_BLOCK, hashes)
+    assert answer.hit_length == 0
+    assert answer.outcome.miss_reason is MissReason.STORE_ERROR
     assert not any("@group:1@" in key for name, keys in store.calls if name == "batch_is_exist" for key in keys), \
         "no lease-renewing existence fallback for recurrent keys"
 
@@ -149,8 +148,8 @@ def test_a_hybrid_sibling_gets_a_junction_in_last_hit_only_mode() -> None:
     answers.update({f"tiny@tp_rank:{rank}@pcp0@dcp0@pp_rank:0@group:1@{stored[15].hex()}": 1
                     for rank in range(2)})
     store = LastHitStore(answers, "per-key-existence")
-    worker = build_worker(MoonleaseStoreWorker, layout, store, config)
-    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+    worker = build_lookup(layout, store, config,
+                          capabilities=StoreCapabilities("0.3.14", True, ("none", "LastHitOnly")))
     result = worker.lookup(len(sibling) * HASH_BLOCK, sibling)
     assert result.hit_length == 0
     response = parse_wire_entries(0, [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries])
@@ -168,9 +167,9 @@ def test_partial_hash_hits_with_an_incomplete_later_state_hit_like_upstream() ->
     layout = next(layout for layout in HYBRID_LAYOUTS if layout.name == "full-partial+mamba")
     pattern = json.loads((Path(__file__).parent / "data" / "last_hit_partial_hits_divergence.json").read_text())
     hashes = [bytes([index, 9]) * 4 for index in range(28)]
-    upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(256, hashes)
-    worker = build_worker(MoonleaseStoreWorker, layout, LastHitStore(pattern, "per-key-existence"), LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+    upstream = build_upstream_lookup(layout, RecordingStore(pattern))(256, hashes)
+    worker = build_lookup(layout, LastHitStore(pattern, "per-key-existence"), LAST_HIT,
+                          capabilities=StoreCapabilities("0.3.14", True, ("none", "LastHitOnly")))
     ours = worker.lookup(256, hashes)
     assert upstream.hit_length == 240
     assert (ours.hit_length, ours.tail_key_boundaries) == (upstream.hit_length, upstream.tail_key_boundaries)
