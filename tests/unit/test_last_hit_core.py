@@ -9,8 +9,11 @@ import pytest
 from moonlease_connector.core.last_hit import (
     ProbeContract,
     build_checkpoint_candidates,
+    HitPass,
+    HitPlan,
     contract_for,
     legal_checkpoints,
+    plan_hit_passes,
     select_checkpoint,
 )
 from moonlease_connector.core.lookup import GroupNamespaces
@@ -99,3 +102,28 @@ def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> No
     assert legal_checkpoints(64, 191, lambda p: True) == (64, 128)
     assert legal_checkpoints(64, 256, lambda p: p != 128) == (64, 192, 256)
     assert legal_checkpoints(64, 63, lambda p: True) == ()
+
+
+def test_one_pass_when_even_every_state_stays_below_num_tokens() -> None:
+    calls = []
+
+    def longest(length: int, with_final: bool) -> int:
+        calls.append((length, with_final))
+        return 192
+
+    assert plan_hit_passes(256, 256, 240, longest) == HitPlan(HitPass(256, 192))
+    assert calls == [(256, True)], "no second run of the rule when the final state cannot matter"
+
+
+def test_a_reachable_final_state_plans_both_of_upstreams_passes() -> None:
+    """The recompute pass (length 240) may hit less than the first pass without the final
+    state (partial-hash hits: the tail block is keyed at 256); both are kept."""
+    hits = {(256, True): 256, (256, False): 240, (240, True): 192}
+    plan = plan_hit_passes(256, 256, 240, lambda length, final: hits[(length, final)])
+    assert plan == HitPlan(HitPass(256, 240), HitPass(240, 192))
+    assert plan.pass_for(True) == HitPass(240, 192) and plan.pass_for(False) == HitPass(256, 240)
+
+
+def test_no_recompute_room_means_a_present_final_state_hits_nothing() -> None:
+    plan = plan_hit_passes(16, 16, 0, lambda length, final: 16 if final else 0)
+    assert plan.pass_for(True) == HitPass(0, 0) and plan.pass_for(False) == HitPass(16, 0)

@@ -206,7 +206,12 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
         if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
             # Builds its own candidates: KV keys as below, recurrent keys per checkpoint.
-            return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, groups, hit_for)
+            def longest_hit(present: frozenset[tuple[int, bytes]], length: int) -> int:
+                pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
+                return self.coord.find_longest_cache_hit(block_hashes, length, pool)[1]
+
+            return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, groups,
+                                        longest_hit)
 
         candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
                                                                        block_hashes))
