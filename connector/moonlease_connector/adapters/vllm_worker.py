@@ -8,7 +8,9 @@ Two deliberate differences from upstream in the default mode, both safety fixes:
 - the lookup never raises (upstream's lookup server thread dies on an unexpected exception and
   every later lookup hangs); anything unexpected is logged and reported as a miss;
 - `wait_for_save` publishes nothing from a step whose forward pass raised (upstream runs it in
-  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2).
+  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2);
+  the step is judged by its own exception (`StepOutcomeWatch`), and its skipped jobs are
+  reported finished so the scheduler releases their blocks.
 
 With junction retention (seed 004) on, a lookup — in either lease mode, hit or miss — also
 returns the shared-prefix junction by vLLM's local rule (`longest_single_group_hit`), as
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_specs import is_recurrent
+from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
 from moonlease_connector.core.junctions import find_junctions
@@ -69,6 +71,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
                  config: MoonleaseConnectorConfig) -> None:
         self.moonlease_config = config
+        self.step_outcome = StepOutcomeWatch()
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
         self.kv_connector_stats = MoonleaseConnectorStats()
@@ -291,15 +294,35 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """Publish this step's blocks, unless the forward pass that filled them raised.
 
         vLLM calls this from a `finally` after the forward (kv_connector_model_runner_mixin);
-        an exception in flight there means the blocks hold no valid KV for their hashes.
+        if the step raised, its blocks hold no valid KV for their hashes. The skipped jobs are
+        still finished (as failures): upstream's scheduler holds their blocks until every rank
+        reports the job, so a job never reported would keep them for the rest of the run.
         """
-        failure = sys.exc_info()[1]
-        if failure is not None:
-            skipped = [request.req_id for request in metadata.requests if request.can_save]
-            if skipped:
-                logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
-                             type(failure).__name__, failure, len(skipped), ", ".join(skipped))
-                self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
-                                                    status="error", num_failed_keys=len(skipped))
+        failure = self.step_outcome.failure()
+        if failure is None:
+            super().wait_for_save(metadata)
             return
-        super().wait_for_save(metadata)
+        skipped = [request for request in metadata.requests if request.can_save]
+        if not skipped:
+            return
+        logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
+                     type(failure).__name__, failure, len(skipped),
+                     ", ".join(request.req_id for request in skipped))
+        self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
+                                            status="error", num_failed_keys=len(skipped))
+        if self._capacity_only or not self.can_put or self.kv_send_thread is None:
+            return  # upstream would not have queued these jobs either
+        for request in skipped:
+            if request.store_job_id is not None:
+                self.kv_send_thread.finish_store_job(request)
+
+    def build_connector_worker_meta(self) -> Any:
+        """Upstream's completed-save report, held back while the step is failing.
+
+        A failed step's output never reaches the scheduler, so completions drained into it
+        (the skipped jobs above, and jobs the send thread finished meanwhile) would be lost
+        and their blocks stay pinned; they go out with the next step's output instead.
+        """
+        if self.step_outcome.failure() is not None:
+            return None
+        return super().build_connector_worker_meta()
