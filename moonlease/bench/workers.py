@@ -26,7 +26,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls
+from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
 from moonlease_connector.adapters.vllm_metrics import LOOKUPS_KEY, MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
@@ -98,6 +98,7 @@ def build_worker(cls: type, layout: Layout, store: Any,
     if cls is MoonleaseStoreWorker:
         worker.moonlease_config = config or MoonleaseConnectorConfig()
         worker.store_calls = StoreCalls(store, worker._record_kv_connector_operation)
+        worker.probe_contract = ProbeContractDetector(store)  # detects on first use
     return worker
 
 
@@ -142,14 +143,16 @@ def build_mode_worker(layout: Layout, store: Any, lease_mode: LeaseMode, *,
                       retention_interval: int | None = None) -> MoonleaseStoreWorker:
     """Our worker in one lease mode over `store`, as `MoonleaseStoreWorker.__init__` would set it.
 
-    Capabilities are those of a Mooncake 0.3.14 client (per-key `LastHitOnly` answers); the
-    in-memory stores answer the same way. `retention_interval` is read only by saves (store
+    Capabilities are those of a Mooncake 0.3.14 client; the `LastHitOnly` response contract is
+    detected from the store as the worker does (the in-memory stores answer per key). `retention_interval` is read only by saves (store
     masks); lookups always ask about every boundary (upstream).
     """
     config = MoonleaseConnectorConfig.for_mode(lease_mode, junction_retention=junction_retention)
     worker: MoonleaseStoreWorker = build_worker(MoonleaseStoreWorker, layout, store, config,
                                                 retention_interval=retention_interval)
     worker.capabilities = StoreCapabilities("0.3.14", True, ("none", LAST_HIT_ONLY_POLICY))
+    if lease_mode is LeaseMode.LAST_HIT_ONLY:
+        worker.probe_contract.detect()
     return worker
 
 

@@ -11,7 +11,7 @@ from moonlease_connector.core.last_hit import (
     build_checkpoint_candidates,
     HitPass,
     HitPlan,
-    contract_for,
+    contract_from_probe,
     legal_checkpoints,
     plan_hit_passes,
     select_checkpoint,
@@ -92,9 +92,20 @@ def test_answers_outside_the_contract_are_misses(answers, contract, why) -> None
     assert not selection.valid and selection.index is None and why in selection.problem
 
 
-def test_contract_follows_the_release() -> None:
-    assert contract_for("0.3.14") is ProbeContract.PER_KEY_EXISTENCE
-    assert contract_for("0.3.15") is ProbeContract.SELECTED_ONLY
+@pytest.mark.parametrize(("answers", "contract"), [
+    ([1, 1, 0], ProbeContract.PER_KEY_EXISTENCE),  # Mooncake 0.3.14
+    ((0, 1, 0), ProbeContract.SELECTED_ONLY),  # Mooncake RFC 4255
+    ([1, 1, 1], None), ([0, 0, 0], None), ([1, 1], None), ([-600] * 3, None), (None, None),
+])
+def test_the_contract_is_read_from_the_probe_answer(answers, contract) -> None:
+    assert contract_from_probe(answers) is contract
+
+
+def test_selected_only_misfits_are_flagged_for_redetection() -> None:
+    per_key_answer = [1] * 8 + [0] * 4  # two complete checkpoints: fine per key, not RFC 4255
+    assert select_checkpoint(candidates(), per_key_answer, ProbeContract.SELECTED_ONLY).contract_misfit
+    broken = select_checkpoint(candidates(), [1] * 11, ProbeContract.SELECTED_ONLY)
+    assert not broken.valid and not broken.contract_misfit, "a malformed answer is no contract question"
 
 
 def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> None:

@@ -48,10 +48,14 @@ HYBRID_LAYOUTS = [
 
 
 class LastHitStore(PatternStore):
-    """Plays Mooncake's LastHitOnly probe; records what it leases."""
+    """Plays Mooncake's LastHitOnly probe under either contract; records what it leases.
+
+    RFC 4255's selected-only contract is in no Mooncake release: this simulation is the only
+    way to run it. Mooncake 0.3.14's per-key contract also runs against the real store
+    (tests/connector/test_last_hit_real_store.py)."""
 
     def __init__(self, answer_for: dict[str, int], contract: str) -> None:
-        super().__init__(answer_for)
+        super().__init__(dict(answer_for))
         self.contract = contract
         self.last_hit_leased: set[str] = set()
 
@@ -63,10 +67,21 @@ class LastHitStore(PatternStore):
         complete = [i for i, group in enumerate(groups) if all(a == 1 for a in group)]
         if complete:
             chosen = complete[-1]
-            self.last_hit_leased |= set(keys[chosen * candidate_size:(chosen + 1) * candidate_size])
+            self.last_hit_leased |= {key for key in keys[chosen * candidate_size:(chosen + 1) * candidate_size]
+                                     if not key.startswith("moonlease-contract-probe")}
         if self.contract == "selected-only":
             return [1 if complete and i // candidate_size == complete[-1] else 0 for i in range(len(keys))]
         return answers
+
+
+def last_hit_worker(layout: Layout, store: PatternStore, config=LAST_HIT):
+    """Our worker as start-up leaves it: the store's contract detected from its answers (the
+    version string says nothing), then the store's call record cleared."""
+    worker = build_worker(MoonleaseStoreWorker, layout, store, config)
+    worker.capabilities = StoreCapabilities("unknown", True, ("none", "LastHitOnly"))
+    worker.probe_contract.detect()
+    store.calls.clear()
+    return worker
 
 
 @st.composite
@@ -120,9 +135,8 @@ def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> No
     upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(num_tokens, hashes)
 
     store = LastHitStore(pattern, contract)
-    worker = build_worker(MoonleaseStoreWorker, layout, store, LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.3.14" if contract == "per-key-existence" else "0.4.0",
-                                            True, ("none", "LastHitOnly"))
+    worker = last_hit_worker(layout, store)
+    assert worker.probe_contract.contract.value == contract
     ours = worker.lookup(num_tokens, hashes)
     event(f"{layout.name}: {'hit' if ours.hit_length else 'miss'}")
 
@@ -148,6 +162,8 @@ def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
 
     class Broken(LastHitStore):
         def batch_probe_key(self, keys, policy="none", candidate_size=1):
+            if keys[0].startswith("moonlease-contract-probe"):
+                return super().batch_probe_key(keys, policy, candidate_size)
             if answer is None:
                 raise RuntimeError("master unreachable")
             if answer == "short":
@@ -157,8 +173,7 @@ def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
             return [1] * len(keys)  # every candidate "selected": breaks RFC 4255
 
     store = Broken(pattern, "selected-only")
-    worker = build_worker(MoonleaseStoreWorker, layout, store, LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.4.0", True, ("none", "LastHitOnly"))
+    worker = last_hit_worker(layout, store)
     assert worker.lookup(len(hashes) * HASH_BLOCK, hashes).hit_length == 0
     outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
     assert outcome["result"] == "miss" and outcome["reason"] == "store_error"
@@ -179,8 +194,7 @@ def test_a_hybrid_sibling_gets_a_junction_in_last_hit_only_mode() -> None:
     answers.update({f"tiny@tp_rank:{rank}@pcp0@dcp0@pp_rank:0@group:1@{stored[15].hex()}": 1
                     for rank in range(2)})
     store = LastHitStore(answers, "per-key-existence")
-    worker = build_worker(MoonleaseStoreWorker, layout, store, config)
-    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+    worker = last_hit_worker(layout, store, config)
     result = worker.lookup(len(sibling) * HASH_BLOCK, sibling)
     assert result.hit_length == 0
     response = parse_wire_entries(0, [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries])
@@ -197,8 +211,7 @@ def test_the_state_at_num_tokens_picks_upstreams_pass_and_is_asked_without_a_lea
     layout, num_tokens, hashes, pattern, contract = with_final_state(PARTIAL_HITS_CASE, final_present)
     upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(num_tokens, hashes)
     store = LastHitStore(pattern, contract)
-    worker = build_worker(MoonleaseStoreWorker, layout, store, LAST_HIT)
-    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+    worker = last_hit_worker(layout, store)
     ours = worker.lookup(num_tokens, hashes)
     assert upstream.hit_length == upstream_hit
     assert (ours.hit_length, ours.tail_key_boundaries) == (upstream.hit_length, upstream.tail_key_boundaries)

@@ -22,10 +22,8 @@ from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
     HitPass,
     build_checkpoint_candidates,
-    contract_for,
     legal_checkpoints,
     plan_hit_passes,
-    select_checkpoint,
 )
 from moonlease_connector.core.last_hit_layout import (
     GroupServing,
@@ -179,8 +177,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
                                        candidate_size=candidates.candidate_size,
                                        operation="lookup_last_hit_probe")
-    selection = select_checkpoint(candidates, answers,
-                                  contract_for(worker.capabilities.mooncake_version))
+    selection = worker.probe_contract.read(candidates, answers)
     probed += len(candidates.keys)
     if not selection.valid:
         logger.error("LastHitOnly probe answer rejected (%s); reporting a miss", selection.problem)

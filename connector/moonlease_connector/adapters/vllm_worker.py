@@ -39,7 +39,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import M
 from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
+from moonlease_connector.adapters.mooncake_store import (
+    ProbeContractDetector,
+    StoreCalls,
+    detect_capabilities,
+)
 from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
@@ -83,6 +87,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         self._check_mode_requirements()
+        self.probe_contract = ProbeContractDetector(self.store)
+        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
+            # Detected from the store's behaviour, not its release (README: Last-hit-only).
+            self.probe_contract.detect()
 
     def _check_mode_requirements(self) -> None:
         """Refuse to start in a mode the installed Mooncake client cannot serve."""

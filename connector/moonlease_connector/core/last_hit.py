@@ -17,9 +17,11 @@ states past the point the KV evidence lets the request resume from. Here:
 
 Two response contracts exist (NOTES §3): Mooncake 0.3.14 answers per-key existence and leases
 the last complete candidate; Mooncake RFC 4255 answers a selected-only mask with at most one
-all-true candidate. Anything outside the contract in force — wrong length, values other than
-0/1, several selected candidates under RFC 4255, error codes — is a miss, and so is a failed
-RPC. There is deliberately no fallback to a lease-renewing existence check.
+all-true candidate. Which one a store follows is detected from its answer to a probe of keys
+the connector writes itself (`contract_from_probe`), never from a release string. Anything
+outside the contract in force — wrong length, values other than 0/1, several selected
+candidates under RFC 4255, error codes — is a miss, and so is a failed RPC. There is
+deliberately no fallback to a lease-renewing existence check.
 """
 
 from __future__ import annotations
@@ -40,10 +42,24 @@ class ProbeContract(str, Enum):
     SELECTED_ONLY = "selected-only"  # Mooncake RFC 4255: 1s only on the selected candidate
 
 
-def contract_for(mooncake_version: str) -> ProbeContract:
-    """0.3.14 shipped per-key answers; later releases follow RFC 4255's selected-only mask."""
-    return ProbeContract.PER_KEY_EXISTENCE if mooncake_version.startswith("0.3.14") \
-        else ProbeContract.SELECTED_ONLY
+#: The contract probe: three one-key candidates, the first two stored, the third never.
+#: A per-key store answers (1, 1, 0); an RFC 4255 store selects the last complete one: (0, 1, 0).
+CONTRACT_PROBE_STORED: tuple[bool, ...] = (True, True, False)
+_CONTRACT_ANSWERS: dict[tuple[int, ...], ProbeContract] = {
+    (1, 1, 0): ProbeContract.PER_KEY_EXISTENCE,
+    (0, 1, 0): ProbeContract.SELECTED_ONLY,
+}
+
+
+def contract_from_probe(answers: Sequence[int] | None) -> ProbeContract | None:
+    """The contract a store follows, read from its answer to the contract probe (pure).
+
+    Decided by behaviour, never by release string: source builds report no version, and later
+    releases may keep either contract. None when the answer fits neither (or the probe failed).
+    """
+    if answers is None:
+        return None
+    return _CONTRACT_ANSWERS.get(tuple(int(answer) for answer in answers))
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,8 @@ class Selection:
 
     index: int | None
     problem: str | None = None  # set when the answer broke the contract
+    #: the answer was well-formed but fits another contract (re-detect the store's contract)
+    contract_misfit: bool = False
 
     @property
     def valid(self) -> bool:
@@ -109,9 +127,11 @@ def select_checkpoint(candidates: CheckpointCandidates, answers: Sequence[int] |
                 if all(answers[index * size + offset] == 1 for offset in range(size))]
     if contract is ProbeContract.SELECTED_ONLY:
         if len(complete) > 1:
-            return Selection(None, f"{len(complete)} candidates selected; the contract allows one")
+            return Selection(None, f"{len(complete)} candidates selected; the contract allows one",
+                             contract_misfit=True)
         if sum(answers) != size * len(complete):
-            return Selection(None, "keys outside the selected candidate marked present")
+            return Selection(None, "keys outside the selected candidate marked present",
+                             contract_misfit=True)
     return Selection(complete[-1] if complete else None)
 
 
