@@ -225,3 +225,26 @@ def test_last_hit_lookup_loads_the_selected_checkpoint_on_every_rank(name, store
         for index in range(loaded_kv):
             assert torch.equal(rank_buffers.kv[index + 1], kv_bytes(index)), (rank, index)
         assert not rank_buffers.kv[0].any() and not rank_buffers.kv[loaded_kv + 1:].any(), rank
+
+
+def test_the_real_store_is_detected_as_per_key_whatever_the_version_string(store):
+    """Mooncake 0.3.14 answers LastHitOnly per key. Detection reads that from its answers, so a
+    client whose version reads "unknown" (a source build) still hits with every checkpoint
+    complete, where reading the version string took it for RFC 4255 and rejected the answer."""
+    from moonlease_connector.adapters.mooncake_store import ProbeContractDetector
+    from moonlease_connector.core.capabilities import StoreCapabilities
+    from moonlease_connector.core.last_hit import ProbeContract
+
+    master, connect = store
+    client = connect(master)
+    detector = ProbeContractDetector(client, key_prefix="contract-test")
+    assert detector.detect() is ProbeContract.PER_KEY_EXISTENCE
+    assert list(client.batch_probe_key([f"contract-test@{i}" for i in range(3)], "none", 1)) == [0, 0, 0], \
+        "the probe removes its own keys"
+
+    scenario = SCENARIOS["complete"]
+    save(connect(master), scenario)
+    worker = build_lookup(scenario.layout, client, MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY),
+                          capabilities=StoreCapabilities("unknown", True, ("none", "LastHitOnly")))
+    assert worker.lookup(NUM_TOKENS, HASHES).hit_length == scenario.expected_checkpoint
+    assert worker.probe_contract.contract is ProbeContract.PER_KEY_EXISTENCE

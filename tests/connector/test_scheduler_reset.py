@@ -19,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyServer
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
+from moonlease.testbed.vllm_engine import _close_lookup_channel
 from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from tests.support.lookup_workers import LAYOUTS, PatternStore, build_lookup
@@ -39,12 +40,15 @@ def connector(tmp_path, monkeypatch):
     groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(LAYOUT.specs)]
     kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
     built = MooncakeStoreConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
-    yield built, config
-    built.connector_scheduler.client.close()
+    servers: list[LookupKeyServer] = []
+    yield built, config, servers
+    for server in servers or [None]:
+        _close_lookup_channel(SimpleNamespace(connector_scheduler=built.connector_scheduler,
+                                              connector_worker=SimpleNamespace(lookup_server=server)))
 
 
 def test_reset_without_a_worker_fails_within_its_deadline_and_lookups_still_work(connector):
-    conn, config = connector
+    conn, config, servers = connector
     scheduler = conn.connector_scheduler
     assert isinstance(scheduler, MoonleaseStoreScheduler), "our scheduler, every mode off"
     scheduler.reset_timeout_s = 0.5
@@ -56,10 +60,7 @@ def test_reset_without_a_worker_fails_within_its_deadline_and_lookups_still_work
     hashes = [bytes([3, i]) * 4 for i in range(4)]
     answers = {f"tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.hex()}": 1 for h in hashes}
     lookup = build_lookup(LAYOUT, PatternStore(answers))
-    server = LookupKeyServer(SimpleNamespace(lookup=lambda n, h: lookup.lookup(n, h).result), config)
-    try:
-        result = scheduler.client.lookup("r1", 64, hashes)
-        assert result is not None and result.hit_length == 48  # the last token is recomputed
-    finally:
-        server.running = False
-        server.close()
+    servers.append(LookupKeyServer(SimpleNamespace(lookup=lambda n, h: lookup.lookup(n, h).result),
+                                   config))
+    result = scheduler.client.lookup("r1", 64, hashes)
+    assert result is not None and result.hit_length == 48  # the last token is recomputed

@@ -47,6 +47,14 @@ class PatternStore(RecordingStore):
         self.calls.append((f"batch_probe_key:{policy}:{candidate_size}", tuple(keys)))
         return [self.answer_for.get(key, 0) for key in keys]
 
+    def put(self, key: str, value: bytes) -> int:
+        self.answer_for[key] = 1
+        return 0
+
+    def remove(self, key: str, force: bool = False) -> int:
+        self.answer_for.pop(key, None)
+        return 0
+
     def leased_keys(self) -> set[str]:
         return {key for name, keys in self.calls if name == "batch_is_exist"
                 for key, answer in zip(keys, (self.answer_for.get(k, 0) for k in keys)) if answer == 1}

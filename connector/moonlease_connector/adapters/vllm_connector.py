@@ -92,6 +92,14 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
                     role.name.lower(), self.moonlease_config.lease_mode.value,
                     "on" if self.moonlease_config.mooncake_junction_retention else "off")
 
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Upstream's bind; the worker also notes the step's start, so the save guard can tell
+        an exception this step raises from one already in flight around it."""
+        super().bind_connector_metadata(connector_metadata)
+        step_outcome = getattr(self.connector_worker, "step_outcome", None)
+        if step_outcome is not None:  # None: no worker role, or a worker that is not ours
+            step_outcome.begin()
+
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return MoonleaseConnectorStats(data=data) if data is not None else MoonleaseConnectorStats()

@@ -35,7 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls
+from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
 from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
@@ -71,6 +71,8 @@ class LookupInputs:
     store_calls: StoreCalls
     settings: MoonleaseConnectorConfig
     capabilities: StoreCapabilities
+    #: Reads LastHitOnly answers under the store's detected response contract (last-hit-only).
+    probe_contract: ProbeContractDetector | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class StoreLookup(ABC):
         self.hash_block_size = inputs.hash_block_size
         self.store_calls = inputs.store_calls
         self.capabilities = inputs.capabilities
+        self.probe_contract = inputs.probe_contract
         self.groups = inputs.groups
         self._specs = {group.group_id: self.coord.kv_cache_groups[group.group_id].kv_cache_spec
                        for group in inputs.groups}
@@ -224,6 +227,17 @@ class StoreLookup(ABC):
                                coord.align_lookup_length)
 
         return hit_for
+
+    def longest_hit_rule(self, block_hashes: Sequence[Any]) -> Callable[[frozenset[Unit], int], int]:
+        """vLLM's longest hit for a set of present units at one length (one coordinator pass)."""
+        coord = self.coord
+        hash_block_size = self.hash_block_size
+
+        def longest_hit(present: frozenset[Unit], length: int) -> int:
+            return coord.find_longest_cache_hit(
+                block_hashes, length, ExternalCachedBlockPool(hash_block_size, set(present)))[1]
+
+        return longest_hit
 
     def store_junctions(self, num_tokens: int, block_hashes: Sequence[Any], hit_length: int,
                         present: frozenset[Unit]) -> tuple[int, ...]:
@@ -342,12 +356,17 @@ class LastHitOnlyLookup(StoreLookup):
 
     mode = LeaseMode.LAST_HIT_ONLY
 
+    def __init__(self, inputs: LookupInputs) -> None:
+        if inputs.probe_contract is None:
+            raise ValueError("last-hit-only needs a ProbeContractDetector (LookupInputs.probe_contract)")
+        super().__init__(inputs)
+
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 
         return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, self.groups,
-                                    self.hit_rule(num_tokens, lookup_length, block_hashes))
+                                    self.longest_hit_rule(block_hashes))
 
 
 #: The strategy of each lease mode.

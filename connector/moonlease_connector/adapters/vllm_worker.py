@@ -8,7 +8,9 @@ Two deliberate differences from upstream in the default mode, both safety fixes:
 - the lookup never raises (upstream's lookup server thread dies on an unexpected exception and
   every later lookup hangs); anything unexpected is logged and reported as a miss;
 - `wait_for_save` publishes nothing from a step whose forward pass raised (upstream runs it in
-  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2).
+  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2);
+  the step is judged by its own exception (`StepOutcomeWatch`), and its skipped jobs are
+  reported finished so the scheduler releases their blocks.
 
 With junction retention (seed 004) on, a lookup — in either lease mode, hit or miss — also
 returns the shared-prefix junction by vLLM's local rule, as sentinel entries of the response
@@ -19,7 +21,6 @@ tails at each job's junctions.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +33,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
+from moonlease_connector.adapters.mooncake_store import (
+    ProbeContractDetector,
+    StoreCalls,
+    detect_capabilities,
+)
 from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
@@ -42,7 +47,8 @@ from moonlease_connector.adapters.vllm_lookup import (
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_settings import connector_settings
-from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
+from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
+from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
 from moonlease_connector.core.lookup import GroupNamespaces
 
@@ -69,6 +75,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         config = connector_settings(vllm_config)
         self.moonlease_config = config
+        self.step_outcome = StepOutcomeWatch()
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
         self.kv_connector_stats = MoonleaseConnectorStats()
@@ -80,6 +87,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         refuse_unsupported_mode(config, self.capabilities, release=self.close)
+        self.probe_contract = ProbeContractDetector(self.store)
+        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
+            # Detected from the store's behaviour, not its release (README: Last-hit-only).
+            self.probe_contract.detect()
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
@@ -101,7 +112,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def lookup_inputs(self, settings: MoonleaseConnectorConfig) -> LookupInputs:
         return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
                             hash_block_size=self.hash_block_size, store_calls=self.store_calls,
-                            settings=settings, capabilities=self.capabilities)
+                            settings=settings, capabilities=self.capabilities,
+                            probe_contract=self.probe_contract)
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
@@ -151,15 +163,35 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """Publish this step's blocks, unless the forward pass that filled them raised.
 
         vLLM calls this from a `finally` after the forward (kv_connector_model_runner_mixin);
-        an exception in flight there means the blocks hold no valid KV for their hashes.
+        if the step raised, its blocks hold no valid KV for their hashes. The skipped jobs are
+        still finished (as failures): upstream's scheduler holds their blocks until every rank
+        reports the job, so a job never reported would keep them for the rest of the run.
         """
-        failure = sys.exc_info()[1]
-        if failure is not None:
-            skipped = [request.req_id for request in metadata.requests if request.can_save]
-            if skipped:
-                logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
-                             type(failure).__name__, failure, len(skipped), ", ".join(skipped))
-                self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
-                                                    status="error", num_failed_keys=len(skipped))
+        failure = self.step_outcome.failure()
+        if failure is None:
+            super().wait_for_save(metadata)
             return
-        super().wait_for_save(metadata)
+        skipped = [request for request in metadata.requests if request.can_save]
+        if not skipped:
+            return
+        logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
+                     type(failure).__name__, failure, len(skipped),
+                     ", ".join(request.req_id for request in skipped))
+        self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
+                                            status="error", num_failed_keys=len(skipped))
+        if self._capacity_only or not self.can_put or self.kv_send_thread is None:
+            return  # upstream would not have queued these jobs either
+        for request in skipped:
+            if request.store_job_id is not None:
+                self.kv_send_thread.finish_store_job(request)
+
+    def build_connector_worker_meta(self) -> Any:
+        """Upstream's completed-save report, held back while the step is failing.
+
+        A failed step's output never reaches the scheduler, so completions drained into it
+        (the skipped jobs above, and jobs the send thread finished meanwhile) would be lost
+        and their blocks stay pinned; they go out with the next step's output instead.
+        """
+        if self.step_outcome.failure() is not None:
+            return None
+        return super().build_connector_worker_meta()
