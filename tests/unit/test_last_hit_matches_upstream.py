@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.lookup import MissReason
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     Layout,
     PatternStore,
     RecordingStore,
-    build_worker,
+    build_lookup,
+    build_upstream_lookup,
     every_possible_key,
     full_attention,
     keys_the_load_reads,
@@ -75,13 +75,13 @@ class LastHitStore(PatternStore):
 
 
 def last_hit_worker(layout: Layout, store: PatternStore, config=LAST_HIT):
-    """Our worker as start-up leaves it: the store's contract detected from its answers (the
-    version string says nothing), then the store's call record cleared."""
-    worker = build_worker(MoonleaseStoreWorker, layout, store, config)
-    worker.capabilities = StoreCapabilities("unknown", True, ("none", "LastHitOnly"))
-    worker.probe_contract.detect()
+    """Our lookup as the worker's start-up leaves it: the store's contract detected from its
+    answers (the version string says nothing), then the store's call record cleared."""
+    lookup = build_lookup(layout, store, config,
+                          capabilities=StoreCapabilities("unknown", True, ("none", "LastHitOnly")))
+    lookup.probe_contract.detect()
     store.calls.clear()
-    return worker
+    return lookup
 
 
 @st.composite
@@ -90,10 +90,9 @@ def cases(draw: st.DrawFn):
     num_hashes = draw(st.integers(min_value=1, max_value=40))
     hashes = [bytes([index, 9]) * 4 for index in range(num_hashes)]
     num_tokens = draw(st.integers(min_value=1, max_value=num_hashes * HASH_BLOCK))
-    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
     rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
     density = draw(st.sampled_from([1.0, 1.0, 0.95, 0.8, 0.5]))
-    pattern = {key: int(rng.random() < density) for key in every_possible_key(probe_worker, hashes)}
+    pattern = {key: int(rng.random() < density) for key in every_possible_key(layout, hashes)}
     contract = draw(st.sampled_from(["per-key-existence", "selected-only"]))
     return layout, num_tokens, hashes, pattern, contract
 
@@ -132,7 +131,7 @@ PARTIAL_HITS_CASE = partial_hits_final_state_case()
 @example(with_final_state(PARTIAL_HITS_CASE, 1)[:4] + ("selected-only",))
 def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> None:
     layout, num_tokens, hashes, pattern, contract = case
-    upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(num_tokens, hashes)
+    upstream = build_upstream_lookup(layout, RecordingStore(pattern))(num_tokens, hashes)
 
     store = LastHitStore(pattern, contract)
     worker = last_hit_worker(layout, store)
@@ -157,8 +156,7 @@ def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> No
 def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
     layout = HYBRID_LAYOUTS[0]
     hashes = [bytes([index, 9]) * 4 for index in range(16)]
-    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
-    pattern = {key: 1 for key in every_possible_key(probe_worker, hashes)}
+    pattern = {key: 1 for key in every_possible_key(layout, hashes)}
 
     class Broken(LastHitStore):
         def batch_probe_key(self, keys, policy="none", candidate_size=1):
@@ -174,9 +172,9 @@ def test_a_broken_last_hit_answer_is_a_miss(answer) -> None:
 
     store = Broken(pattern, "selected-only")
     worker = last_hit_worker(layout, store)
-    assert worker.lookup(len(hashes) * HASH_BLOCK, hashes).hit_length == 0
-    outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
-    assert outcome["result"] == "miss" and outcome["reason"] == "store_error"
+    answer = worker.lookup(len(hashes) * HASH_BLOCK, hashes)
+    assert answer.hit_length == 0
+    assert answer.outcome.miss_reason is MissReason.STORE_ERROR
     assert not any("@group:1@" in key for name, keys in store.calls if name == "batch_is_exist" for key in keys), \
         "no lease-renewing existence fallback for recurrent keys"
 
@@ -209,7 +207,7 @@ def test_the_state_at_num_tokens_picks_upstreams_pass_and_is_asked_without_a_lea
     the state at num_tokens, and the two runs disagree here (240 vs 192); ours asks about that
     state with a lease-free probe and lands where upstream lands."""
     layout, num_tokens, hashes, pattern, contract = with_final_state(PARTIAL_HITS_CASE, final_present)
-    upstream = build_worker(MooncakeStoreWorker, layout, RecordingStore(pattern)).lookup(num_tokens, hashes)
+    upstream = build_upstream_lookup(layout, RecordingStore(pattern))(num_tokens, hashes)
     store = LastHitStore(pattern, contract)
     worker = last_hit_worker(layout, store)
     ours = worker.lookup(num_tokens, hashes)

@@ -49,7 +49,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.adapters.vllm_settings import connector_settings
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
@@ -122,10 +122,9 @@ class JunctionLookupClient(LookupKeyClient):
 class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     """Upstream's scheduler side, carrying store junctions from the lookup to the save mask."""
 
-    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-                 config: MoonleaseConnectorConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, kv_cache_config)
-        self.moonlease_config = config
+        self.moonlease_config = connector_settings(vllm_config)
         # Upstream built a plain client in its constructor; ours replaces it before any use.
         upstream_client = self.client
         self.client: JunctionLookupClient = JunctionLookupClient(vllm_config)
