@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moonlease_connector.core.retention import RetentionSettings
+
 #: Seed 002's switch, honoured as an alternative to the config key.
 SELECTIVE_LEASE_ENV = "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE"
 
@@ -54,6 +56,15 @@ class MoonleaseConnectorConfig(BaseModel):
     mooncake_junction_retention: bool = Field(
         False, description="Seed 004: keep sliding-window tails at shared-prefix junctions so "
                            "sibling prompts hit in the store.")
+    mooncake_retention_pin: bool = Field(
+        False, description="Moonlease retention: saves put the keys a continuation of the prompt "
+                           "loads (its resume set) soft-pinned, the rest unpinned, so the master "
+                           "evicts the rest first. Needs Mooncake >= 0.3.14 clients and "
+                           "allow_evict_soft_pinned_objects on the master.")
+    mooncake_retention_skip: bool = Field(
+        False, description="Moonlease retention: saves do not write sliding-window blocks or "
+                           "recurrent states outside the resume set (dense retention's "
+                           "intermediate states).")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
@@ -73,11 +84,21 @@ class MoonleaseConnectorConfig(BaseModel):
             return LeaseMode.LAST_HIT_ONLY
         return LeaseMode.LEASE_ALL
 
+    @property
+    def retention(self) -> RetentionSettings:
+        """The retention pieces on (`core.retention`)."""
+        return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip)
+
     @classmethod
-    def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False) -> "MoonleaseConnectorConfig":
+    def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False,
+                 retention: RetentionSettings = RetentionSettings()) -> "MoonleaseConnectorConfig":
+        # Retention keys only when a piece is on: a policy without retention renders exactly the
+        # keys it rendered before retention existed (same config hash, no rolling restart).
+        pieces = ({"mooncake_retention_pin": retention.pin, "mooncake_retention_skip": retention.skip}
+                  if retention.active else {})
         return cls(mooncake_selective_lease=mode is LeaseMode.SELECTIVE,
                    mooncake_kda_last_hit_only=mode is LeaseMode.LAST_HIT_ONLY,
-                   mooncake_junction_retention=junction_retention)
+                   mooncake_junction_retention=junction_retention, **pieces)
 
     def to_extra_config(self) -> dict[str, Any]:
         """The keys to put in `kv_connector_extra_config` (what the operator renders)."""

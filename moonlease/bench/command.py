@@ -58,13 +58,17 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 0.05,0.15,0.4: high, medium, low pressure)")
     parser.add_argument("--modes", type=_names,
                         help="lease modes (default: every one that applies to the layout): leaseAll, "
-                             "selective, lastHitOnly, leaseAll+junctions, selective+junctions")
+                             "selective, lastHitOnly, leaseAll+junctions, selective+junctions, and "
+                             "Moonlease retention: <leaseMode>[+junctions]+pin[+skip], leaseAll+skip "
+                             "(moonlease.bench.replay.MODES)")
     parser.add_argument("--wall-s-per-run", type=float,
                         help="wall seconds one mode's replay of a trace takes (default 25); sets "
                              "the time scale and so the scaled lease TTL")
     parser.add_argument("--repeats", type=int,
                         help="fresh runs per mode and capacity (default 1); the report shows the range")
     parser.add_argument("--lease-ttl-s", type=float, help="production lease TTL to scale (default 10)")
+    parser.add_argument("--soft-pin-ttl-s", type=float,
+                        help="production default_kv_soft_pin_ttl to scale (default 1800, Mooncake's)")
     parser.add_argument("--watermark", type=float, help="eviction_high_watermark_ratio (default 0.8)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"markdown report; raw .json and PNGs beside it (default {DEFAULT_OUT})")
@@ -130,7 +134,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     settings = ReplaySettings()
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
-              "lease_ttl_s": args.lease_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
+              "lease_ttl_s": args.lease_ttl_s, "soft_pin_ttl_s": args.soft_pin_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
     unknown = [m for m in settings.modes if m not in MODES]
     if unknown:

@@ -30,11 +30,18 @@ from typing import Any
 
 from moonlease.bench.accounting import LookupCosts, RequestAccount, state_age, summarize_hits
 from moonlease.bench.belady import BeladyStore, build_read_index
-from moonlease.bench.saves import ValueSizes, apply_save, build_prompt_chunks, build_save_keys
+from moonlease.bench.saves import (
+    ValueSizes,
+    apply_save,
+    build_prompt_chunks,
+    build_save_keys,
+    build_save_retention,
+)
 from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
 from moonlease.bench.trace import Trace
 from moonlease.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
-from moonlease_connector.config import LeaseMode
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.retention import RetentionSettings
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
 
 MIN_SEGMENT_MIB = 16  # mooncake_client refuses a smaller global segment
@@ -48,11 +55,20 @@ class ModeSpec:
     name: str
     lease_mode: LeaseMode
     junction_retention: bool = False
+    retention: RetentionSettings = RetentionSettings()
+
+    def settings(self) -> MoonleaseConnectorConfig:
+        """The connector settings a user turns this mode on with."""
+        return MoonleaseConnectorConfig.for_mode(self.lease_mode, junction_retention=self.junction_retention,
+                                                 retention=self.retention)
 
     def applies_to(self, layout: Layout, retention: str) -> bool:
         kinds = {type(spec).__name__ for spec in layout.specs}
         if self.lease_mode is LeaseMode.LAST_HIT_ONLY and kinds != {"FullAttentionSpec", "MambaSpec"}:
             return False  # start-up refuses it for anything but full attention + align Mamba
+        if self.retention.skip and not self.retention.pin and "MambaSpec" not in kinds \
+                and retention == "sparse":
+            return False  # sparse retention stores nothing outside the resume set: skip alone = base
         if self.junction_retention:
             # Junctions keep sliding-window tails; dense retention stores them all anyway.
             return "SlidingWindowSpec" in kinds and retention == "sparse"
@@ -65,6 +81,15 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("lastHitOnly", LeaseMode.LAST_HIT_ONLY),
     ModeSpec("leaseAll+junctions", LeaseMode.LEASE_ALL, junction_retention=True),
     ModeSpec("selective+junctions", LeaseMode.SELECTIVE, junction_retention=True),
+    # Moonlease retention (issue 21) and its ablation: each piece alone, then together.
+    ModeSpec("leaseAll+pin", LeaseMode.LEASE_ALL, retention=RetentionSettings(pin=True)),
+    ModeSpec("leaseAll+skip", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True)),
+    ModeSpec("leaseAll+pin+skip", LeaseMode.LEASE_ALL, retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("selective+pin+skip", LeaseMode.SELECTIVE, retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("lastHitOnly+pin+skip", LeaseMode.LAST_HIT_ONLY,
+             retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("leaseAll+junctions+pin", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True)),
 )}
 
 
@@ -75,6 +100,7 @@ class ReplaySettings:
     watermark: float = 0.8  # eviction_high_watermark_ratio
     eviction_ratio: float = 0.05
     lease_ttl_s: float = 10.0  # production default_kv_lease_ttl, scaled like the trace
+    soft_pin_ttl_s: float = 1800.0  # production default_kv_soft_pin_ttl (Mooncake's), scaled alike
     wall_s_per_run: float = 25.0  # wall seconds one mode's replay of a trace takes
     repeats: int = 1  # fresh runs per mode and capacity (the report shows their spread)
     sizes: ValueSizes = ValueSizes(attention=16384, recurrent=65536)
@@ -194,6 +220,8 @@ class ModeRun:
     accounts: list[RequestAccount]
     costs: LookupCosts
     keys_put: int = 0
+    keys_pinned: int = 0
+    keys_skipped: int = 0
     put_failures: int = 0
     put_failed_keys: int = 0
     lags_s: list[float] = field(default_factory=list)
@@ -201,15 +229,14 @@ class ModeRun:
 
 
 def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay, sizes: ValueSizes, *,
-                    pacer: Pacer | None = None,
+                    pacer: Pacer | None = None, pin_config: Any = None,
                     before_request: Callable[[int], None] | None = None,
                     after_request: Callable[[int], None] | None = None,
                     clock: Callable[[], float] = time.perf_counter) -> ModeRun:
     """Replay every request: lookup in `mode` (counted), then upstream's save, on `store`."""
     layout = layout_by_name(trace.header.layout)
     counting = CountingStore(store)
-    lookup = build_lookup(layout, counting, mode.lease_mode, junction_retention=mode.junction_retention,
-                          retention_interval=_retention_interval(trace))
+    lookup = build_lookup(layout, counting, mode.settings(), retention_interval=_retention_interval(trace))
     block = trace.header.hash_block_tokens
     run = ModeRun([], LookupCosts())
     for step, request in enumerate(trace.requests):
@@ -226,9 +253,14 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         run.costs.add(keys_leased=result.outcome.keys_leased, rpcs=counting.rpcs, latency_us=elapsed * 1e6)
         run.accounts.append(RequestAccount(prompt_tokens, ideal.hits[step], result.hit_length,
                                            ideal.ages[step]))
-        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
-        saved = apply_save(store, build_save_keys(lookup, hashes, result.hit_length, chunks), sizes)
+        junctions = _junctions(result)
+        chunks = build_save_keys(lookup, hashes, result.hit_length,
+                                 build_prompt_chunks(lookup, hashes, block, junctions))
+        plan = build_save_retention(lookup, hashes, block, chunks, mode.retention, junctions)
+        saved = apply_save(store, chunks, sizes, plan, pin_config)
         run.keys_put += saved.keys_put
+        run.keys_pinned += saved.keys_pinned
+        run.keys_skipped += saved.keys_skipped
         run.put_failures += saved.put_failures
         run.put_failed_keys += saved.keys_failed
         if after_request is not None:
@@ -249,7 +281,8 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
         "missed_tokens_by_age": summary.missed_by_age, "missed_points_by_age": summary.missed_points(),
         "above_ideal": summary.above_ideal,
         **run.costs.summary(),
-        "keys_put": run.keys_put, "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
+        "keys_put": run.keys_put, "keys_pinned": run.keys_pinned, "keys_skipped": run.keys_skipped,
+        "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
         "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags), "stretch_s": run.stretch_s,
     }
 
@@ -262,10 +295,15 @@ def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplayS
              segment_mib: int, ttl_ms: int, scale: float, log_dir: Path,
              progress: Any | None = None) -> dict[str, Any]:
     """One mode's replay of the trace against a fresh real master and store pool."""
+    from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
+
     bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=ttl_ms, watermark=settings.watermark,
-                      eviction_ratio=settings.eviction_ratio, log_dir=log_dir)
+                      eviction_ratio=settings.eviction_ratio, log_dir=log_dir,
+                      soft_pin_ttl_ms=max(1, round(settings.soft_pin_ttl_s * 1000 * scale)))
     try:
+        pin_config = build_soft_pin_config() if mode.retention.pin else None
         run = replay_requests(trace, bed.client, mode, ideal, settings.sizes, pacer=Pacer(scale),
+                              pin_config=pin_config,
                               after_request=(lambda _: progress.update(1)) if progress else None)
         metrics = bed.metrics()
     finally:

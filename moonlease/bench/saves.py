@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
+from moonlease_connector.adapters.vllm_retention import build_resume_set, chunk_kind
 from moonlease_connector.core.junctions import add_junction_tails
+from moonlease_connector.core.retention import (
+    ChunkRetention,
+    RetentionSettings,
+    SaveChunk,
+    SaveRetentionPlan,
+    plan_save_retention,
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class SaveResult:
     keys_put: int
     put_failures: int  # put_batch calls that returned an error
     keys_failed: int  # keys in those calls
+    keys_pinned: int = 0  # keys put soft-pinned (retention `pin`)
+    keys_skipped: int = 0  # keys retention `skip` did not write
 
 
 def build_prompt_chunks(lookup: Any, hashes: Sequence[bytes], hash_block_tokens: int,
@@ -105,19 +115,50 @@ def build_save_keys(lookup: Any, hashes: Sequence[bytes], hit: int,
     return keep
 
 
-def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes) -> SaveResult:
-    """Upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing."""
-    keyed = [(key, sizes.of(chunk)) for chunk in chunks for key in chunk.keys]
+def build_save_retention(lookup: Any, hashes: Sequence[bytes], hash_block_tokens: int,
+                         chunks: Sequence[ChunkKeys], settings: RetentionSettings,
+                         junctions: Sequence[int] = ()) -> SaveRetentionPlan:
+    """The connector's retention decision (`core.retention`) for these chunks of this prompt."""
+    if not settings.active:
+        return SaveRetentionPlan((ChunkRetention.PLAIN,) * len(chunks))
+    coord = lookup.coord
+    resume = build_resume_set(coord, list(hashes), len(hashes) * hash_block_tokens, junctions)
+    return plan_save_retention(
+        [SaveChunk(c.group_id, c.chunk, chunk_kind(coord.kv_cache_groups[c.group_id].kv_cache_spec))
+         for c in chunks], resume, settings)
+
+
+def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
+               plan: SaveRetentionPlan | None = None, pin_config: Any = None) -> SaveResult:
+    """Upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing.
+
+    With a retention `plan`, skipped chunks are neither checked nor written, and the missing
+    keys of pinned chunks are put with `pin_config` (a soft-pin `ReplicateConfig`), the rest
+    as upstream puts them.
+    """
+    decisions = plan.decisions if plan is not None else (ChunkRetention.PLAIN,) * len(chunks)
+    keyed = [(key, sizes.of(chunk), decision is ChunkRetention.PINNED)
+             for chunk, decision in zip(chunks, decisions, strict=True)
+             if decision is not ChunkRetention.SKIPPED for key in chunk.keys]
+    skipped = sum(len(chunk.keys) for chunk, decision in zip(chunks, decisions, strict=True)
+                  if decision is ChunkRetention.SKIPPED)
     if not keyed:
-        return SaveResult(0, 0, 0, 0)
-    exists = client.batch_is_exist([key for key, _ in keyed])
-    missing = [(key, size) for (key, size), answer in zip(keyed, exists, strict=True) if answer != 1]
+        return SaveResult(0, 0, 0, 0, keys_skipped=skipped)
+    exists = client.batch_is_exist([key for key, _, _ in keyed])
+    missing = [entry for entry, answer in zip(keyed, exists, strict=True) if answer != 1]
     values = {size: b"\0" * size for size in {sizes.attention, sizes.recurrent}}
-    failures = failed_keys = 0
-    for start in range(0, len(missing), 512):
-        batch = missing[start:start + 512]
-        code = client.put_batch([key for key, _ in batch], [values[size] for _, size in batch])
-        if code != 0:
-            failures += 1
-            failed_keys += len(batch)
-    return SaveResult(len(keyed), len(missing), failures, failed_keys)
+    failures = failed_keys = pinned = 0
+    for pin in (True, False):
+        group = [(key, size) for key, size, pinned_key in missing if pinned_key is pin]
+        for start in range(0, len(group), 512):
+            batch = group[start:start + 512]
+            args: list[Any] = [[key for key, _ in batch], [values[size] for _, size in batch]]
+            if pin:
+                args.append(pin_config)
+            code = client.put_batch(*args)
+            if code != 0:
+                failures += 1
+                failed_keys += len(batch)
+            elif pin:
+                pinned += len(batch)
+    return SaveResult(len(keyed), len(missing), failures, failed_keys, pinned, skipped)

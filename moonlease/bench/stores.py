@@ -30,8 +30,8 @@ class DictStore:
         present = self.keys
         return [1 if key in present else 0 for key in keys]
 
-    def put_batch(self, keys: list[str], values: list[bytes]) -> int:
-        self.keys.update(keys)
+    def put_batch(self, keys: list[str], values: list[bytes], config: Any = None) -> int:
+        self.keys.update(keys)  # no eviction here, so a soft pin changes nothing
         return 0
 
     def put(self, key: str, value: bytes) -> int:
@@ -80,7 +80,8 @@ class MooncakeBed:
     """A fresh real master + store pool + in-process client (the test bed's parts)."""
 
     def __init__(self, *, segment_mib: int, lease_ttl_ms: int, log_dir: Path,
-                 watermark: float | None = None, eviction_ratio: float | None = None) -> None:
+                 watermark: float | None = None, eviction_ratio: float | None = None,
+                 soft_pin_ttl_ms: int | None = None) -> None:
         from moonlease.testbed.mooncake import (
             MasterSettings,
             MooncakeMaster,
@@ -89,7 +90,8 @@ class MooncakeBed:
         )
 
         settings = MasterSettings(eviction_high_watermark_ratio=watermark,
-                                  eviction_ratio=eviction_ratio, default_kv_lease_ttl=lease_ttl_ms)
+                                  eviction_ratio=eviction_ratio, default_kv_lease_ttl=lease_ttl_ms,
+                                  default_kv_soft_pin_ttl=soft_pin_ttl_ms)
         self.master = MooncakeMaster(settings, log_dir=log_dir).start()
         try:
             self.pool = StorePool(self.master, segment_bytes=segment_mib << 20, log_dir=log_dir).start()

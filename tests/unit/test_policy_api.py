@@ -248,6 +248,9 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "every target role must have a stage in rollout.stages": with_changes(**{"rollout.stages": ["master", "decode"]}),
     "leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)": with_changes(**{
         "connector.leaseMode": "lastHitOnly", "targets.0.hybrid": True}),
+    "connector.retentionPin needs master.allowEvictSoftPinnedObjects true (Mooncake's default):"
+    " with false, pinned objects leave only when their pin expires and puts fail for lack of space":
+        with_changes(**{"connector.retentionPin": True, "master.allowEvictSoftPinnedObjects": False}),
     "the master workload cannot also be a target": with_changes(**{"targets.0.name": "mooncake-master"}),
     "each named target may appear only once": with_changes(**{"targets.1": {"name": "llama-prefill", "role": "decode"}}),
     "abTest must be set exactly when strategy is ABTest": with_changes(**{"rollout.strategy": "ABTest"}),

@@ -204,3 +204,34 @@ class ProbeContractDetector:
                         self._contract.value if self._contract else "unknown")
         self._contract = contract
         return contract
+
+
+class SoftPinUnsupported(RuntimeError):
+    """The Mooncake client cannot soft-pin on put (retention `pin` needs it)."""
+
+
+def build_soft_pin_config(base: Any | None = None) -> Any:
+    """A `ReplicateConfig` like `base` (replicas, preferred segment) whose puts soft-pin.
+
+    Mooncake 0.3.14 spells it `soft_pin_action = SoftPinAction.ENABLE` (the master then keeps
+    the object pinned for `default_kv_soft_pin_ttl`, renewed by every lease); older clients
+    `with_soft_pin = True`. Raises `SoftPinUnsupported` for a client with neither.
+    """
+    from mooncake.store import ReplicateConfig
+
+    config = ReplicateConfig()
+    for name in ("replica_num", "preferred_segment", "preferred_segments"):
+        if base is not None and hasattr(base, name) and hasattr(config, name):
+            value = getattr(base, name)
+            if value is not None:
+                setattr(config, name, value)
+    if hasattr(config, "soft_pin_action"):
+        import mooncake.store as store_module
+
+        config.soft_pin_action = store_module.SoftPinAction.ENABLE
+    elif hasattr(config, "with_soft_pin"):
+        config.with_soft_pin = True
+    else:
+        raise SoftPinUnsupported("this Mooncake client's ReplicateConfig has neither soft_pin_action "
+                                 "nor with_soft_pin: mooncake_retention_pin needs Mooncake >= 0.3.14")
+    return config

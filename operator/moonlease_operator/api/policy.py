@@ -191,6 +191,13 @@ class ConnectorSpec(ApiModel):
     junction_retention: bool = False
     """Keep sliding-window tails at shared-prefix junctions in the store, so siblings of a prompt
     hit the store from a fresh instance."""
+    retention_pin: bool = False
+    """Moonlease retention: saves soft-pin what a continuation of the prompt loads (its resume
+    set) and leave the rest unpinned, so the master evicts the rest first. Needs the master's
+    allowEvictSoftPinnedObjects (Mooncake's default, true)."""
+    retention_skip: bool = False
+    """Moonlease retention: saves do not write sliding-window blocks or recurrent (Mamba) states
+    that no continuation of the prompt loads (dense retention's intermediate states)."""
 
 
 _ONE_OF_NAME_SELECTOR = CelRule(
@@ -287,6 +294,13 @@ _LAST_HIT_NEEDS_HYBRID = CelRule(
     message="leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)",
     field_path=".connector.leaseMode",
 )
+_PIN_NEEDS_EVICTABLE_PINS = CelRule(
+    rule="!self.connector.retentionPin || !has(self.master.allowEvictSoftPinnedObjects)"
+    " || self.master.allowEvictSoftPinnedObjects",
+    message="connector.retentionPin needs master.allowEvictSoftPinnedObjects true (Mooncake's default):"
+    " with false, pinned objects leave only when their pin expires and puts fail for lack of space",
+    field_path=".connector.retentionPin",
+)
 # Named targets are picked with filter() first, so no rule reads a name that is absent.
 _MASTER_NOT_TARGET = CelRule(
     rule="!self.targets.filter(t, has(t.name)).exists(t, t.name == self.master.name && t.kind == self.master.kind)",
@@ -331,7 +345,7 @@ class PolicySpec(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS, _ARMS_ARE_TARGETS,
-        _TARGETS_IN_ARMS,
+        _TARGETS_IN_ARMS, _PIN_NEEDS_EVICTABLE_PINS,
     )
 
     @model_validator(mode="after")
@@ -340,6 +354,8 @@ class PolicySpec(ApiModel):
             raise _ROLES_STAGED.violation()
         if self.connector.lease_mode is LeaseMode.LAST_HIT_ONLY and not all(t.hybrid for t in self.targets):
             raise _LAST_HIT_NEEDS_HYBRID.violation()
+        if self.connector.retention_pin and self.master.allow_evict_soft_pinned_objects is False:
+            raise _PIN_NEEDS_EVICTABLE_PINS.violation()
         master = (self.master.kind, self.master.name)
         if any((t.kind, t.name) == master for t in self.targets if t.name is not None):
             raise _MASTER_NOT_TARGET.violation()

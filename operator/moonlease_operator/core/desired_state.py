@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.core.retention import RetentionSettings
 from moonlease_connector.config import LeaseMode as ConnectorLeaseMode
 from moonlease_operator.api import GROUP, ConnectorSpec, MasterConfigMapSpec, MasterSpec, build_master_flags
 from moonlease_operator.api.policy import MASTER_FLAGS
@@ -89,7 +90,9 @@ def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
     policy does not expose (e.g. `mooncake_max_lease_rounds`) stay as the user wrote them.
     """
     config = MoonleaseConnectorConfig.for_mode(ConnectorLeaseMode(connector.lease_mode.value),
-                                               junction_retention=connector.junction_retention)
+                                               junction_retention=connector.junction_retention,
+                                               retention=RetentionSettings(pin=connector.retention_pin,
+                                                                           skip=connector.retention_skip))
     extra = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
     env = {SELECTIVE_LEASE_ENV: "1" if config.mooncake_selective_lease else "0"}
     digest = build_config_hash({"connector": CONNECTOR_CLASS, "env": env, "extra": extra})

@@ -1,0 +1,106 @@
+"""Moonlease retention (issue 21): how a save asks the store to keep what it writes.
+
+Pure: no vLLM, no Mooncake. The adapters hand in the chunks a save would write and the
+chunks a continuation of the same prompt would load; the decision about each chunk lives here.
+
+Why. A lease mode only changes which keys a lookup renews. Mooncake gives a save two more
+levers (`../shared/NOTES.md` §3, Mooncake 0.3.14's `ReplicateConfig.soft_pin_action`):
+- a put can soft-pin the object: the master's eviction skips soft-pinned objects in its first
+  pass and takes them only when unpinned, lease-expired objects cannot free enough (second
+  pass, oldest lease first, and only with ``allow_evict_soft_pinned_objects``); every lease
+  renews the pin (``default_kv_soft_pin_ttl``);
+- a save may simply not write a chunk.
+Without pins the first pass picks, shard by shard, the oldest lease-expired object of each
+shard: with few objects per shard that is close to random, so the state a session's next turn
+resumes from is as likely to go as a sliding-window tail or Mamba checkpoint nobody will read.
+
+The resume set. A conversation's next turn (or a branch of it, or a sibling that shares the
+prompt) looks the prompt up again and loads exactly what vLLM's load rule reads for a hit at
+the prompt's end (``coord.load_mask``): every full-attention block, the sliding-window blocks
+inside the window before that end, the Mamba state at that end. The adapters compute that set
+with vLLM's own rule (and add the loads at the request's shared-prefix junctions, where a
+sibling will resume); everything else a save writes — window blocks and recurrent
+checkpoints inside the prompt, kept by dense retention — is only read by a request that
+diverges exactly there.
+
+Pieces (each a connector setting, off by default; README "Choosing a retention policy"):
+- ``pin``: put the resume set soft-pinned, the rest unpinned, so eviction takes the rest
+  first;
+- ``skip``: do not write window blocks or recurrent states outside the resume set at all
+  (they stay out of the store: bytes for more sessions). Full-attention blocks are never
+  skipped: every longer prompt over them reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ChunkKind(str, Enum):
+    """What a stored chunk holds, as far as retention cares."""
+
+    FULL = "full"  # full attention: read by every longer prompt over it
+    WINDOW = "window"  # a sliding-window block: read only near the end of a hit
+    RECURRENT = "recurrent"  # a Mamba state: read only by a hit ending exactly there
+
+
+class ChunkRetention(str, Enum):
+    """How a save writes one chunk."""
+
+    PINNED = "pinned"  # put with soft pin
+    PLAIN = "plain"  # put as upstream does (no pin)
+    SKIPPED = "skipped"  # not written, not re-checked
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """The retention pieces a connector runs (all off: upstream's saves)."""
+
+    pin: bool = False
+    skip: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.pin or self.skip
+
+
+@dataclass(frozen=True)
+class SaveChunk:
+    """One group's chunk that a save would write (or re-check), identified by group and index."""
+
+    group_id: int
+    chunk: int
+    kind: ChunkKind
+
+
+@dataclass(frozen=True)
+class SaveRetentionPlan:
+    """Per chunk of the save, in the order given: how to write it."""
+
+    decisions: tuple[ChunkRetention, ...]
+
+    def count(self, decision: ChunkRetention) -> int:
+        return sum(1 for d in self.decisions if d is decision)
+
+
+def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tuple[int, int]],
+                        settings: RetentionSettings) -> SaveRetentionPlan:
+    """Decide, for each chunk a save writes, whether it is pinned, plain or skipped.
+
+    `resume_set` holds the `(group_id, chunk)` pairs a continuation of this prompt loads (the
+    adapters' `load_mask` at the prompt's end and at its junctions). Full-attention chunks
+    are never skipped; with ``pin`` they are pinned only when in the resume set (they always
+    are, for a load at the prompt's end: kept explicit so a narrower resume set stays honest).
+    """
+    decisions = []
+    for chunk in chunks:
+        resumes = (chunk.group_id, chunk.chunk) in resume_set
+        if resumes:
+            decisions.append(ChunkRetention.PINNED if settings.pin else ChunkRetention.PLAIN)
+        elif settings.skip and chunk.kind is not ChunkKind.FULL:
+            decisions.append(ChunkRetention.SKIPPED)
+        else:
+            decisions.append(ChunkRetention.PLAIN)
+    return SaveRetentionPlan(tuple(decisions))

@@ -1,0 +1,86 @@
+"""Moonlease retention (issue 21): the save plan, and the resume set by vLLM's own load rule.
+
+`plan_save_retention` is pure and checked case by case; `build_resume_set` runs vLLM's real
+`MooncakeStoreCoordinator` over the benchmark's layouts (no engine), and the hand-computed
+expectations follow from each layout's block sizes: 16-token hash blocks, a 40-token sliding
+window, Mamba states every 64 tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from moonlease.bench.workers import build_layout_parts, layout_by_name
+from moonlease_connector.adapters.vllm_retention import build_resume_set, chunk_kind
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.retention import (
+    ChunkKind,
+    ChunkRetention,
+    RetentionSettings,
+    SaveChunk,
+    plan_save_retention,
+)
+
+pytestmark = pytest.mark.unit
+
+P, N, S = ChunkRetention.PINNED, ChunkRetention.PLAIN, ChunkRetention.SKIPPED
+CHUNKS = [SaveChunk(0, 0, ChunkKind.FULL), SaveChunk(0, 1, ChunkKind.FULL),
+          SaveChunk(1, 0, ChunkKind.WINDOW), SaveChunk(1, 1, ChunkKind.WINDOW),
+          SaveChunk(2, 0, ChunkKind.RECURRENT), SaveChunk(2, 1, ChunkKind.RECURRENT)]
+RESUME = {(0, 0), (0, 1), (1, 1), (2, 1)}  # every full block, the window tail, the last state
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    (RetentionSettings(), (N, N, N, N, N, N)),  # off: upstream's saves
+    (RetentionSettings(pin=True), (P, P, N, P, N, P)),
+    (RetentionSettings(skip=True), (N, N, S, N, S, N)),
+    (RetentionSettings(pin=True, skip=True), (P, P, S, P, S, P)),
+])
+def test_plan_pins_the_resume_set_and_skips_only_what_no_continuation_reads(
+        settings: RetentionSettings, expected: tuple[ChunkRetention, ...]) -> None:
+    assert plan_save_retention(CHUNKS, RESUME, settings).decisions == expected
+
+
+def test_full_attention_is_never_skipped_even_outside_the_resume_set() -> None:
+    plan = plan_save_retention(CHUNKS, set(), RetentionSettings(pin=True, skip=True))
+    assert plan.decisions == (N, N, S, S, S, S)
+    assert (plan.count(S), plan.count(N), plan.count(P)) == (4, 2, 0)
+
+
+def test_resume_set_of_a_sliding_window_prompt_is_every_full_block_and_the_window_tail() -> None:
+    parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
+    hashes = [bytes([i + 1]) * 16 for i in range(10)]  # 160 tokens
+    resume = build_resume_set(parts.coordinator, hashes, 160)
+    assert {c for g, c in resume if g == 0} == set(range(10))
+    # A 40-token window ending at 160 reads tokens 120..159: blocks 7, 8, 9.
+    assert {c for g, c in resume if g == 1} == {7, 8, 9}
+
+
+def test_junctions_add_the_window_tail_a_sibling_resumes_from() -> None:
+    parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
+    hashes = [bytes([i + 1]) * 16 for i in range(10)]
+    resume = build_resume_set(parts.coordinator, hashes, 160, junctions=(64,))
+    assert {c for g, c in resume if g == 1} == {1, 2, 3, 7, 8, 9}
+
+
+def test_resume_set_of_a_hybrid_prompt_holds_only_the_last_mamba_state() -> None:
+    parts = build_layout_parts(layout_by_name("full+mamba"))
+    hashes = [bytes([i + 1]) * 16 for i in range(18)]  # 288 tokens: aligned end 256
+    resume = build_resume_set(parts.coordinator, hashes, 288)
+    assert {c for g, c in resume if g == 0} == set(range(16))  # full attention up to 256
+    assert {c for g, c in resume if g == 1} == {3}  # the state at 256 (64-token chunks 0..3)
+
+
+def test_chunk_kinds_follow_the_specs() -> None:
+    specs = layout_by_name("full+swa").specs + layout_by_name("full+mamba").specs[1:]
+    assert [chunk_kind(spec) for spec in specs] == [ChunkKind.FULL, ChunkKind.WINDOW, ChunkKind.RECURRENT]
+
+
+def test_connector_settings_expose_the_pieces_and_render_them_only_when_on() -> None:
+    config = MoonleaseConnectorConfig.from_sources({"mooncake_retention_pin": True, "mooncake_retention_skip": True})
+    assert config.retention == RetentionSettings(pin=True, skip=True)
+    plain = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE)
+    assert "mooncake_retention_pin" not in plain.model_fields_set  # same keys, same hash as before
+    on = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE, retention=RetentionSettings(pin=True))
+    assert {"mooncake_retention_pin", "mooncake_retention_skip"} <= on.model_fields_set
+    assert on.retention.pin and not on.retention.skip
