@@ -9,7 +9,7 @@ benchmark both ask `build_resume_set`, then `core.retention.plan_save_retention`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
@@ -43,3 +43,155 @@ def build_resume_set(coord: Any, block_hashes: Sequence[Any], num_tokens: int,
         for group_id, mask in enumerate(coord.load_mask(hashes, end)):
             resume.update((group_id, chunk) for chunk, loaded in enumerate(mask) if loaded)
     return frozenset(resume)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine side: the send thread that carries the plan out (I/O through upstream's thread)
+# --------------------------------------------------------------------------------------------
+
+from moonlease_connector.adapters.mooncake_store import build_soft_pin_config  # noqa: E402
+from moonlease_connector.adapters.vllm_save import (  # noqa: E402
+    JunctionSendingThread,
+    JunctionStoreMasks,
+)
+from moonlease_connector.adapters.vllm_scheduler import junctions_of  # noqa: E402
+from moonlease_connector.core.retention import (  # noqa: E402
+    ChunkRetention,
+    RetentionSettings,
+    SaveChunk,
+    plan_save_retention,
+)
+
+
+class RetentionStoreMasks(JunctionStoreMasks):
+    """The junction view's `store_mask`, minus the window chunks the plan skips."""
+
+    def __init__(self, coord: Any) -> None:
+        super().__init__(coord)
+        self.skipped: dict[int, frozenset[int]] = {}  # group -> absolute chunks not to write
+
+    def store_mask(self, aligned_token_len: int, start_token: int = 0,
+                   num_prompt_tokens: int | None = None) -> tuple[Any, ...]:
+        masks = super().store_mask(aligned_token_len, start_token, num_prompt_tokens)
+        if not self.skipped:
+            return masks
+        groups = self._coord.kv_cache_groups
+        result = []
+        for group_id, mask in enumerate(masks):
+            drop = self.skipped.get(group_id)
+            if not drop:
+                result.append(mask)
+                continue
+            spec = unwrap_spec(groups[group_id].kv_cache_spec)
+            start_chunk, end_chunk = self._chunk_range(spec, aligned_token_len, start_token)
+            base = [True] * (end_chunk - start_chunk) if mask is None else list(mask)
+            result.append([keep and (start_chunk + i) not in drop for i, keep in enumerate(base)])
+        return tuple(result)
+
+
+class _PinningStore:
+    """The thread's store handle: puts of resume-set keys carry a soft pin, others as before."""
+
+    def __init__(self, store: Any, pinned: Callable[[str], bool]) -> None:
+        self._store = store
+        self._pinned = pinned
+        self._configs: dict[int, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _pin_config(self, config: Any) -> Any:
+        if id(config) not in self._configs:
+            self._configs = {id(config): build_soft_pin_config(config)}
+        return self._configs[id(config)]
+
+    def batch_put_from_multi_buffers(self, keys: list[str], addrs: list[Any], sizes: list[Any],
+                                     config: Any = None, *args: Any) -> list[int]:
+        pinned = [i for i, key in enumerate(keys) if self._pinned(key)]
+        if not pinned:
+            return self._store.batch_put_from_multi_buffers(keys, addrs, sizes, config, *args)
+        plain = [i for i in range(len(keys)) if i not in set(pinned)]
+        results: list[int] = [0] * len(keys)
+        for indices, put_config in ((pinned, self._pin_config(config)), (plain, config)):
+            if not indices:
+                continue
+            answers = self._store.batch_put_from_multi_buffers(
+                [keys[i] for i in indices], [addrs[i] for i in indices], [sizes[i] for i in indices],
+                put_config, *args)
+            for i, answer in zip(indices, answers, strict=True):
+                results[i] = answer
+        return results
+
+
+class RetentionSendingThread(JunctionSendingThread):
+    """Upstream's send thread (with junction tails) carrying out Moonlease retention.
+
+    Per job: the resume set of the prompt (`build_resume_set`, at its end and junctions), the
+    plan (`core.retention.plan_save_retention`) over every chunk the job could write; window
+    chunks the plan skips leave the save mask, recurrent states it skips leave the boundary
+    puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`.
+    """
+
+    def __init__(self, *args: Any, retention: RetentionSettings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retention = retention
+        self.masks = RetentionStoreMasks(self.masks._coord)
+        self.coord = self.masks
+        self._pinned_keys: frozenset[str] = frozenset()
+        self._skipped_keys: frozenset[str] = frozenset()
+        if retention.pin:
+            self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys)
+
+    def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
+        db = self.token_databases[group_id]
+        end = (chunk + 1) * db.block_size
+        index = end // db.hash_block_size - 1
+        if index >= len(req_meta.block_hashes):
+            return ()
+        chunk_hash = req_meta.block_hashes[index]
+        return tuple(db.store_layout.key_for(shard, chunk_hash) for shard in db.store_layout.local_shard_ids)
+
+    def plan_job(self, req_meta: Any) -> None:
+        """The plan for this job's prompt: which keys are pinned, which skipped."""
+        coord = self.masks._coord
+        prompt = req_meta.prefill_end_tokens or req_meta.num_prompt_tokens or req_meta.token_len_chunk
+        prompt = min(prompt, len(req_meta.block_hashes) * coord.hash_block_size)
+        lcm = coord.lcm_block_size
+        aligned = prompt // lcm * lcm
+        junctions = junctions_of(req_meta)
+        resume = build_resume_set(coord, req_meta.block_hashes, prompt, junctions)
+        chunks = [SaveChunk(g, c, chunk_kind(group.kv_cache_spec))
+                  for g, group in enumerate(coord.kv_cache_groups)
+                  for c in range(aligned // self.token_databases[g].block_size)]
+        plan = plan_save_retention(chunks, resume, self.retention)
+        pinned: set[str] = set()
+        skipped: set[str] = set()
+        window_skips: dict[int, set[int]] = {}
+        for chunk, decision in zip(chunks, plan.decisions, strict=True):
+            if decision is ChunkRetention.PINNED:
+                pinned.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
+            elif decision is ChunkRetention.SKIPPED:
+                skipped.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
+                window_skips.setdefault(chunk.group_id, set()).add(chunk.chunk)
+        self._pinned_keys, self._skipped_keys = frozenset(pinned), frozenset(skipped)
+        self.masks.skipped = {g: frozenset(c) for g, c in window_skips.items()}
+
+    def _handle_request(self, req_meta: Any) -> None:
+        try:
+            self.plan_job(req_meta)
+        except Exception as error:  # a plan that cannot be made saves as upstream does
+            import logging
+
+            logging.getLogger("vllm.moonlease.connector.retention").warning(
+                "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
+            self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+        try:
+            super()._handle_request(req_meta)
+        finally:
+            self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+
+    def _boundary_puts(self, req_meta: Any) -> list[Any]:
+        puts = super()._boundary_puts(req_meta)
+        if not self._skipped_keys:
+            return puts
+        return [put for put in puts if put[0] not in self._skipped_keys]

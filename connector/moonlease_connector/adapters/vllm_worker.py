@@ -45,6 +45,7 @@ from moonlease_connector.adapters.vllm_lookup import (
     store_groups_of,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
+from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_settings import connector_settings
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
@@ -133,7 +134,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         (`can_put`); it is held back here and `JunctionSendingThread` — the same thread with
         junction tails in the save mask — started with the same arguments instead.
         """
-        if not self.moonlease_config.mooncake_junction_retention:
+        retention = self.moonlease_config.retention
+        if not self.moonlease_config.mooncake_junction_retention and not retention.active:
             super().register_kv_caches(kv_caches)
             return
         can_put, self.can_put = self.can_put, False
@@ -143,7 +145,12 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             self.can_put = can_put
         if not can_put or self._capacity_only or not kv_caches:
             return  # upstream would not have started a send thread either
-        self.kv_send_thread = JunctionSendingThread(
+        thread_class: Any = JunctionSendingThread
+        extra: dict[str, Any] = {}
+        if retention.active:
+            # Moonlease retention (issue 21): the same thread, carrying out the save plan.
+            thread_class, extra = RetentionSendingThread, {"retention": retention}
+        self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),
             self.enable_kv_events, self.store_replicate_config,
@@ -152,7 +159,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             record_operation=self._record_kv_connector_operation,
             group_participates=[group.kv_cache_spec.prefix_cacheable
                                 for group in self._kv_cache_groups],
-            on_junction_tails_saved=self._record_junction_tails)
+            on_junction_tails_saved=self._record_junction_tails, **extra)
         self.kv_send_thread.start()
 
     def _record_junction_tails(self, written: int) -> None:
