@@ -66,9 +66,8 @@ class ModeSpec:
         kinds = {type(spec).__name__ for spec in layout.specs}
         if self.lease_mode is LeaseMode.LAST_HIT_ONLY and kinds != {"FullAttentionSpec", "MambaSpec"}:
             return False  # start-up refuses it for anything but full attention + align Mamba
-        if self.retention.skip and not self.retention.pin and "MambaSpec" not in kinds \
-                and retention == "sparse":
-            return False  # sparse retention stores nothing outside the resume set: skip alone = base
+        if self.retention.skip and retention == "sparse":
+            return False  # sparse retention writes (almost) nothing outside the resume set
         if self.junction_retention:
             # Junctions keep sliding-window tails; dense retention stores them all anyway.
             return "SlidingWindowSpec" in kinds and retention == "sparse"
@@ -81,13 +80,13 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("lastHitOnly", LeaseMode.LAST_HIT_ONLY),
     ModeSpec("leaseAll+junctions", LeaseMode.LEASE_ALL, junction_retention=True),
     ModeSpec("selective+junctions", LeaseMode.SELECTIVE, junction_retention=True),
-    # Moonlease retention (issue 21) and its ablation: each piece alone, then together.
+    # Moonlease retention (issue 21) and its ablation: each piece alone, together, and `skip`
+    # beside the seed lease modes it combines with.
     ModeSpec("leaseAll+pin", LeaseMode.LEASE_ALL, retention=RetentionSettings(pin=True)),
     ModeSpec("leaseAll+skip", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True)),
     ModeSpec("leaseAll+pin+skip", LeaseMode.LEASE_ALL, retention=RetentionSettings(pin=True, skip=True)),
-    ModeSpec("selective+pin+skip", LeaseMode.SELECTIVE, retention=RetentionSettings(pin=True, skip=True)),
-    ModeSpec("lastHitOnly+pin+skip", LeaseMode.LAST_HIT_ONLY,
-             retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("selective+skip", LeaseMode.SELECTIVE, retention=RetentionSettings(skip=True)),
+    ModeSpec("lastHitOnly+skip", LeaseMode.LAST_HIT_ONLY, retention=RetentionSettings(skip=True)),
     ModeSpec("leaseAll+junctions+pin", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(pin=True)),
 )}

@@ -19,7 +19,7 @@ def _pct(value: float) -> str:
 
 
 def _belady_for(capacity: dict[str, Any], mode: str) -> float:
-    return capacity["belady"]["junctions" if mode.endswith("+junctions") else "plain"]
+    return capacity["belady"]["junctions" if "+junctions" in mode else "plain"]
 
 
 def render_headline(results: dict[str, Any]) -> list[str]:

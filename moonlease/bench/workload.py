@@ -61,8 +61,9 @@ WORKLOADS: dict[str, WorkloadKnobs] = {
     "agentic-full": WorkloadKnobs(layout="full", retention="sparse"),
     # Issue 21's third shape: many short chat sessions over two very hot system prompts, and
     # long-document questions (a fresh 2k-8k-token document, then a follow-up or two) that
-    # stream through the store without being read again by anyone else.
-    "hot-prompts-docs": WorkloadKnobs(layout="full+swa", retention="sparse", sessions_per_min=6.0,
+    # stream through the store without being read again by anyone else; a hybrid model storing
+    # a state at every boundary, like `agentic-hybrid`.
+    "hot-prompts-docs": WorkloadKnobs(layout="full+mamba", retention="dense", sessions_per_min=6.0,
                                       agents=2, system_blocks=64, first_blocks=(2, 8),
                                       turn_blocks=(1, 4), output_blocks=(2, 8), mean_turns=2.5,
                                       think_s=(3.0, 30.0), p_pause=0.1, pause_s=(60.0, 900.0),

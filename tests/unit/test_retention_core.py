@@ -84,3 +84,44 @@ def test_connector_settings_expose_the_pieces_and_render_them_only_when_on() -> 
     on = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE, retention=RetentionSettings(pin=True))
     assert {"mooncake_retention_pin", "mooncake_retention_skip"} <= on.model_fields_set
     assert on.retention.pin and not on.retention.skip
+
+
+class RecordingStore:
+    """Records the save's store calls (a recorder: the test asserts the calls themselves)."""
+
+    def __init__(self, present: set[str]) -> None:
+        self.present = set(present)
+        self.calls: list[tuple[str, tuple[str, ...], object]] = []
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        self.calls.append(("exist", tuple(keys), None))
+        return [1 if key in self.present else 0 for key in keys]
+
+    def put_batch(self, keys: list[str], values: list[bytes], config: object = None) -> int:
+        self.calls.append(("put", tuple(keys), config))
+        self.present.update(keys)
+        return 0
+
+
+def test_the_replay_save_carries_out_the_plan_call_by_call() -> None:
+    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_connector.core.retention import SaveRetentionPlan
+
+    chunks = [ChunkKeys(0, 0, 16, ("f0",), False), ChunkKeys(0, 1, 32, ("f1",), False),
+              ChunkKeys(1, 0, 64, ("m0a", "m0b"), True), ChunkKeys(1, 1, 128, ("m1a", "m1b"), True)]
+    plan = SaveRetentionPlan((P, P, S, P))
+    pin = object()
+    store = RecordingStore(present={"f0"})
+    result = apply_save(store, chunks, ValueSizes(), plan, pin)
+    # Skipped chunks are neither re-checked nor written; missing pinned keys go out with the pin.
+    assert store.calls == [("exist", ("f0", "f1", "m1a", "m1b"), None),
+                           ("put", ("f1", "m1a", "m1b"), pin)]
+    assert (result.keys_checked, result.keys_put, result.keys_pinned, result.keys_skipped) == (4, 3, 3, 2)
+
+
+def test_the_replay_save_without_a_plan_is_upstreams() -> None:
+    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+
+    store = RecordingStore(present=set())
+    apply_save(store, [ChunkKeys(0, 0, 16, ("f0",), False)], ValueSizes())
+    assert store.calls == [("exist", ("f0",), None), ("put", ("f0",), None)]
