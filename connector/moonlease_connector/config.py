@@ -85,6 +85,12 @@ class MoonleaseConnectorConfig(BaseModel):
         return LeaseMode.LEASE_ALL
 
     @property
+    def finds_junctions(self) -> bool:
+        """Lookups report shared-prefix junctions and saves keep what a sibling resumes from there:
+        junction retention, and retention `skip` (which must not skip the state at a junction)."""
+        return self.mooncake_junction_retention or self.mooncake_retention_skip
+
+    @property
     def retention(self) -> RetentionSettings:
         """The retention pieces on (`core.retention`)."""
         return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip)

@@ -172,7 +172,7 @@ class StoreLookup(ABC):
         self._specs = {group.group_id: self.coord.kv_cache_groups[group.group_id].kv_cache_spec
                        for group in inputs.groups}
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
-                                if inputs.settings.mooncake_junction_retention else None)
+                                if inputs.settings.finds_junctions else None)
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
         """Upstream's contract: how many prefix tokens the store can load."""

@@ -162,7 +162,8 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         self._vllm_config = vllm_config
         self.reset_timeout_s = RESET_TIMEOUT_S
         self.moonlease_config = connector_settings(vllm_config)
-        self.junction_retention = self.moonlease_config.mooncake_junction_retention
+        # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
+        self.junction_retention = self.moonlease_config.finds_junctions
         #: request id -> every junction its saves keep tails at (core's and the store's).
         self.request_junctions: dict[str, tuple[int, ...]] = {}
         if self.junction_retention:
