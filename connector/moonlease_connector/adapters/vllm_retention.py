@@ -1,6 +1,7 @@
-"""vLLM binding of Moonlease retention (`core.retention`): the resume set, by vLLM's own rules.
+"""vLLM binding of Moonlease retention (`core.retention`): the resume set, and the send thread.
 
-Adapter (reads vLLM's coordinator; no store I/O). The resume set of a prompt is what vLLM's
+Adapter. `build_resume_set` only reads vLLM's coordinator; `RetentionSendingThread` does the
+store I/O through upstream's send thread. The resume set of a prompt is what vLLM's
 load rule (`MooncakeStoreCoordinator.load_mask`) reads for a hit ending at the prompt's last
 aligned boundary — where the next turn of the conversation resumes — and at each of the
 request's shared-prefix junctions — where a sibling resumes. The send thread and the replay
@@ -9,13 +10,23 @@ benchmark both ask `build_resume_set`, then `core.retention.plan_save_retention`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
+from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
+from moonlease_connector.adapters.vllm_save import JunctionSendingThread, JunctionStoreMasks
+from moonlease_connector.adapters.vllm_scheduler import junctions_of
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
-from moonlease_connector.core.retention import ChunkKind
+from moonlease_connector.core.retention import (
+    ChunkKind,
+    ChunkRetention,
+    RetentionSettings,
+    SaveChunk,
+    plan_save_retention,
+)
 
 
 def chunk_kind(spec: Any) -> ChunkKind:
@@ -45,23 +56,12 @@ def build_resume_set(coord: Any, block_hashes: Sequence[Any], num_tokens: int,
     return frozenset(resume)
 
 
+logger = logging.getLogger("vllm.moonlease.connector.retention")
+
+
 # --------------------------------------------------------------------------------------------
 # Engine side: the send thread that carries the plan out (I/O through upstream's thread)
 # --------------------------------------------------------------------------------------------
-
-from moonlease_connector.adapters.mooncake_store import build_soft_pin_config  # noqa: E402
-from moonlease_connector.adapters.vllm_save import (  # noqa: E402
-    JunctionSendingThread,
-    JunctionStoreMasks,
-)
-from moonlease_connector.adapters.vllm_scheduler import junctions_of  # noqa: E402
-from moonlease_connector.core.retention import (  # noqa: E402
-    ChunkRetention,
-    RetentionSettings,
-    SaveChunk,
-    plan_save_retention,
-)
-
 
 class RetentionStoreMasks(JunctionStoreMasks):
     """The junction view's `store_mask`, minus the window chunks the plan skips."""
@@ -180,9 +180,7 @@ class RetentionSendingThread(JunctionSendingThread):
         try:
             self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
-            import logging
-
-            logging.getLogger("vllm.moonlease.connector.retention").warning(
+            logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
         try:
