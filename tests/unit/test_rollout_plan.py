@@ -28,7 +28,7 @@ from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, POLICY
 from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, evaluate_health
 from moonlease_operator.core.rollout import Observed, PolicyRef, ReconcilePlan, plan_fetch, plan_reconcile, plan_release
-from moonlease_operator.api import parse_spec
+from moonlease_operator.api import PolicySpecError, parse_spec
 
 pytestmark = pytest.mark.unit
 
@@ -554,6 +554,20 @@ def test_compatibility_gate() -> None:
     selective = parse_spec(SPEC)
     assert "Mooncake version unknown" in evaluate_compatibility(selective, unknown)[0]
     assert evaluate_compatibility(selective, [VersionSource(StageName.MASTER, "Deployment", "m", "0.3.14", None)]) == []
+
+
+def test_compatibility_gate_knows_soft_pins_need_evictable_pins() -> None:
+    """Retention pin (issue 21) with allow_evict_soft_pinned_objects=false: pinned resume sets
+    leave only when their pins expire and puts fail meanwhile. The CEL rule refuses such a spec;
+    the gate says so again for a spec that bypassed validation."""
+    base = parse_spec({**SPEC, "connector": {"leaseMode": "leaseAll", "retentionPin": True}})
+    assert evaluate_compatibility(base, []) == []
+    bad = base.model_copy(update={"master": base.master.model_copy(
+        update={"allow_evict_soft_pinned_objects": False})})
+    assert "allowEvictSoftPinnedObjects" in evaluate_compatibility(bad, [])[0]
+    with pytest.raises(PolicySpecError):
+        parse_spec({**SPEC, "connector": {"retentionPin": True},
+                    "master": {**SPEC["master"], "allowEvictSoftPinnedObjects": False}})
 
 
 def test_health_from_the_controller_and_the_pods() -> None:
