@@ -359,13 +359,13 @@ def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> N
     (0.80, 20, 1.3253), (0.95, 10**6, 1.9600),
 ])
 def test_t_critical_values_match_the_tables(confidence: float, df: int, table: float) -> None:
-    from moonlease_operator.core.analysis import t_critical
+    from moonlease_operator.core.sequential import t_critical
 
     assert t_critical(confidence, df) == pytest.approx(table, abs=1e-4)
 
 
 def test_no_degree_of_freedom_means_no_decision() -> None:
-    from moonlease_operator.core.analysis import t_critical
+    from moonlease_operator.core.sequential import t_critical
 
     assert t_critical(0.95, 0) == math.inf
 

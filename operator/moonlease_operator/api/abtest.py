@@ -187,7 +187,8 @@ class ABTestSpec(ApiModel):
     max_samples: Annotated[int, Field(ge=2, le=10000)] = 30
     """Measured intervals after which an undecided test ends Inconclusive."""
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
-    """Two-sided confidence of each effect's interval (Student t with min(n) - 1 degrees of freedom)."""
+    """1 - the family-wise error rate of the whole test, however often it is looked at: always-valid
+    p-values (normal-mixture confidence sequences) with Holm's correction across conditions."""
     conditions: Annotated[list[ConditionSpec], Field(min_length=1, max_length=16)] = Field(
         default_factory=_default_conditions, json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
