@@ -151,6 +151,8 @@ def policy_for(options: DemoOptions) -> dict[str, Any]:
     ab["conditions"] = [c for c in ab["conditions"] if not c["metric"].startswith("ttft")]
     ab.update(intervalSeconds=options.interval_seconds, minSamples=options.min_samples,
               maxSamples=options.max_samples,
+              # one interval's warm-up: the engines also warm up themselves before serving the test
+              warmupSeconds=options.interval_seconds,
               # the engines start and warm up before their /metrics answer: give them time
               consecutiveErrorLimit=max(ab.get("consecutiveErrorLimit", 4), 300 // options.interval_seconds))
     return policy

@@ -39,7 +39,8 @@ from moonlease_operator.adapters.workloads import (
     object_path,
     post_event,
 )
-from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, ABTestPhase, Phase, parse_spec
+from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase, parse_spec
+from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.desired_state import WorkloadChange
@@ -209,11 +210,7 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
     spec = plan.spec.rollout.ab_test if plan.spec is not None else None
-    if ab is None or spec is None or ab.phase is not ABTestPhase.MEASURING:
-        return None
-    if ab.last_measured_at is None:
-        return 0.0
-    return spec.interval_seconds - (context.clock() - ab.last_measured_at).total_seconds()
+    return seconds_until_measurement(ab, spec, context.clock())
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

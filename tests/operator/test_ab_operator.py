@@ -38,7 +38,7 @@ def ab_policy(**ab: Any) -> dict[str, Any]:
                     for n in CONTROL + TREATMENT],
         "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 30, "abTest": {
             "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
-            "intervalSeconds": 5, "minSamples": 3, "maxSamples": 6,
+            "intervalSeconds": 5, "warmupSeconds": 0, "minSamples": 3, "maxSamples": 6,
             "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05},
                            {"metric": "ttftP90", "direction": "LowerIsBetter", "maxRegression": 0.5,
                             "guardrail": True}],

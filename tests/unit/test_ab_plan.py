@@ -20,6 +20,7 @@ from moonlease_operator.core.ab_plan import (
     build_analysis_config,
     load_analysis,
     measurement_due,
+    seconds_until_measurement,
     plan_ab_action,
     record_measurement,
     start_measuring,
@@ -201,6 +202,17 @@ def test_measurement_is_due_once_per_interval_while_measuring() -> None:
     assert measurement_due(status, spec, T0 + datetime.timedelta(seconds=30))
     assert not measurement_due(status.model_copy(update={"phase": ABTestPhase.DEPLOYING}), spec, T0)
     assert not measurement_due(None, spec, T0)
+
+
+def test_the_baseline_waits_out_the_warm_up() -> None:
+    spec = ABTestSpec.model_validate({**ARMS, "intervalSeconds": 30, "warmupSeconds": 90})
+    status = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="c", started_at=T0)
+    assert seconds_until_measurement(status, spec, T0) == 90
+    assert not measurement_due(status, spec, T0 + datetime.timedelta(seconds=89))
+    assert measurement_due(status, spec, T0 + datetime.timedelta(seconds=90))  # the baseline
+    measured = status.model_copy(update={"last_measured_at": T0 + datetime.timedelta(seconds=90)})
+    assert seconds_until_measurement(measured, spec, T0 + datetime.timedelta(seconds=100)) == 20
+    assert ABTestSpec.model_validate(ARMS).warmup_seconds == 60  # the documented default
 
 
 @pytest.mark.parametrize("raw, violated", [

@@ -29,7 +29,7 @@ SPEC: dict[str, Any] = {
     "targets": [{"name": n, "role": n.split("-")[0], "mooncakeVersion": "0.3.14"} for n in CONTROL + TREATMENT],
     "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 60, "abTest": {
         "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
-        "intervalSeconds": 10, "minSamples": 3, "maxSamples": 6,
+        "intervalSeconds": 10, "warmupSeconds": 0, "minSamples": 3, "maxSamples": 6,
         "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05}]}},
 }
 

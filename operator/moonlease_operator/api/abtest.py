@@ -183,6 +183,9 @@ class ABTestSpec(ApiModel):
     control: ArmSpec
     treatment: ArmSpec
     interval_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    warmup_seconds: Annotated[int, Field(ge=0, le=86400)] = 60
+    """Seconds after the treatment is verified before the baseline is read: both arms' caches
+    (the treatment's restarted engines start cold) fill before anything counts."""
     min_samples: Annotated[int, Field(ge=2, le=1000)] = 5
     max_samples: Annotated[int, Field(ge=2, le=10000)] = 30
     """Measured intervals after which an undecided test ends Inconclusive."""

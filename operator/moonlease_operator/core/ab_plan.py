@@ -222,7 +222,8 @@ def start_measuring(status: ABTestStatus, spec: ABTestSpec, control: list[str], 
     """The treatment runs the configuration, verified: measuring starts."""
     source = f"Prometheus at {spec.prometheus.url}" if spec.prometheus else f"the pods' :{spec.scrape.port}{spec.scrape.path}"
     message = (f"A/B test of configuration {status.config_hash}: control {', '.join(control)} against treatment "
-               f"{', '.join(treatment)}, every {spec.interval_seconds}s from {source}; at least {spec.min_samples}"
+               f"{', '.join(treatment)}, every {spec.interval_seconds}s from {source} after a {spec.warmup_seconds}s warm-up; "
+               f"at least {spec.min_samples}"
                + f", at most {spec.max_samples} samples")
     return status.model_copy(update={"phase": ABTestPhase.MEASURING, "started_at": now, "verdict": None,
                                      "reason": message}), [EventNote("Normal", Reason.AB_TEST_STARTED.value, message)]
@@ -286,9 +287,22 @@ def apply_decision_annotation(status: ABTestStatus, annotation: str | None,
         EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value, "Rolling the treatment back, as annotated")]
 
 
+def seconds_until_measurement(status: ABTestStatus | None, spec: ABTestSpec | None,
+                              now: datetime.datetime) -> float | None:
+    """Seconds until the arms are read next (<= 0: now); None when the test is not measuring.
+
+    The first read is the baseline, `warmupSeconds` after measuring started (caches warm up
+    first); then one every `intervalSeconds`."""
+    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
+        return None
+    if status.last_measured_at is not None:
+        return spec.interval_seconds - (now - status.last_measured_at).total_seconds()
+    if status.started_at is None:
+        return 0.0
+    return spec.warmup_seconds - (now - status.started_at).total_seconds()
+
+
 def measurement_due(status: ABTestStatus | None, spec: ABTestSpec | None, now: datetime.datetime) -> bool:
     """Whether this reconcile should read the arms' metrics."""
-    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
-        return False
-    last = status.last_measured_at
-    return last is None or (now - last).total_seconds() >= spec.interval_seconds
+    due_in = seconds_until_measurement(status, spec, now)
+    return due_in is not None and due_in <= 0
