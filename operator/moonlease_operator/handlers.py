@@ -188,8 +188,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     kept: Snapshot | None = None
     if fetch.ab_due and previous.ab_test is not None:
         tested = previous.ab_test.config_hash
-        source = build_metric_source(parse_spec(raw_spec), namespace, observed)
-        reading, kept = await measure_arms(source, baselines.get(tested),
+        reading, kept = await measure_arms(lambda: build_metric_source(parse_spec(raw_spec), namespace, observed),
+                                           baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
     plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now)

@@ -246,7 +246,8 @@ def test_failed_measurements_never_decide_and_count_against_the_limit() -> None:
     assert two_down.outcome is Outcome.INCONCLUSIVE and two_down.consecutive_errors == 2
     assert "Prometheus unreachable" in two_down.reason
     three_down = evaluate_ab(good + down, config)
-    assert three_down.outcome is Outcome.ERROR and three_down.final
+    assert three_down.outcome is Outcome.ERROR and not three_down.final  # measuring goes on
+    assert "resumes when the metric source answers" in three_down.reason
     assert "Prometheus unreachable" in three_down.reason
     # Recovering resets the count; the failed intervals are skipped, not zeros.
     recovered = evaluate_ab(good + down[:2] + intervals([arm(300, 1000)], [arm(600, 1000)]), config)

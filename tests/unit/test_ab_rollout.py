@@ -181,7 +181,15 @@ def test_failed_measurements_are_reported_and_never_decide() -> None:
     assert cluster.reasons().count("MeasurementFailed") == 2
     measure(cluster, spec, [(None, 0.9)])
     status = cluster.run(spec)
-    assert status.ab_test.verdict == "Error" and status.phase is Phase.AWAITING_DECISION
+    assert status.ab_test.verdict == "Error" and status.phase is Phase.ANALYZING  # still measuring
+    concluded = status.condition("ABTestConcluded")
+    assert concluded is not None and concluded.reason == "MeasurementFailed"
+    assert "measuring resumes when the metric source answers" in concluded.message
+    # the source is back: the test resumes, and decides on good measurements only
+    measure(cluster, spec, [(0.4, 0.7)] * 3)
+    status = cluster.run(spec)
+    assert status.ab_test.verdict == "Success" and status.ab_test.samples == 3
+    assert any("Measuring again" in message for _, _, message in cluster.events)
 
 
 def test_a_new_configuration_starts_a_new_test_and_the_promoted_control_is_kept_meanwhile() -> None:

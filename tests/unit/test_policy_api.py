@@ -262,6 +262,14 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "customQueries names start with a letter and hold only letters, digits and underscores (at most 63)":
         with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
             "url": "http://prometheus:9090", "customQueries": {"queue-depth": "sum(q{$selector})"}}}}}),
+    "customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $":
+        with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090",
+            "customQueries": {"ttft": "sum(rate(x{$selector}[$__rate_interval]))"}}}}}),
+    "evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
+    "(one master per arm); with one shared master both arms read the same series": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [{"metric": "evictions"}],
+                                             "prometheus": {"url": "http://prometheus:9090"}}}}),
     "with strategy ABTest every target must be named and in one arm": with_changes(**{
         "rollout": AB_ROLLOUT, "targets": [*VALID["targets"], {"name": "extra", "role": "decode"}]}),
 }

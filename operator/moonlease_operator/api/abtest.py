@@ -111,6 +111,27 @@ _QUERY_NAMES = CelRule(
 )
 
 
+# A custom query may hold `$selector` (or `${selector}`) and `$$` (a literal `$`), nothing else
+# after a `$`: PromQL's own `$` (a regex anchor, Grafana's `$__rate_interval`) must be written `$$`.
+QUERY_TEMPLATE_PATTERN = r"^([^$]|[$][$]|[$]selector\b|[$][{]selector[}])*$"
+_QUERY_TEMPLATE = re.compile(QUERY_TEMPLATE_PATTERN)
+_PLACEHOLDER = re.compile(r"[$]([$]|selector\b|[{]selector[}])")
+_QUERY_PLACEHOLDERS = CelRule(
+    rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
+    + json.dumps(QUERY_TEMPLATE_PATTERN) + "))",
+    message="customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $",
+    field_path=".customQueries",
+)
+
+
+def render_custom_query(template: str, selector: str) -> str:
+    """A custom query with `$selector` replaced by an arm's matchers and `$$` by `$`. The one
+    substitution the operator does; templates are validated (`_QUERY_PLACEHOLDERS`) before."""
+    if not _QUERY_TEMPLATE.match(template):
+        raise ValueError(_QUERY_PLACEHOLDERS.message)
+    return _PLACEHOLDER.sub(lambda m: "$" if m.group(1) == "$" else selector, template)
+
+
 class PrometheusSpec(ApiModel):
     """Read the arms' metrics from a Prometheus server's HTTP API."""
 
@@ -123,6 +144,10 @@ class PrometheusSpec(ApiModel):
     store_selector: PromMatchers | None = None
     """Label matchers picking the Mooncake master's series (both arms share it); default: the
     master workload's pods, by `podLabel` and `namespaceLabel`."""
+    store_selectors: ArmSelectorsSpec | None = None
+    """Label matchers picking each arm's own Mooncake master, when the arms have separate masters
+    (then master-level metrics, `evictions` and `putAllocFailures`, may be A/B conditions);
+    overrides `storeSelector`."""
     pod_label: Annotated[str, Field(min_length=1, max_length=63)] = "pod"
     """Prometheus label holding the pod name."""
     namespace_label: Annotated[str, Field(min_length=1, max_length=63)] = "namespace"
@@ -132,12 +157,14 @@ class PrometheusSpec(ApiModel):
     """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number.
     Names start with a letter and hold letters, digits and underscores."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES,)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS)
 
     @model_validator(mode="after")
     def _check_names(self) -> PrometheusSpec:
         if not all(_METRIC_NAME.fullmatch(name) for name in self.custom_queries):
             raise _QUERY_NAMES.violation()
+        if not all(_QUERY_TEMPLATE.match(query) for query in self.custom_queries.values()):
+            raise _QUERY_PLACEHOLDERS.violation()
         return self
 
 
@@ -160,6 +187,14 @@ _KNOWN_METRICS = CelRule(
     rule="!has(self.conditions) || self.conditions.all(c, c.metric in " + json.dumps(list(BUILTIN_METRICS))
     + " || (has(self.prometheus) && has(self.prometheus.customQueries) && c.metric in self.prometheus.customQueries))",
     message="each condition's metric must be built in or named in prometheus.customQueries",
+    field_path=".conditions",
+)
+MASTER_METRICS = (BuiltinMetric.EVICTIONS.value, BuiltinMetric.PUT_FAILURES.value)
+_MASTER_METRICS_NEED_MASTERS = CelRule(
+    rule="!has(self.conditions) || !self.conditions.exists(c, c.metric in " + json.dumps(list(MASTER_METRICS))
+    + ") || (has(self.prometheus) && has(self.prometheus.storeSelectors))",
+    message="evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
+            "(one master per arm); with one shared master both arms read the same series",
     field_path=".conditions",
 )
 _MAX_AT_LEAST_MIN = CelRule(
@@ -203,7 +238,8 @@ class ABTestSpec(ApiModel):
     on_failure: FailureAction = FailureAction.ROLLBACK
     on_inconclusive: FailureAction = FailureAction.HOLD
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS,
+                                                _MASTER_METRICS_NEED_MASTERS)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -214,6 +250,9 @@ class ABTestSpec(ApiModel):
         custom = self.prometheus.custom_queries if self.prometheus is not None else {}
         if any(c.metric not in BUILTIN_METRICS and c.metric not in custom for c in self.conditions):
             raise _KNOWN_METRICS.violation()
+        if any(c.metric in MASTER_METRICS for c in self.conditions) and (
+                self.prometheus is None or self.prometheus.store_selectors is None):
+            raise _MASTER_METRICS_NEED_MASTERS.violation()
         return self
 
 

@@ -83,8 +83,9 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
 
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:
     """The action a verdict calls for. Never promotes on anything but Success; an Abort always
-    rolls back unless the user holds failures; Error and a final NoData hold for a human
-    (the operator could not measure: it does not know which arm is better)."""
+    rolls back unless the user holds failures; a final NoData holds for a human (the operator
+    could not measure: it does not know which arm is better); Error is never final (measuring
+    goes on until the source answers again)."""
     if verdict.outcome is Outcome.ABORT:
         return ABAction.ROLL_BACK if spec.on_failure is FailureAction.ROLLBACK else ABAction.HOLD
     if not verdict.final:
@@ -244,7 +245,13 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
         events.append(EventNote("Warning", Reason.MEASUREMENT_FAILED.value,
                                 f"Measuring the arms failed ({state.consecutive_errors} in a row, limit "
                                 f"{spec.consecutive_error_limit}): {state.last_error}"))
-    if action is not ABAction.CONTINUE or (verdict.outcome.value != status.verdict and verdict.samples >= spec.min_samples):
+    if status.verdict == Outcome.ERROR.value and not reading.interval.failed:
+        events.append(EventNote("Normal", Reason.AB_TEST_VERDICT.value,
+                                f"Measuring again: the metric source answered after {status.consecutive_errors} "
+                                "failed measurements"))
+    entering_error = verdict.outcome is Outcome.ERROR and status.verdict != Outcome.ERROR.value
+    if action is not ABAction.CONTINUE or entering_error or (
+            verdict.outcome.value != status.verdict and verdict.samples >= spec.min_samples):
         kind = "Warning" if verdict.outcome in _BAD_OUTCOMES else "Normal"
         events.append(EventNote(kind, Reason.AB_TEST_VERDICT.value,
                                 f"{verdict.outcome.value} after {verdict.samples} samples: {verdict.reason}"))

@@ -65,7 +65,8 @@ class Outcome(str, enum.Enum):
     NO_DATA = "NoData"
     """A metric a condition needs is missing from every interval: no decision is possible."""
     ERROR = "Error"
-    """More consecutive failed measurements than the limit allows."""
+    """More consecutive failed measurements than the limit allows (never final: measuring goes on
+    and resumes with the next good measurement)."""
 
 
 TTFT_QUANTILES: Mapping[str, float] = {
@@ -606,8 +607,11 @@ def decide(state: AnalysisState, config: AnalysisConfig) -> Verdict:
     """
     n, errors = state.samples, state.consecutive_errors
     if errors > config.consecutive_error_limit:
+        # Not final: the source may come back (Prometheus restarting), and the next good
+        # measurement resumes the test where it stopped; nothing is decided meanwhile.
         return Verdict(Outcome.ERROR, f"{errors} consecutive failed measurements (limit "
-                       f"{config.consecutive_error_limit}); last: {state.last_error}", True, n, errors)
+                       f"{config.consecutive_error_limit}; measuring resumes when the metric source answers); "
+                       f"last: {state.last_error}", False, n, errors)
     abort = evaluate_guard(config.guard, state.recent)
     if abort is not None:
         return Verdict(Outcome.ABORT, abort, True, n, errors)
