@@ -25,8 +25,18 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
-                 options=OperatorOptions(reconcile_interval=args.reconcile_interval))
+                 options=OperatorOptions(reconcile_interval=args.reconcile_interval,
+                                         prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
+
+
+def _prometheus_allowlist(args: argparse.Namespace) -> tuple[str, ...]:
+    """--prometheus-url-allow flags, then MOONLEASE_PROMETHEUS_URL_ALLOWLIST (comma-separated)."""
+    import os
+
+    from moonlease_operator.core.url_allowlist import parse_allowlist
+
+    return (*args.prometheus_url_allow, *parse_allowlist(os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -111,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="Prometheus metrics port (default 9090)")
     operator.add_argument("--reconcile-interval", type=float, default=5.0,
                           help="seconds between reconciles of a policy when nothing wakes it earlier (default 5)")
+    operator.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
+                          help="a Prometheus server A/B tests may read (repeatable; also "
+                               "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     operator.set_defaults(func=_cmd_operator)
 
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")

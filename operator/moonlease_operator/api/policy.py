@@ -401,6 +401,7 @@ class Reason(str, enum.Enum):
     CONFLICTING_POLICY = "ConflictingPolicy"
     FOREIGN_CONNECTOR = "ForeignConnector"
     UNMANAGEABLE_WORKLOAD = "UnmanageableWorkload"
+    PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
     WORKLOAD_NOT_FOUND = "WorkloadNotFound"
     # Rollout (Ready, Progressing, Degraded conditions; events)
     ROLLOUT_STARTED = "RolloutStarted"
