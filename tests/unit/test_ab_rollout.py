@@ -99,8 +99,19 @@ def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> N
     cluster = ab_fleet()
     deploy_treatment(cluster, SPEC)
     measure(cluster, SPEC, [(0.4, 0.7)] * 2)
+    # While measuring: structured per-condition results, no final verdict (the VERDICT column is empty).
+    measuring = cluster.status.ab_test
+    assert measuring.final_verdict is None and measuring.verdict == "Inconclusive" and measuring.progress == "2/6"
+    [hit_rate] = measuring.conditions
+    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Inconclusive")
+    assert hit_rate.effect == pytest.approx(0.3, abs=0.01) and hit_rate.control == pytest.approx(0.4, abs=0.01)
+    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower < hit_rate.effect < hit_rate.upper
+    assert hit_rate.level == pytest.approx(0.05) and 0 <= hit_rate.p_value <= 1
     cluster.now += datetime.timedelta(seconds=10)
     plan = cluster.reconcile(SPEC, ab_reading=reading(cluster, 0.4, 0.7, 2))
+    decided = cluster.status.ab_test
+    assert decided.final_verdict == "Success" and decided.progress == "3/6"
+    assert decided.conditions[0].outcome == "Success" and decided.conditions[0].lower > 0
     assert cluster.status.ab_test.phase is ABTestPhase.PROMOTING
     assert [c.name for c in plan.changes] == ["prefill-a"]  # the control's first stage, at once
     assert any("promoting the A/B treatment's configuration" in m for _, _, m in cluster.events)

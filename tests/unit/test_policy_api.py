@@ -136,8 +136,11 @@ def test_crd_identity_printer_columns_and_status(crd: dict[str, Any]) -> None:
     assert columns == {
         "Mode": ".spec.connector.leaseMode", "Phase": ".status.phase", "Stage": ".status.currentStage",
         "Ready": '.status.conditions[?(@.type=="Ready")].status', "A/B": ".status.abTest.phase",
-        "Verdict": ".status.abTest.verdict", "Age": ".metadata.creationTimestamp",
+        "Verdict": ".status.abTest.finalVerdict", "Age": ".metadata.creationTimestamp",
+        "Samples": ".status.abTest.progress", "Reason": ".status.abTest.reason",
     }
+    # `kubectl get -o wide` only: the A/B test's samples (n/max) and its reason
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1] == ["Samples", "Reason"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert "x-kubernetes-preserve-unknown-fields" not in yaml.safe_dump(status)
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]

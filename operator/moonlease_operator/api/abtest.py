@@ -349,6 +349,29 @@ class AnalysisStateStatus(StatusModel):
     recent: Annotated[list[GuardPointStatus], Field(max_length=20)] = Field(default_factory=list)
 
 
+class ConditionResultStatus(StatusModel):
+    """One condition's result: both arms' estimates, the effect with its always-valid bounds,
+    and what Holm's step-down made of it (`core.analysis.ConditionResult`)."""
+
+    metric: Annotated[str, Field(max_length=63)]
+    outcome: Annotated[str, Field(max_length=32)]
+    """Success (a guardrail: within tolerance), Failure, Inconclusive or NoData."""
+    control: float | None = None
+    """The control's estimate over the whole test."""
+    treatment: float | None = None
+    """The treatment's estimate over the whole test."""
+    effect: float | None = None
+    """Treatment - control, signed so that positive is better."""
+    lower: float | None = None
+    """Lower bound of the effect's confidence sequence at `level` (unset: unbounded yet)."""
+    upper: float | None = None
+    """Upper bound of the effect's confidence sequence at `level` (unset: unbounded yet)."""
+    p_value: float | None = None
+    """Always-valid p-value of "no difference"."""
+    level: float | None = None
+    """The level Holm's step-down tested this condition at."""
+
+
 class ABTestPhase(str, enum.Enum):
     """Where an A/B test is.
 
@@ -375,7 +398,13 @@ class ABTestStatus(StatusModel):
     config_hash: Annotated[str, Field(max_length=128)] = ""
     """The configuration under test (status.desiredConfigHash when the test started)."""
     verdict: Annotated[str, Field(max_length=32)] | None = None
-    """Success, Failure, Inconclusive, Abort, NoData or Error."""
+    """The verdict so far: Success, Failure, Inconclusive, Abort, NoData or Error."""
+    final_verdict: Annotated[str, Field(max_length=32)] | None = None
+    """The verdict once the test is final (decided, or held at maxSamples); unset while measuring."""
+    progress: Annotated[str, Field(max_length=32)] = ""
+    """Measured intervals / maxSamples, e.g. 7/30."""
+    conditions: Annotated[list[ConditionResultStatus], Field(max_length=16)] = Field(default_factory=list)
+    """Per condition: values, effect, bounds and outcome (latest measurement)."""
     reason: Annotated[str, Field(max_length=4096)] = ""
     """Why: per condition, treatment vs control with the effect and its uncertainty."""
     action: Annotated[str, Field(max_length=32)] = ""

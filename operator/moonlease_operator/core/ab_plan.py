@@ -28,6 +28,7 @@ from moonlease_operator.api.abtest import (
     ABTestSpec,
     ABTestStatus,
     ArmValues,
+    ConditionResultStatus,
     FailureAction,
     IntervalRecord,
     SuccessAction,
@@ -44,6 +45,7 @@ from moonlease_operator.core.analysis import (
     Histogram,
     IntervalSample,
     MeanSums,
+    ConditionResult,
     Outcome,
     QuantileSums,
     RatioSums,
@@ -193,6 +195,21 @@ def summarize_arm(totals: ArmTotals) -> ArmValues:
     )
 
 
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinities: an unbounded side is left unset."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def build_condition_results(results: tuple[ConditionResult, ...]) -> list[ConditionResultStatus]:
+    return [ConditionResultStatus(
+        metric=r.metric, outcome=r.outcome.value,
+        control=_finite(r.control.value) if r.control is not None else None,
+        treatment=_finite(r.treatment.value) if r.treatment is not None else None,
+        effect=_finite(r.effect), lower=_finite(r.lower), upper=_finite(r.upper),
+        p_value=_finite(r.p_value), level=_finite(r.level),
+    ) for r in results]
+
+
 # ---- the test's progress ---------------------------------------------------------------------------
 
 _NEXT_PHASE = {
@@ -265,6 +282,9 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
     history = [*status.history, record_interval(reading.interval)][-HISTORY_LIMIT:]
     return status.model_copy(update={
         "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
+        "final_verdict": verdict.outcome.value if action is not ABAction.CONTINUE else None,
+        "progress": f"{verdict.samples}/{spec.max_samples}",
+        "conditions": build_condition_results(verdict.conditions) or status.conditions,
         "action": action.value, "samples": verdict.samples, "consecutive_errors": verdict.consecutive_errors,
         "last_measured_at": reading.at, "decided_at": now if action is not ABAction.CONTINUE else None,
         "control": summarize_arm(state.control), "treatment": summarize_arm(state.treatment),
