@@ -245,3 +245,15 @@ def test_every_ab_status_fits_the_crd() -> None:
                             "metadata": {"name": "fleet"}, "spec": SPEC, "status": present})
         seen.add(cluster.status.ab_test.phase)
     assert seen == {ABTestPhase.PROMOTED, ABTestPhase.ROLLED_BACK, ABTestPhase.AWAITING_DECISION}
+
+
+def test_arms_of_different_roles_are_refused_with_a_message() -> None:
+    cluster = ab_fleet()
+    spec = ab_spec(control={"workloads": ["prefill-a", "decode-a"]}, treatment={"workloads": ["decode-b"]})
+    spec["targets"] = [t for t in spec["targets"] if t["name"] != "prefill-b"]
+    status = cluster.run(spec)
+    assert status.phase is Phase.INVALID
+    invalid = status.condition("Invalid")
+    assert invalid is not None and invalid.reason == "MismatchedArms"
+    assert "control has decode, prefill, treatment has decode" in invalid.message
+    assert "MismatchedArms" in cluster.reasons() and not cluster.writes

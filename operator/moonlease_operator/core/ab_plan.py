@@ -33,7 +33,7 @@ from moonlease_operator.api.abtest import (
     IntervalRecord,
     SuccessAction,
 )
-from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, Reason
+from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, PolicySpec, Reason
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
@@ -81,6 +81,21 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
                          ttft_threshold_s=spec.abort.ttft_threshold_seconds,
                          ttft_quantile=spec.abort.ttft_quantile),
     )
+
+
+def evaluate_arm_roles(spec: PolicySpec) -> str | None:
+    """Why the A/B arms cannot be compared, or None: both arms must hold the same roles (a
+    prefill-only control against a decode-only treatment compares roles, not lease modes)."""
+    ab = spec.rollout.ab_test
+    if ab is None:
+        return None
+    roles = {t.name: t.role.value for t in spec.targets if t.name is not None}
+    control = sorted({roles[n] for n in ab.control.workloads if n in roles})
+    treatment = sorted({roles[n] for n in ab.treatment.workloads if n in roles})
+    if control == treatment:
+        return None
+    return (f"the A/B arms must hold the same roles: control has {', '.join(control) or 'none'}, "
+            f"treatment has {', '.join(treatment) or 'none'}")
 
 
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:

@@ -51,6 +51,7 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     decision_hint,
+    evaluate_arm_roles,
     measurement_due,
     record_measurement,
     start_measuring,
@@ -171,6 +172,9 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
         spec = parse_spec(raw_spec)
     except PolicySpecError as exc:
         return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+    mismatched = evaluate_arm_roles(spec)
+    if mismatched is not None:
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now, spec)
     ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
     if prometheus_allowlist is not None and ab_source is not None:
         refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
