@@ -231,6 +231,8 @@ class ABTestSpec(ApiModel):
         default_factory=_default_conditions, json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
     consecutive_error_limit: Annotated[int, Field(ge=0, le=100)] = 4
+    """Failed measurements in a row tolerated; one more makes the verdict Error (never final:
+    measuring goes on and resumes with the next good measurement)."""
     abort: AbortSpec = Field(default_factory=AbortSpec, json_schema_extra={"default": {}})
     prometheus: PrometheusSpec | None = None
     scrape: ScrapeSpec = Field(default_factory=ScrapeSpec, json_schema_extra={"default": {}})
