@@ -579,6 +579,19 @@ def parse_spec(raw: Mapping[str, Any]) -> PolicySpec:
         raise PolicySpecError(describe_errors(exc)) from None
 
 
+#: A policy's name is the value of its `moonlease.io/policy` label on every workload it manages,
+#: and the API server refuses label values over 63 characters (422 on every workload patch).
+MAX_POLICY_NAME_LENGTH = 63
+
+
+def policy_name_problems(name: str) -> list[str]:
+    """Why a policy of this name cannot manage workloads; empty when it can. Pure."""
+    if len(name) <= MAX_POLICY_NAME_LENGTH:
+        return []
+    return [f"metadata.name: must be no more than {MAX_POLICY_NAME_LENGTH} characters (it has {len(name)}):"
+            f" the name is the value of the {GROUP}/policy label on every workload the policy manages"]
+
+
 def describe_errors(exc: ValidationError) -> list[str]:
     """One line per validation error, located as a kubectl user would write the path."""
     lines: list[str] = []

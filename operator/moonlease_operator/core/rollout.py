@@ -46,6 +46,7 @@ from moonlease_operator.api import (
     WorkloadKind,
     parse_spec,
 )
+from moonlease_operator.api.policy import policy_name_problems
 from moonlease_operator.core.ab_plan import (
     ABReading,
     apply_decision_annotation,
@@ -168,10 +169,13 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch)."""
+    name_problems = policy_name_problems(policy.name)
     try:
         spec = parse_spec(raw_spec)
     except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems + exc.problems, now)
+    if name_problems:
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems, now)
     mismatched = evaluate_arm_roles(spec)
     if mismatched is not None:
         return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now, spec)
