@@ -38,6 +38,7 @@ from moonlease_connector.adapters.mooncake_store import (
     StoreCalls,
     detect_capabilities,
 )
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
@@ -53,6 +54,9 @@ from moonlease_connector.core.capabilities import StoreCapabilities, missing_cap
 from moonlease_connector.core.lookup import GroupNamespaces
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
+
+#: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
+CLOSE_TIMEOUT_S = 15.0
 
 
 def refuse_unsupported_mode(settings: MoonleaseConnectorConfig, capabilities: StoreCapabilities, *,
@@ -90,11 +94,30 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: The store's LastHitOnly response contract, detected from its answers and kept across
         #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
+        #: One deadline for every lookup of this worker: at most one abandoned store call.
+        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
+                                             name="moonlease-lookup")
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
-            self.probe_contract.detect()
+            # Under the lookup deadline: a store that does not answer leaves the contract
+            # unknown (lookups miss and re-detect later) instead of hanging start-up.
+            self.lookup_deadline.call(self.probe_contract.detect)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
+
+    def close(self) -> None:
+        """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
+        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent."""
+        deadline = getattr(self, "lookup_deadline", None)
+        if deadline is not None:
+            deadline.close()
+        closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
+        outcome = closer.call(super().close)
+        closer.close()
+        if outcome.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not close within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
+        elif outcome.status is CallStatus.RAISED:
+            logger.warning("Mooncake store close failed: %r", outcome.error)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
@@ -114,7 +137,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
                             hash_block_size=self.hash_block_size, store_calls=self.store_calls,
                             settings=settings, capabilities=self.capabilities,
-                            probe_contract=self.probe_contract)
+                            probe_contract=self.probe_contract, deadline=self.lookup_deadline)
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
