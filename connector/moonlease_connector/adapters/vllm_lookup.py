@@ -49,6 +49,7 @@ from moonlease_connector.core.lookup import (
     TailKey,
     Unit,
     build_tail_keys,
+    miss_reason_of,
     resolve_hit,
 )
 from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
@@ -327,7 +328,7 @@ class LeaseAllLookup(StoreLookup):
         junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
         if hit <= 0:
             return self._respond(0, (), junctions, LookupOutcome.miss(
-                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased))
+                miss_reason_of(answers), rounds=1, keys_probed=len(candidates), keys_leased=leased))
         tails = build_tail_keys(groups, block_hashes, self.hash_block_size, hit,
                                 lambda group_id, chunk_hash: (group_id, bytes(chunk_hash)) in present)
         return self._respond(hit, tails, junctions,

@@ -155,6 +155,13 @@ class MissReason(str, Enum):
     INTERNAL_ERROR = "internal_error"  # a bug caught by the lookup guard (logged with a trace)
 
 
+def miss_reason_of(answers: Sequence[int]) -> MissReason:
+    """Why a lookup whose store answered `answers` found nothing: a store that answered any
+    key with an error code (Mooncake's negative codes: -900 while the master is unreachable)
+    failed, rather than holding no prefix."""
+    return MissReason.STORE_ERROR if any(answer < 0 for answer in answers) else MissReason.NOT_FOUND
+
+
 @dataclass(frozen=True)
 class LookupOutcome:
     """What one lookup did, for metrics: the hit, or why it missed, and what it touched."""
