@@ -30,7 +30,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreConnectorMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    MooncakeStoreWorker,
+    get_zmq_rpc_path_lookup,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.mooncake_store import (
@@ -44,6 +47,10 @@ from moonlease_connector.adapters.vllm_lookup import (
     StoreLookup,
     build_store_lookup,
     store_groups_of,
+)
+from moonlease_connector.adapters.vllm_lookup_server import (
+    BoundedLookupServer,
+    stop_upstream_lookup_server,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
@@ -104,6 +111,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
+        if self.lookup_server is not None:
+            # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
+            stop_upstream_lookup_server(self.lookup_server)
+            self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
 
     def close(self) -> None:
         """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
@@ -111,6 +122,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         deadline = getattr(self, "lookup_deadline", None)
         if deadline is not None:
             deadline.close()
+        server = getattr(self, "lookup_server", None)
+        if isinstance(server, BoundedLookupServer):
+            server.close()
         closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
         outcome = closer.call(super().close)
         closer.close()
