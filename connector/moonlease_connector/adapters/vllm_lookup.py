@@ -42,14 +42,15 @@ from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.junctions import find_junctions
 from moonlease_connector.core.lookup import (
-    CandidateSet,
     GroupNamespaces,
     LookupOutcome,
     MissReason,
     TailKey,
     Unit,
+    build_candidates,
     build_tail_keys,
     miss_reason_of,
+    present_units,
     resolve_hit,
 )
 from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
@@ -108,6 +109,34 @@ def store_groups_of(kv_cache_groups: Sequence[Any], block_sizes: Sequence[int],
         if group.kv_cache_spec.prefix_cacheable)
 
 
+class PresentPool(ExternalCachedBlockPool):
+    """Upstream's pool of present `(group, hash)` units, answering per group from one set.
+
+    Same answers as `ExternalCachedBlockPool` (a hash is cached for a group when the unit is
+    present); the coordinator asks once per block and group in every pass, so membership is
+    one lookup in a per-group set of hashes instead of a tuple built per question.
+    """
+
+    def __init__(self, hash_block_size: int, present: frozenset[Unit]) -> None:
+        super().__init__(hash_block_size, set(present))
+        by_group: dict[int, set[bytes]] = {}
+        for group_id, chunk_hash in present:
+            by_group.setdefault(group_id, set()).add(chunk_hash)
+        self._by_group = by_group
+        self._none: set[bytes] = set()
+
+    def get_cached_block(self, block_hash: Any, group_ids: list[int]) -> list[Any] | None:
+        chunk_hash = block_hash if type(block_hash) is bytes else bytes(block_hash)
+        for group_id in group_ids:
+            if chunk_hash not in self._by_group.get(group_id, self._none):
+                return None
+        return [self._present_block] * len(group_ids)
+
+    def contains(self, group_id: int, block_hash: Any) -> bool:
+        chunk_hash = block_hash if type(block_hash) is bytes else bytes(block_hash)
+        return chunk_hash in self._by_group.get(group_id, self._none)
+
+
 def _miss(reason: MissReason, **counts: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
     return MooncakeLookupResult(0), LookupOutcome.miss(reason, **counts)
 
@@ -151,7 +180,7 @@ class JunctionFinder:
         if num_tokens <= 1:
             return ()
         bound = min(num_tokens - 1, len(block_hashes) * self.hash_block_size)
-        pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
+        pool = PresentPool(self.hash_block_size, present)
         try:
             longest = self.longest_single_group_hit(block_hashes, bound, pool)
         except Exception:
@@ -249,7 +278,7 @@ class StoreLookup(ABC):
         hash_block_size = self.hash_block_size
 
         def hit_for(present: frozenset[Unit]) -> int:
-            pool = ExternalCachedBlockPool(hash_block_size, set(present))
+            pool = PresentPool(hash_block_size, present)
             return resolve_hit(num_tokens, lookup_length,
                                lambda length: coord.find_longest_cache_hit(block_hashes, length, pool)[1],
                                coord.align_lookup_length)
@@ -257,13 +286,20 @@ class StoreLookup(ABC):
         return hit_for
 
     def longest_hit_rule(self, block_hashes: Sequence[Any]) -> Callable[[frozenset[Unit], int], int]:
-        """vLLM's longest hit for a set of present units at one length (one coordinator pass)."""
+        """vLLM's longest hit for a set of present units at one length: one coordinator pass
+        per distinct question within a lookup (a repeated question is answered from memory)."""
         coord = self.coord
         hash_block_size = self.hash_block_size
+        answered: dict[tuple[frozenset[Unit], int], int] = {}
 
         def longest_hit(present: frozenset[Unit], length: int) -> int:
-            return coord.find_longest_cache_hit(
-                block_hashes, length, ExternalCachedBlockPool(hash_block_size, set(present)))[1]
+            question = (present, length)
+            hit = answered.get(question)
+            if hit is None:
+                hit = coord.find_longest_cache_hit(block_hashes, length,
+                                                   PresentPool(hash_block_size, present))[1]
+                answered[question] = hit
+            return hit
 
         return longest_hit
 
@@ -284,41 +320,6 @@ class StoreLookup(ABC):
         return result, outcome
 
 
-def build_lookup_candidates(groups: Sequence[GroupNamespaces],
-                            chunk_hashes: dict[int, list[bytes]]) -> CandidateSet:
-    """`core.lookup.build_candidates`, each hash's hex computed once for all its namespaces."""
-    keys: list[str] = []
-    units: list[Unit] = []
-    spans: list[int] = []
-    for group in groups:
-        heads = [prefix + "@" for prefix in group.key_prefixes]
-        span = len(heads)
-        group_id = group.group_id
-        for chunk_hash in chunk_hashes.get(group_id, ()):
-            hex_hash = chunk_hash.hex()
-            keys.extend([head + hex_hash for head in heads])
-            units.append((group_id, chunk_hash))
-            spans.append(span)
-    return CandidateSet(tuple(keys), tuple(units), tuple(spans))
-
-
-def present_from_answers(candidates: CandidateSet, answers: Sequence[int]) -> frozenset[Unit]:
-    """`core.lookup.present_units` with a fast path for one namespace per unit."""
-    if len(answers) != len(candidates.keys):
-        return frozenset()
-    spans = candidates.namespaces_per_unit
-    if all(span == 1 for span in spans):
-        return frozenset(unit for unit, answer in zip(candidates.units, answers) if answer == 1)
-    present: set[Unit] = set()
-    position = 0
-    for unit, span in zip(candidates.units, spans):
-        end = position + span
-        if all(answer == 1 for answer in answers[position:end]):
-            present.add(unit)
-        position = end
-    return frozenset(present)
-
-
 class LeaseAllLookup(StoreLookup):
     """Upstream's lookup: one `batch_is_exist`, which leases every candidate it finds."""
 
@@ -327,14 +328,14 @@ class LeaseAllLookup(StoreLookup):
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         groups = self.groups
-        candidates = build_lookup_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
         answers = self.store_calls.exists_with_lease(candidates.keys)
         if answers is None:
             return _miss(MissReason.STORE_ERROR, rounds=1, keys_probed=len(candidates))
-        present = present_from_answers(candidates, answers)
+        present = present_units(candidates, answers)
         leased = answers.count(1)
         hit = self.hit_rule(num_tokens, lookup_length, block_hashes)(present)
         junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
@@ -342,7 +343,7 @@ class LeaseAllLookup(StoreLookup):
             return self._respond(0, (), junctions, LookupOutcome.miss(
                 miss_reason_of(answers), rounds=1, keys_probed=len(candidates), keys_leased=leased))
         tails = build_tail_keys(groups, block_hashes, self.hash_block_size, hit,
-                                lambda group_id, chunk_hash: (group_id, bytes(chunk_hash)) in present)
+                                lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
         return self._respond(hit, tails, junctions,
                              LookupOutcome(hit, None, 1, len(candidates), leased))
 
@@ -355,7 +356,7 @@ class SelectiveLookup(StoreLookup):
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         groups = self.groups
-        candidates = build_lookup_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)

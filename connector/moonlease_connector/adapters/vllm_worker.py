@@ -31,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeStoreConnectorMetadata,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    LookupKeyServer,
     MooncakeStoreWorker,
     get_zmq_rpc_path_lookup,
 )
@@ -64,6 +65,10 @@ logger = logging.getLogger("vllm.moonlease.connector.worker")
 
 #: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
 CLOSE_TIMEOUT_S = 15.0
+#: `MoonleaseStoreWorker.store_lookup` before (or without) our constructor.
+_NOT_BUILT: Any = object()
+#: What lease-all needs to know of a client no one probed: nothing (plain upstream calls).
+UNDETECTED_CAPABILITIES = StoreCapabilities("unknown", False, ())
 
 
 def refuse_unsupported_mode(settings: MoonleaseConnectorConfig, capabilities: StoreCapabilities, *,
@@ -81,7 +86,15 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
     Takes upstream's constructor arguments; the settings come from the vLLM config and the
     environment (`connector_settings`), exactly as the connector reads them.
+
+    Code written for upstream's worker (upstream's own unit tests among it) may build an
+    instance without running this constructor and set only upstream's attributes; the class
+    defaults below make such an instance behave as upstream's: every mode off, lookups built
+    from upstream's attributes at call time, no step-outcome watch (saves as upstream).
     """
+
+    moonlease_config: MoonleaseConnectorConfig = MoonleaseConnectorConfig()
+    step_outcome: StepOutcomeWatch | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         config = connector_settings(vllm_config)
@@ -111,7 +124,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
-        if self.lookup_server is not None:
+        if type(self.lookup_server) is LookupKeyServer:
             # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
             stop_upstream_lookup_server(self.lookup_server)
             self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
@@ -153,9 +166,22 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                             settings=settings, capabilities=self.capabilities,
                             probe_contract=self.probe_contract, deadline=self.lookup_deadline)
 
+    def _lookup_from_upstream_attributes(self) -> StoreLookup | None:
+        """A lease-all lookup over upstream's attributes, for an instance our constructor did
+        not build (not cached: such code may change those attributes between lookups)."""
+        if getattr(self, "_capacity_only", False):
+            return None
+        return build_store_lookup(LookupInputs(
+            groups=self.store_groups(), coordinator=self.coord, hash_block_size=self.hash_block_size,
+            store_calls=StoreCalls(self.store, self._record_kv_connector_operation),
+            settings=self.moonlease_config, capabilities=UNDETECTED_CAPABILITIES))
+
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
-        store_lookup = self.store_lookup  # read once: a concurrent swap takes effect next time
+        # Read once: a concurrent swap of the lookup takes effect at the next lookup.
+        store_lookup = self.__dict__.get("store_lookup", _NOT_BUILT)
+        if store_lookup is _NOT_BUILT:
+            store_lookup = self._lookup_from_upstream_attributes()
         if store_lookup is None:  # capacity-only: upstream answers 0 without a store call
             return MooncakeLookupResult(0)
         answer = store_lookup.lookup(num_tokens, block_hashes)
@@ -205,7 +231,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         still finished (as failures): upstream's scheduler holds their blocks until every rank
         reports the job, so a job never reported would keep them for the rest of the run.
         """
-        failure = self.step_outcome.failure()
+        failure = self.step_outcome.failure() if self.step_outcome is not None else None
         if failure is None:
             super().wait_for_save(metadata)
             return
@@ -230,6 +256,6 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         (the skipped jobs above, and jobs the send thread finished meanwhile) would be lost
         and their blocks stay pinned; they go out with the next step's output instead.
         """
-        if self.step_outcome.failure() is not None:
+        if self.step_outcome is not None and self.step_outcome.failure() is not None:
             return None
         return super().build_connector_worker_meta()
