@@ -34,6 +34,12 @@ def connector(pin: bool, skip: bool) -> dict:
             "kv_role": "kv_both", "kv_connector_extra_config": extra}
 
 
+def retention_keys(llm, decision: str) -> float:
+    """`vllm:moonlease_retention_keys_total{decision}` of the most recently started engine."""
+    return sum(float(metric.value) for metric in llm.get_metrics()
+               if metric.name == "vllm:moonlease_retention_keys" and metric.labels.get("decision") == decision)
+
+
 def tokens(count: int, seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(4, 1000) for _ in range(count)]
@@ -59,6 +65,7 @@ def test_retention_keeps_outputs_and_writes_and_pins_only_the_resume_set(
 
         writer = vllm_engine("swa", **settings)
         warm = {"A": ve.generate_greedy(writer, [A], max_tokens=8, logprobs=True)[0]}
+        reported = {decision: retention_keys(writer, decision) for decision in ("pinned", "skipped")}
         vllm_engine.stop(writer)
         written = master.metrics()
         reader = vllm_engine("swa", **settings)
@@ -67,7 +74,7 @@ def test_retention_keeps_outputs_and_writes_and_pins_only_the_resume_set(
         after = ve.prefix_cache_counters(reader)
         vllm_engine.stop(reader)
         runs[on] = {"keys": written["master_key_count"], "pinned": written.get("master_soft_pin_key_count", 0.0),
-                    "hit": after.external_hits - before.external_hits}
+                    "hit": after.external_hits - before.external_hits, "reported": reported}
         for name, completion in warm.items():
             assert completion.token_ids == cold[name].token_ids, (on, name)
             assert completion.logprobs == pytest.approx(cold[name].logprobs, abs=1e-3), (on, name)
@@ -81,3 +88,6 @@ def test_retention_keeps_outputs_and_writes_and_pins_only_the_resume_set(
     # A 64-token window ending at 416 reads blocks 11 and 12 (tokens 352..415).
     assert runs[True]["keys"] == full_blocks + 2
     assert runs[True]["pinned"] == runs[True]["keys"]
+    # The connector's own counters say the same: 15 keys put pinned, 11 window blocks skipped.
+    assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
+    assert runs[True]["reported"] == {"pinned": full_blocks + 2, "skipped": full_blocks - 2}

@@ -88,9 +88,12 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
             "MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker),
             "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
         })(self, vllm_config, role, kv_cache_config)
-        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
+        retention = self.moonlease_config.retention
+        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s, "
+                    "retention pin %s, skip %s",
                     role.name.lower(), self.moonlease_config.lease_mode.value,
-                    "on" if self.moonlease_config.mooncake_junction_retention else "off")
+                    "on" if self.moonlease_config.mooncake_junction_retention else "off",
+                    "on" if retention.pin else "off", "on" if retention.skip else "off")
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell

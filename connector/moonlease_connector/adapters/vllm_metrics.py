@@ -11,6 +11,8 @@ appear there under their operation label). Our own families:
 - `vllm:moonlease_lookup_junctions_total`: shared-prefix junctions lookups returned (seed 004)
 - `vllm:moonlease_junction_tail_keys_saved_total`: store keys saves wrote only because of a
   junction (tails the store already held, or whose block was freed, are not counted)
+- `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"}`: Moonlease retention
+  (issue 21): keys saves put soft-pinned, and keys the save plan kept out of the store
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
 """
 
@@ -33,7 +35,8 @@ from moonlease_connector.core.lookup import LookupOutcome
 LOOKUPS_KEY = "__moonlease_lookups__"
 CAPABILITY_KEY = "__moonlease_capability__"
 JUNCTION_TAILS_KEY = "__moonlease_junction_tails__"
-_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY)
+RETENTION_KEY = "__moonlease_retention__"
+_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY)
 
 
 @dataclass
@@ -52,6 +55,9 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
 
     def record_junction_tails(self, keys_written: int) -> None:
         self.data.setdefault(JUNCTION_TAILS_KEY, []).append({"keys": keys_written})
+
+    def record_retention(self, decision: str, keys: int) -> None:
+        self.data.setdefault(RETENTION_KEY, []).append({"decision": decision, "keys": keys})
 
     def record_capability(self, capability: StoreCapabilities, lease_mode: str) -> None:
         self.data[CAPABILITY_KEY] = [{
@@ -81,6 +87,10 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
         tails = self.data.get(JUNCTION_TAILS_KEY, [])
         if tails:
             reduced["junction_tail_keys_saved"] = sum(int(r["keys"]) for r in tails)
+        for decision in ("pinned", "skipped"):
+            keys = sum(int(r["keys"]) for r in self.data.get(RETENTION_KEY, []) if r["decision"] == decision)
+            if keys:
+                reduced[f"retention_keys_{decision}"] = keys
         return reduced
 
 
@@ -110,6 +120,11 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             name="vllm:moonlease_junction_tail_keys_saved_total",
             documentation="Store keys saves wrote only because of a shared-prefix junction.",
             labelnames=labelnames)
+        self._retention = self._counter_cls(
+            name="vllm:moonlease_retention_keys_total",
+            documentation="Moonlease retention: keys saves put soft-pinned (pinned) and keys the "
+                          "save plan kept out of the store (skipped).",
+            labelnames=labelnames + ["decision"])
         self._capability = self._gauge_cls(
             name="vllm:moonlease_store_capability_info",
             documentation="Mooncake client capabilities detected at start-up (value 1).",
@@ -124,6 +139,7 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         lookups = data.pop(LOOKUPS_KEY, [])
         capability = data.pop(CAPABILITY_KEY, [])
         junction_tails = data.pop(JUNCTION_TAILS_KEY, [])
+        retention = data.pop(RETENTION_KEY, [])
         super().observe(data, engine_idx)
         engine_labels = self.per_engine_labelvalues[engine_idx]
         for record in lookups:
@@ -135,6 +151,8 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                 self._junctions.labels(*engine_labels).inc(int(record["junctions"]))
         for record in junction_tails:
             self._junction_tails.labels(*engine_labels).inc(int(record["keys"]))
+        for record in retention:
+            self._retention.labels(*engine_labels, record["decision"]).inc(int(record["keys"]))
         for record in capability:
             self._capability.labels(*engine_labels, record["mooncake_version"],
                                     record["batch_probe_key"], record["last_hit_only"],

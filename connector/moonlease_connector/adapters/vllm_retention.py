@@ -69,6 +69,7 @@ class RetentionStoreMasks(JunctionStoreMasks):
     def __init__(self, coord: Any) -> None:
         super().__init__(coord)
         self.skipped: dict[int, frozenset[int]] = {}  # group -> absolute chunks not to write
+        self.dropped: dict[int, int] = {}  # group -> chunks the last mask dropped
 
     def store_mask(self, aligned_token_len: int, start_token: int = 0,
                    num_prompt_tokens: int | None = None) -> tuple[Any, ...]:
@@ -85,16 +86,20 @@ class RetentionStoreMasks(JunctionStoreMasks):
             spec = unwrap_spec(groups[group_id].kv_cache_spec)
             start_chunk, end_chunk = self._chunk_range(spec, aligned_token_len, start_token)
             base = [True] * (end_chunk - start_chunk) if mask is None else list(mask)
-            result.append([keep and (start_chunk + i) not in drop for i, keep in enumerate(base)])
+            kept = [keep and (start_chunk + i) not in drop for i, keep in enumerate(base)]
+            self.dropped[group_id] = sum(base) - sum(kept)
+            result.append(kept)
         return tuple(result)
 
 
 class _PinningStore:
     """The thread's store handle: puts of resume-set keys carry a soft pin, others as before."""
 
-    def __init__(self, store: Any, pinned: Callable[[str], bool]) -> None:
+    def __init__(self, store: Any, pinned: Callable[[str], bool],
+                 on_pinned: Callable[[int], None]) -> None:
         self._store = store
         self._pinned = pinned
+        self._on_pinned = on_pinned
         self._configs: dict[int, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -120,6 +125,9 @@ class _PinningStore:
                 put_config, *args)
             for i, answer in zip(indices, answers, strict=True):
                 results[i] = answer
+        written = sum(1 for i in pinned if results[i] >= 0)
+        if written:
+            self._on_pinned(written)
         return results
 
 
@@ -132,15 +140,20 @@ class RetentionSendingThread(JunctionSendingThread):
     puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`.
     """
 
-    def __init__(self, *args: Any, retention: RetentionSettings, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, retention: RetentionSettings,
+                 on_retention: Callable[[str, int], None] = lambda decision, keys: None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.retention = retention
+        self._on_retention = on_retention
         self.masks = RetentionStoreMasks(self.masks._coord)
         self.coord = self.masks
         self._pinned_keys: frozenset[str] = frozenset()
         self._skipped_keys: frozenset[str] = frozenset()
+        self._boundary_dropped = 0
         if retention.pin:
-            self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys)
+            self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys,
+                                       lambda keys: self._on_retention("pinned", keys))
 
     def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
         db = self.token_databases[group_id]
@@ -183,13 +196,22 @@ class RetentionSendingThread(JunctionSendingThread):
             logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+        self.masks.dropped = {}
+        self._boundary_dropped = 0
         try:
             super()._handle_request(req_meta)
         finally:
+            skipped = self._boundary_dropped + sum(
+                count * len(self.token_databases[group].store_layout.local_shard_ids)
+                for group, count in self.masks.dropped.items())
+            if skipped:
+                self._on_retention("skipped", skipped)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
 
     def _boundary_puts(self, req_meta: Any) -> list[Any]:
         puts = super()._boundary_puts(req_meta)
         if not self._skipped_keys:
             return puts
-        return [put for put in puts if put[0] not in self._skipped_keys]
+        kept = [put for put in puts if put[0] not in self._skipped_keys]
+        self._boundary_dropped += len(puts) - len(kept)
+        return kept

@@ -213,7 +213,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         extra: dict[str, Any] = {}
         if retention.active:
             # Moonlease retention (issue 21): the same thread, carrying out the save plan.
-            thread_class, extra = RetentionSendingThread, {"retention": retention}
+            thread_class, extra = RetentionSendingThread, {"retention": retention,
+                                                           "on_retention": self._record_retention}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),
@@ -225,6 +226,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                                 for group in self._kv_cache_groups],
             on_junction_tails_saved=self._record_junction_tails, **extra)
         self.kv_send_thread.start()
+
+    def _record_retention(self, decision: str, keys: int) -> None:
+        with self._kv_connector_stats_lock:
+            self.kv_connector_stats.record_retention(decision, keys)
 
     def _record_junction_tails(self, written: int) -> None:
         with self._kv_connector_stats_lock:
