@@ -381,3 +381,20 @@ def test_needs_update_agrees_with_build_update() -> None:
                 for obj in states for change in changes]
     assert all(a == b for a, b in verdicts)
     assert {a for a, _ in verdicts} == {True, False}
+
+
+def test_the_policy_label_value_is_always_a_valid_label_value() -> None:
+    import re
+
+    from moonlease_operator.core.slots import managed_by, policy_label_value
+
+    assert policy_label_value("fleet") == "fleet"
+    long = "a-very-long-policy-name-for-the-llama-fleet-in-the-inference-namespace.example.org"
+    value = policy_label_value(long)
+    assert len(long) > 63 and len(value) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", value)
+    assert value != policy_label_value(long + "x")  # distinct names stay distinct
+    change = WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy=long,
+                            place="vllm", desired=build_target_desired(workload(vllm("serve")), "vllm", LEASE_ALL),
+                            config_hash=LEASE_ALL.config_hash)
+    new = build_update(workload(vllm("serve")), change)
+    assert new is not None and managed_by(new) == value
