@@ -240,6 +240,12 @@ def test_no_vllm_set_renders_no_vllm_pods_and_a_policy_over_selected_workloads(c
     policy = one(objects, "MooncakeLeasePolicy", "moonlease")
     assert policy["spec"]["targets"] == SETS["no-vllm"]["policy"]["targets"]
     assert policy["spec"]["master"]["name"] == "moonlease-mooncake-master"
+    # The store is never emptied unasked: approvals on, deletion keeps the master's settings.
+    assert (policy["spec"]["master"]["requireApprovalForRestart"], policy["spec"]["master"]["onDelete"]) == (True, "keep")
+    restore = one(render_objects(chart, {**SETS["no-vllm"], "policy": {**SETS["no-vllm"]["policy"],
+                                                                         "masterOnDelete": "restore"}}),
+                  "MooncakeLeasePolicy", "moonlease")
+    assert restore["spec"]["master"]["onDelete"] == "restore"
 
 
 def test_external_master_set_renders_no_master_and_points_everything_at_it(chart: helm.Chart) -> None:
