@@ -4,6 +4,7 @@ plays the Deployment and StatefulSet controllers (complete, stall or fail, as ea
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from moonlease_operator.peering import build_peering_crds, build_peering_object
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
+    DECODE,
     NS,
     USER_KV_CONFIG,
     WORKLOADS,
@@ -558,3 +560,27 @@ async def test_two_replicas_one_acts_and_the_other_takes_over(kube: LocalApiServ
     assert all(len(template_versions(kube, name)) == 3 for name in ("llama-prefill", "llama-decode"))
     assert len(template_versions(kube, "mooncake-master")) == 2  # the master's settings did not change
     assert originals  # the fleet as created
+
+
+async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Issue 15: one member's problem used to freeze the whole policy (Pending, no writes)."""
+    await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    await kube.delete(DEPLOYMENTS, NS, "llama-prefill")  # named: reported on its target entry
+    await kube.delete(STATEFULSETS, NS, "llama-decode")  # its selector now selects nothing
+    await kube.create(copy.deepcopy(DECODE) | {"metadata": {**DECODE["metadata"], "name": "llama-decode-2"}})
+    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+    try:
+        await kube.wait_for(lambda: phase(kube) == "Degraded" and status(kube).get("revision") == 2, timeout=WAIT,
+                            what="the rest rolled out, the deleted one reported")
+    except TimeoutError:
+        raise AssertionError(json.dumps(status(kube))[:3000]) from None
+    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")
+    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    degraded = condition(kube, "Degraded")
+    assert degraded["reason"] == "MemberExcluded" and "Deployment/llama-prefill: not found" in degraded["message"]
+    left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")
+    assert left["phase"] == "Excluded" and left["message"] == "left out: not found"
+    await kube.wait_for(lambda: "MemberExcluded" in reasons(kube), what="the MemberExcluded event")

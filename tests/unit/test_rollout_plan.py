@@ -751,3 +751,14 @@ def test_a_target_that_becomes_unmanageable_is_left_out_alone() -> None:
     left = next(t for t in status.targets if t.name == "decode")
     assert left.phase.value == "Excluded" and "through a shell script" in left.message
     assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "MemberExcluded"
+
+
+def test_a_selector_that_selects_nothing_after_the_rollout_is_never_ready() -> None:
+    cluster = Cluster(master_deployment(), deployment("prefill"), deployment("decode", labels={"tier": "decode"}))
+    spec = spec_with(targets=[SPEC["targets"][0], {"selector": {"matchLabels": {"tier": "decode"}}, "role": "decode",
+                                                  "mooncakeVersion": "0.3.14"}])
+    assert cluster.run(spec).phase is Phase.READY
+    del cluster.workloads[("Deployment", "decode")]
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and "no Deployment matches the selector of targets[1]" in \
+        status.condition("Degraded").message

@@ -218,7 +218,7 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
         if reason in problems:
             return _refused(previous, policy, reason, problems[reason], now)
     if excluded:
-        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing)
+        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing, fleet.unmatched)
     left_out = {key: (members[key], why) for key, why in excluded.items()}
 
     planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
@@ -314,7 +314,7 @@ class _Planner:
             outcome = self._advance()
         if self.ab is not None:
             outcome = self._ab_outcome(outcome)
-        if self.excluded:
+        if self.excluded or self.fleet.unmatched:
             outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
@@ -341,7 +341,8 @@ class _Planner:
         if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
             control = set(spec.control.workloads)
             self.held = frozenset(m.key for m in self.fleet.members if m.target is not None and m.name in control)
-            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing)
+            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing,
+                               self.fleet.unmatched)
 
     def _arm_names(self) -> tuple[list[str], list[str]]:
         spec = self.spec.rollout.ab_test
@@ -637,7 +638,7 @@ class _Planner:
         """Targets left out are reported on themselves and announced once; the rest carried on.
         What would be Ready is Degraded (`MembersExcluded`) while any is left out."""
         before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
-        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()]
+        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()] + list(self.fleet.unmatched)
         for key, (member, why) in sorted(self.excluded.items()):
             if key not in before:
                 self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
