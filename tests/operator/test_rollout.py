@@ -584,3 +584,24 @@ async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
     left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")
     assert left["phase"] == "Excluded" and left["message"] == "left out: not found"
     await kube.wait_for(lambda: "MemberExcluded" in reasons(kube), what="the MemberExcluded event")
+
+
+async def test_a_refused_restore_holds_the_policy_and_the_others_are_given_back(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    refusal = kube.inject_failures(DEPLOYMENTS, NS, "llama-prefill", status=403, count=2, subresource=None)
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone at last")
+    assert refusal.fired == 2
+    refused = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "WriteRefused"]
+    assert refused and all("PATCH Deployment/llama-prefill refused: 403 Forbidden" in e["message"] for e in refused)
+    for name in ("llama-prefill", "llama-decode"):
+        assert as_left_by_users(workload(kube, name)) == as_left_by_users(originals[name]), name
+    # decode was given back on the first attempt, prefill only once the server let it through
+    decode_back = first_rv(kube, "llama-decode", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                           and v["metadata"]["generation"] > 1)
+    prefill_back = first_rv(kube, "llama-prefill", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                            and v["metadata"]["generation"] > 1)
+    assert decode_back < prefill_back

@@ -762,3 +762,18 @@ def test_a_selector_that_selects_nothing_after_the_rollout_is_never_ready() -> N
     status = cluster.run(spec)
     assert status.phase is Phase.DEGRADED and "no Deployment matches the selector of targets[1]" in \
         status.condition("Degraded").message
+
+
+def test_a_target_claimed_by_another_policy_after_the_rollout_is_left_alone() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    cluster.others = [{"metadata": {"name": "older", "creationTimestamp": "2025-12-31T00:00:00Z"},
+                       "spec": {"master": {"name": "other-master"}, "targets": [{"name": "decode", "role": "decode"}]}}]
+    cluster.obj("decode")["metadata"]["labels"][POLICY_LABEL] = "older"  # the other policy took it over
+    claimed = copy.deepcopy(cluster.obj("decode"))
+    cluster.writes.clear()
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert cluster.writes == [("Deployment", "prefill")] and cluster.obj("decode") == claimed
+    left = next(t for t in status.targets if t.name == "decode")
+    assert left.phase.value == "Excluded" and "is managed by policy older" in left.message
+    assert status.phase is Phase.DEGRADED
