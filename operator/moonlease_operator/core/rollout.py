@@ -51,6 +51,7 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     decision_hint,
+    evaluate_arm_roles,
     measurement_due,
     record_measurement,
     start_measuring,
@@ -84,6 +85,7 @@ from moonlease_operator.core.slots import (
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
+from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -161,11 +163,23 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
 # --------------------------------------------------------------------------------------------
 
 def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
-                   observed: Observed, now: datetime.datetime) -> ReconcilePlan:
+                   observed: Observed, now: datetime.datetime,
+                   prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
     """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
-    returned it, read once for the whole reconcile."""
+    returned it, read once for the whole reconcile.
+
+    `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
+    callers that never fetch)."""
     if isinstance(spec, PolicySpecError):
         return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
+    mismatched = evaluate_arm_roles(spec)
+    if mismatched is not None:
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
+    ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
+    if prometheus_allowlist is not None and ab_source is not None:
+        refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
+        if refused is not None:
+            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now)
 
     # Before the first rollout a problem refuses the whole policy (nothing changes); once it has
     # rolled out, a problem with one target is reported on that target and the rollout,
