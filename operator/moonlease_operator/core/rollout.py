@@ -178,6 +178,14 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch)."""
+    prepared = _prepare(raw_spec=raw_spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    return prepared.plan() if isinstance(prepared, _Planner) else prepared
+
+
+def _prepare(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+             now: datetime.datetime, prometheus_allowlist: Sequence[str] | None) -> ReconcilePlan | _Planner:
+    """The refusals and waits (a finished plan), or the planner of a policy the fleet can run."""
     name_problems = policy_name_problems(policy.name)
     try:
         spec = parse_spec(raw_spec)
@@ -229,9 +237,89 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
         if reason in problems:
             return _refused(previous, policy, reason, problems[reason], now, spec)
 
-    planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
-                       fleet=fleet, connector=connector, master=master)
-    return planner.plan()
+    return _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                    fleet=fleet, connector=connector, master=master)
+
+
+# --------------------------------------------------------------------------------------------
+# Dry run (`moonlease plan -f`)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadPreview:
+    """What the policy would do to one workload, over the whole rollout."""
+
+    stage: StageName
+    kind: str
+    name: str
+    changes: tuple[str, ...]
+    """Human lines (`--eviction_ratio: 0.05 -> 0.1`); empty when the workload is in sync."""
+    restarts: bool
+    """Its pod template changes, so its pods are replaced (the master's restart empties the store)."""
+    arm: str = ""
+    """control / treatment with strategy ABTest (the control changes only when the test promotes)."""
+
+
+@dataclass(frozen=True)
+class PolicyPreview:
+    """A dry run of a policy against the cluster: the next reconcile's verdict, then every
+    workload the whole rollout would change, and how."""
+
+    phase: Phase
+    reason: str
+    message: str
+    refused: bool
+    """Invalid (refused: nothing would change) or Pending (workloads missing)."""
+    desired_config_hash: str | None
+    workloads: tuple[WorkloadPreview, ...] = ()
+    events: tuple[EventNote, ...] = ()
+    """What the first reconcile would announce."""
+
+    @property
+    def master_restarts(self) -> bool:
+        return any(w.restarts for w in self.workloads if w.stage is StageName.MASTER)
+
+    @property
+    def changes(self) -> bool:
+        return any(w.changes for w in self.workloads)
+
+
+def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+                 now: datetime.datetime, prometheus_allowlist: Sequence[str] | None = None) -> PolicyPreview:
+    """What applying `raw_spec` would do, decided by the operator's own planner: the next
+    reconcile (refused, waiting, which stage starts) and, per workload of every stage, the
+    settings that change and whether its pods restart. Pure; writes nothing."""
+    first = plan_reconcile(raw_spec=raw_spec, policy=policy, previous=previous, observed=observed, now=now,
+                           prometheus_allowlist=prometheus_allowlist)
+    ready = first.status.condition(ConditionType.READY)
+    invalid = first.status.condition(ConditionType.INVALID)
+    headline = invalid if first.status.phase is Phase.INVALID and invalid is not None else ready
+    reason, message = (headline.reason, headline.message) if headline is not None else ("", "")
+    prepared = _prepare(raw_spec=raw_spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    if not isinstance(prepared, _Planner):
+        return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=True,
+                             desired_config_hash=None, events=first.events)
+    ab = prepared.spec.rollout.ab_test
+    arms = {**({n: "control" for n in ab.control.workloads} if ab else {}),
+            **({n: "treatment" for n in ab.treatment.workloads} if ab else {})}
+    rank = {name: i for i, name in enumerate(prepared.spec.rollout.stages)}
+    workloads = []
+    for member in sorted(prepared.fleet.members, key=lambda m: (rank.get(m.stage, len(rank)), m.kind, m.name)):
+        pending = prepared._pending(prepared._apply_changes(member))
+        lines = tuple(line for change in pending for line in describe_update(prepared._object(change), change))
+        restarts = False
+        for change in pending:
+            if change.kind == "ConfigMap":
+                continue
+            current = prepared._object(change)
+            new = build_update(current, change) or current
+            restarts = restarts or (new.get("spec") or {}).get("template") != (current.get("spec") or {}).get("template")
+        workloads.append(WorkloadPreview(stage=member.stage, kind=member.kind, name=member.name, changes=lines,
+                                         restarts=restarts, arm=arms.get(member.name, "")))
+    return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=False,
+                         desired_config_hash=first.status.desired_config_hash, workloads=tuple(workloads),
+                         events=first.events)
 
 
 def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
