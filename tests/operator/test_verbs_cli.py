@@ -6,6 +6,8 @@ with their output and exit codes asserted."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from tests.operator.fleet import (
 )
 from tests.operator.test_ab_operator import CONTROL, TREATMENT, ab_policy, create_arms, exporters, port_of, traffic  # noqa: F401
 from tests.operator.test_ab_metric_sources import ArmExporter
-from tests.operator.test_status_cli import run
+from tests.operator.test_status_cli import plugin_on_path, run
 
 WAIT = 20.0
 
@@ -99,7 +101,11 @@ async def test_approve_lets_exactly_the_pending_master_restart_through(kube: Loc
         code, out, _ = await moonlease(kubeconfig, "status", "fleet")
         assert code == 2 and f"run:     moonlease approve -n {NS} fleet" in out
         pending = status(kube)["pendingApproval"]
-        code, out, _ = await moonlease(kubeconfig, "approve", "fleet", "-o", "json")
+        # Through kubectl's plugin mechanism, as a user on a workstation would.
+        kubectl = shutil.which("kubectl")
+        assert kubectl is not None, "kubectl is installed by make setup"
+        env = {**os.environ, "PATH": f"{plugin_on_path(tmp_path)}:{os.environ['PATH']}", "KUBECONFIG": str(kubeconfig)}
+        code, out, err = await run(kubectl, "moonlease", "approve", "fleet", "-o", "json", env=env)
         answer = json.loads(out)
         assert code == 0 and answer["value"] == pending and answer["outcome"] == "Applied"
         assert "empties the Mooncake store" in answer["message"]
