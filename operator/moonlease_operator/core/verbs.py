@@ -224,13 +224,13 @@ _PLANNERS = {Verb.PROMOTE: _plan_promote, Verb.ABORT: _plan_abort, Verb.PAUSE: _
 
 def plan_approval(value: str, situation: VerbSituation) -> VerbDecision:
     """What `moonlease.io/approve-master-restart=<value>` does now: approve the pending master
-    restart when it matches `status.pendingApproval`. The gate itself (which restart a value
+    restart (forward or back: whatever `status.pendingApproval` names) when it matches. The gate itself (which restart a value
     lets through) is the master-restart planner's; this says what the person gets to hear."""
     pending = situation.pending_approval
-    if situation.phase is Phase.AWAITING_APPROVAL and pending is not None and value == pending:
+    if pending is not None and value == pending:
         return _applied(Verb.APPROVE, value, VerbEffect.APPROVE,
                         "the master restarts now (which empties the Mooncake store)")
-    if pending is not None and situation.phase is Phase.AWAITING_APPROVAL:
+    if pending is not None:
         return _ignored(Verb.APPROVE, value, f"{value[:_MAX_SHOWN]!r} does not match the restart waiting for"
                                              f" approval ({pending}): moonlease approve NAME writes the right value")
     return _ignored(Verb.APPROVE, value, f"no master restart waits for approval (phase {_phase_name(situation)});"
