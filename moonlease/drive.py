@@ -115,8 +115,12 @@ async def show_status(client: KubeClient, namespace: str, name: str, *, output: 
         except ApiError as exc:
             raise CommandError(f"cannot read the workloads of {name}: {exc}") from exc
     view = build_status_view(policy, workloads)
-    out.write(json.dumps(view.as_json(), separators=(",", ":") if output == "jsonl" else None,
-                         indent=None if output == "jsonl" else 2) + "\n" if output != "text" else render_status(view))
+    if output == "text":
+        out.write(render_status(view))
+    elif output == "jsonl":  # --watch -o json: one object a line
+        out.write(json.dumps(view.as_json(), separators=(",", ":")) + "\n")
+    else:
+        out.write(json.dumps(view.as_json(), indent=2) + "\n")
     out.flush()
     return status_exit_code(view.phase, view.waiting.command if view.waiting else None)
 

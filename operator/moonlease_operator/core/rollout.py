@@ -374,7 +374,7 @@ class _Planner:
         prev = self.previous
         self.revision = prev.revision or 0
         self.applied_revision = prev.applied_revision
-        self.verb, self.approval = _handle_verbs(self.policy, prev, self._verb_situation(desired_hash))
+        self.verb, self.approval = _plan_verbs(self.policy, prev, self._verb_situation(desired_hash))
         effect = self.verb.effect if self.verb is not None else VerbEffect.NONE
         self.paused_at = (self.now if effect is VerbEffect.PAUSE else
                           None if effect in (VerbEffect.RESUME, VerbEffect.ABORT) else prev.paused_at)
@@ -909,7 +909,7 @@ def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: l
         phase=phase, ab_phase=previous.ab_test.phase if previous.ab_test is not None else None,
         revision=previous.revision, config_hash=previous.desired_config_hash, paused=previous.paused_at is not None,
         spec_paused=spec.rollout.paused if spec is not None else False, pending_approval=None)
-    verb, approval = _handle_verbs(policy, previous, situation)
+    verb, approval = _plan_verbs(policy, previous, situation)
     effect = verb.effect if verb is not None else VerbEffect.NONE
     status = previous.model_copy(update={
         "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
@@ -925,7 +925,7 @@ def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: l
     return ReconcilePlan(status=status, events=verb_notes + events, changes=(), spec=spec)
 
 
-def _handle_verbs(policy: PolicyRef, previous: PolicyStatus,
+def _plan_verbs(policy: PolicyRef, previous: PolicyStatus,
                   situation: VerbSituation) -> tuple[VerbDecision | None, VerbDecision | None]:
     """The verb and approval annotation values not handled yet, decided (None: nothing new)."""
     verb_value = read_new_value(policy.annotations, VERB_ANNOTATION, previous.last_verb)
