@@ -5,6 +5,7 @@ with their output and exit codes asserted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -181,6 +182,19 @@ async def test_promote_and_abort_mid_measurement(kube: LocalApiServer, exporters
                                        "-o", "json")
         screens = [json.loads(line) for line in out.splitlines()]
         assert code == 1 and len(screens) == 2 and all(s["phase"] == "Analyzing" for s in screens)
+
+        # Paused mid-measurement: no interval is measured, however long the pause.
+        await kube.wait_for(lambda: status(kube, "ab")["abTest"].get("lastMeasuredAt"), timeout=WAIT,
+                            what="the baseline read")
+        code, out, _ = await moonlease(kubeconfig, "pause", "ab")
+        assert code == 0 and phase(kube, "ab") == "Paused"
+        held = status(kube, "ab")["abTest"]
+        await asyncio.sleep(6)  # more than one 5 s interval
+        assert phase(kube, "ab") == "Paused"
+        now = status(kube, "ab")["abTest"]
+        assert (now["samples"], now.get("lastMeasuredAt")) == (held["samples"], held.get("lastMeasuredAt"))
+        code, out, _ = await moonlease(kubeconfig, "resume", "ab")
+        assert code == 0 and phase(kube, "ab") == "Analyzing"
 
         code, out, _ = await moonlease(kubeconfig, "promote", "ab")
         assert code == 0 and "rolling the treatment's configuration out to the control" in out, out
