@@ -325,13 +325,13 @@ class SelectiveLookup(StoreLookup):
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
-        hashes = [bytes(h) for h in block_hashes]
         coord = self.coord
 
         def plan_for(hit: int, present: frozenset[Unit]) -> LoadPlan:
             masks = coord.load_mask(block_hashes, hit)
             return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                   hashes, self.hash_block_size, hit, present)
+                                   block_hashes, self.hash_block_size, hit, present,
+                                   built_keys=candidates.keys_by_unit)
 
         store = self.store_calls
         selective = lease_selectively(
