@@ -79,3 +79,22 @@ def test_an_unreachable_master_is_a_store_error_not_an_empty_store(layout, mode)
     lookup = build_lookup(layout_by_name(layout), UnreachableMaster({}), mode)
     answer = lookup.lookup(len(hashes) * HASH_BLOCK - 1, hashes)
     assert answer.hit_length == 0 and answer.outcome.miss_reason is MissReason.STORE_ERROR
+
+
+def test_a_zero_timeout_turns_the_deadline_off() -> None:
+    """0 runs lookups inline on the caller's thread, as upstream's (no helper thread)."""
+    layout = layout_by_name("full")
+    hashes = [bytes([i, 6]) * 4 for i in range(4)]
+    threads: list[str] = []
+
+    class Witness(PatternStore):
+        def batch_is_exist(self, keys):
+            threads.append(threading.current_thread().name)
+            return super().batch_is_exist(keys)
+
+    settings = MoonleaseConnectorConfig.for_mode(LeaseMode.LEASE_ALL).model_copy(
+        update={"mooncake_lookup_timeout_ms": 0})
+    lookup = build_lookup(layout, Witness({}), settings)
+    assert lookup.deadline is None
+    assert lookup.lookup(len(hashes) * HASH_BLOCK, hashes).outcome.miss_reason is MissReason.NOT_FOUND
+    assert threads == [threading.current_thread().name]

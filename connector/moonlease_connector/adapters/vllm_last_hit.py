@@ -159,7 +159,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return longest_hit(kv_present | states, length)
 
     plan = plan_hit_passes(num_tokens, lookup_length, worker.coord.align_lookup_length(num_tokens - 1),
-                           longest_with_every_state)
+                           longest_with_every_state, final_state_can_matter=fine_grained)
     probed = kv_asked
     final_present: bool | None = None
     if plan.with_final is not None and plan.with_final.bound != plan.without_final.bound:
@@ -195,9 +195,8 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     def hit_of(chosen: HitPass) -> int:
         return longest_hit(present, chosen.length) if chosen.length > 0 else 0
 
-    hit = hit_of(hit_pass)
-    if final_present is None and plan.with_final is not None \
-            and hit_of(plan.with_final) != hit_of(plan.without_final):
+    hit = hit_of(hit_pass)  # the without-final pass unless the final state was asked about
+    if final_present is None and plan.with_final is not None and hit_of(plan.with_final) != hit:
         # Same checkpoints, different answers: only the state at num_tokens decides.
         final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
         probed += asked

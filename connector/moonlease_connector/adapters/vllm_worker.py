@@ -47,6 +47,7 @@ from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
     build_store_lookup,
+    lookup_deadline_for,
     store_groups_of,
 )
 from moonlease_connector.adapters.vllm_lookup_server import (
@@ -115,12 +116,14 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
         #: One deadline for every lookup of this worker: at most one abandoned store call.
-        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
-                                             name="moonlease-lookup")
+        self.lookup_deadline = lookup_deadline_for(config)
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
             # Under the lookup deadline: a store that does not answer leaves the contract
             # unknown (lookups miss and re-detect later) instead of hanging start-up.
-            self.lookup_deadline.call(self.probe_contract.detect)
+            if self.lookup_deadline is None:
+                self.probe_contract.detect()
+            else:
+                self.lookup_deadline.call(self.probe_contract.detect)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
