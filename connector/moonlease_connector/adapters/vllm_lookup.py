@@ -36,6 +36,7 @@ from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
@@ -48,6 +49,7 @@ from moonlease_connector.core.lookup import (
     Unit,
     build_candidates,
     build_tail_keys,
+    miss_reason_of,
     present_units,
     resolve_hit,
 )
@@ -72,7 +74,11 @@ class LookupInputs:
     store_calls: StoreCalls
     settings: MoonleaseConnectorConfig
     capabilities: StoreCapabilities
-    #: Reads LastHitOnly answers under the store's detected response contract (last-hit-only).
+    #: The deadline every lookup runs under (shared by the lookup objects of one worker, so at
+    #: most one abandoned store call exists); None builds one from the settings.
+    deadline: BoundedCaller | None = None
+    #: Last-hit-only (required there): reads LastHitOnly answers under the store's detected
+    #: response contract (the worker's detector, kept across lookup objects).
     probe_contract: ProbeContractDetector | None = None
 
 
@@ -195,9 +201,31 @@ class StoreLookup(ABC):
                        for group in inputs.groups}
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
                                 if inputs.settings.mooncake_junction_retention else None)
+        self.deadline = inputs.deadline if inputs.deadline is not None else BoundedCaller(
+            inputs.settings.mooncake_lookup_timeout_ms / 1000, name="moonlease-lookup")
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
-        """Upstream's contract: how many prefix tokens the store can load."""
+        """Upstream's contract: how many prefix tokens the store can load, within the deadline.
+
+        The lookup runs on the deadline's helper thread (Mooncake's calls block without a
+        deadline of their own); past `mooncake_lookup_timeout_ms` it is a miss and the
+        abandoned lookup's answer is dropped when it comes (`store_deadline`).
+        """
+        timeout_s = self.settings.mooncake_lookup_timeout_ms / 1000
+        call = self.deadline.call(lambda: self._lookup_now(num_tokens, block_hashes), timeout_s)
+        if call.ok:
+            return call.value
+        if call.status is CallStatus.RAISED:  # _lookup_now catches everything; defensive only
+            logger.error("Moonlease lookup failed: %r; reporting a miss", call.error)
+            return LookupAnswer(*_miss(MissReason.INTERNAL_ERROR))
+        if call.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not answer a lookup within %d ms; reporting a miss "
+                           "(later lookups miss at once until it answers)",
+                           self.settings.mooncake_lookup_timeout_ms)
+        return LookupAnswer(*_miss(MissReason.STORE_TIMEOUT))
+
+    def _lookup_now(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
+        """The lookup itself, on the calling thread. Never raises."""
         try:
             lookup_length = self.coord.align_lookup_length(num_tokens)
             if not block_hashes or lookup_length <= 0:
@@ -306,7 +334,7 @@ class LeaseAllLookup(StoreLookup):
         junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
         if hit <= 0:
             return self._respond(0, (), junctions, LookupOutcome.miss(
-                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased))
+                miss_reason_of(answers), rounds=1, keys_probed=len(candidates), keys_leased=leased))
         tails = build_tail_keys(groups, block_hashes, self.hash_block_size, hit,
                                 lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
         return self._respond(hit, tails, junctions,

@@ -30,7 +30,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreConnectorMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    LookupKeyServer,
+    MooncakeStoreWorker,
+    get_zmq_rpc_path_lookup,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.mooncake_store import (
@@ -38,11 +42,16 @@ from moonlease_connector.adapters.mooncake_store import (
     StoreCalls,
     detect_capabilities,
 )
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
     build_store_lookup,
     store_groups_of,
+)
+from moonlease_connector.adapters.vllm_lookup_server import (
+    BoundedLookupServer,
+    stop_upstream_lookup_server,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
@@ -54,6 +63,8 @@ from moonlease_connector.core.lookup import GroupNamespaces
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
 
+#: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
+CLOSE_TIMEOUT_S = 15.0
 #: `MoonleaseStoreWorker.store_lookup` before (or without) our constructor.
 _NOT_BUILT: Any = object()
 #: What lease-all needs to know of a client no one probed: nothing (plain upstream calls).
@@ -100,13 +111,40 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         refuse_unsupported_mode(config, self.capabilities, release=self.close)
+        #: The store's LastHitOnly response contract, detected from its answers and kept across
+        #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
+        #: One deadline for every lookup of this worker: at most one abandoned store call.
+        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
+                                             name="moonlease-lookup")
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
-            # Detected from the store's behaviour, not its release (README: Last-hit-only).
-            self.probe_contract.detect()
+            # Under the lookup deadline: a store that does not answer leaves the contract
+            # unknown (lookups miss and re-detect later) instead of hanging start-up.
+            self.lookup_deadline.call(self.probe_contract.detect)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
+        if type(self.lookup_server) is LookupKeyServer:
+            # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
+            stop_upstream_lookup_server(self.lookup_server)
+            self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
+
+    def close(self) -> None:
+        """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
+        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent."""
+        deadline = getattr(self, "lookup_deadline", None)
+        if deadline is not None:
+            deadline.close()
+        server = getattr(self, "lookup_server", None)
+        if isinstance(server, BoundedLookupServer):
+            server.close()
+        closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
+        outcome = closer.call(super().close)
+        closer.close()
+        if outcome.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not close within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
+        elif outcome.status is CallStatus.RAISED:
+            logger.warning("Mooncake store close failed: %r", outcome.error)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
@@ -126,7 +164,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
                             hash_block_size=self.hash_block_size, store_calls=self.store_calls,
                             settings=settings, capabilities=self.capabilities,
-                            probe_contract=self.probe_contract)
+                            probe_contract=self.probe_contract, deadline=self.lookup_deadline)
 
     def _lookup_from_upstream_attributes(self) -> StoreLookup | None:
         """A lease-all lookup over upstream's attributes, for an instance our constructor did

@@ -176,8 +176,17 @@ class MissReason(str, Enum):
     NO_CANDIDATES = "no_candidates"  # prompt shorter than one aligned block: nothing to ask
     NOT_FOUND = "not_found"  # the store holds no usable prefix
     STORE_ERROR = "store_error"  # an RPC raised or returned a malformed or error reply
+    STORE_TIMEOUT = "store_timeout"  # no answer within mooncake_lookup_timeout_ms, or an
+    #                                   earlier abandoned store call has not returned yet
     LEASE_LOST = "lease_lost"  # keys vanished between probe and lease in every round
     INTERNAL_ERROR = "internal_error"  # a bug caught by the lookup guard (logged with a trace)
+
+
+def miss_reason_of(answers: Sequence[int]) -> MissReason:
+    """Why a lookup whose store answered `answers` found nothing: a store that answered any
+    key with an error code (Mooncake's negative codes: -900 while the master is unreachable)
+    failed, rather than holding no prefix."""
+    return MissReason.STORE_ERROR if any(answer < 0 for answer in answers) else MissReason.NOT_FOUND
 
 
 @dataclass(frozen=True)
