@@ -214,7 +214,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         paths = row["paths"]
         overhead = paths["selective"]["p50_us"] - paths["leaseAll"]["p50_us"]
         limit = paths["bare"]["p50_us"] + 0.2 * paths["leaseAll"]["p50_us"]
-        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: +{overhead:.0f} µs; "
+        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {overhead:+.0f} µs; "
                      f"target ≤ {limit:.0f} µs → {'meets' if overhead <= limit else 'over'}")
     lines += ["", "Hit-rule passes: runs of vLLM's coordinator (`find_longest_cache_hit`) per lookup, "
               "counted on one untimed lookup per path. Last-hit-only answers exactly upstream's hit on "
