@@ -5,12 +5,9 @@ loopback; no vLLM needed)."""
 from __future__ import annotations
 
 import json
-import os
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
@@ -22,13 +19,13 @@ from moonlease_connector.core.live_settings import (
     decide_switch,
 )
 from moonlease_connector.settings import (
-    SETTINGS_FILE_NAME,
     SettingsDelivery,
     delivery_from_sources,
     parse_settings_file,
     render_settings_file,
     settings_hash,
 )
+from tests.support.settings_volume import ConfigMapVolume, scrape
 
 pytestmark = pytest.mark.unit
 
@@ -145,43 +142,6 @@ def test_delivery_keys_and_environment() -> None:
 
 
 # ----------------------------------------------------------- watcher + exporter, real files
-
-
-class ConfigMapVolume:
-    """A directory laid out as the kubelet lays out a ConfigMap volume, updated the same way:
-    a new timestamped directory, an atomic swap of the `..data` symlink, the key a symlink
-    through it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.version = 0
-        root.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def path(self) -> str:
-        return str(self.root / SETTINGS_FILE_NAME)
-
-    def write(self, text: str) -> None:
-        self.version += 1
-        target = self.root / f"..2026_{self.version:04d}"
-        target.mkdir()
-        (target / SETTINGS_FILE_NAME).write_text(text)
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(target.name)
-        os.replace(tmp, self.root / "..data")
-        link = self.root / SETTINGS_FILE_NAME
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{SETTINGS_FILE_NAME}")
-
-
-def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return samples
 
 
 def test_watcher_follows_configmap_swaps_and_the_endpoint_shows_what_runs(tmp_path: Path) -> None:
