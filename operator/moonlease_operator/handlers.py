@@ -39,10 +39,11 @@ from moonlease_operator.adapters.workloads import (
     object_path,
     post_event,
 )
-from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, ABTestPhase, Phase, parse_spec
+from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase, PolicySpec, read_spec
+from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.status import dump_status, read_status
-from moonlease_operator.core.desired_state import WorkloadChange
+from moonlease_operator.core.changes import WorkloadChange
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
 from moonlease_operator.options import OperatorOptions
 
@@ -138,7 +139,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         async with _lock(memo):
             try:
                 managed = await fetch_managed(client, namespace, name)
-                plan = plan_release(policy=_ref(body), raw_spec=spec, managed=managed)
+                plan = plan_release(policy=_ref(body), spec=read_spec(spec), managed=managed)
                 for note in plan.events:
                     await post_event(client, body, note, component=COMPONENT, now=context.clock())
                 by_ref = {(o.get("kind"), o["metadata"]["name"]): o for o in managed}
@@ -180,18 +181,18 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         return None  # gone, or being deleted: release_policy owns it now
     previous = read_status(policy.get("status"))
     now = context.clock()
-    raw_spec = policy.get("spec") or {}
-    fetch = plan_fetch(raw_spec, previous, now)
+    spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
+    fetch = plan_fetch(spec, previous, now)
     observed = await fetch_observed(client, namespace, fetch, policies=policies)
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
-    if fetch.ab_due and previous.ab_test is not None:
+    if fetch.ab_due and previous.ab_test is not None and isinstance(spec, PolicySpec):
         tested = previous.ab_test.config_hash
-        source = build_metric_source(parse_spec(raw_spec), namespace, observed)
+        source = build_metric_source(spec, namespace, observed)
         reading, kept = await measure_arms(source, baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
-    plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now)
+    plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now)
     if dump_status(plan.status) != dump_status(previous):
         await apply_status(client, namespace, name, plan.status)
     ab = plan.status.ab_test
@@ -208,12 +209,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_status(namespace, name, plan.status)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
-    spec = plan.spec.rollout.ab_test if plan.spec is not None else None
-    if ab is None or spec is None or ab.phase is not ABTestPhase.MEASURING:
-        return None
-    if ab.last_measured_at is None:
-        return 0.0
-    return spec.interval_seconds - (context.clock() - ab.last_measured_at).total_seconds()
+    ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None
+    return seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock())
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

@@ -17,7 +17,7 @@ from moonlease.testbed.kube import (
     is_rollout_complete,
     statefulset_manifest,
 )
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION
 
 NS = "default"
 OPERATOR_AGENT = "moonlease-operator/"

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from moonlease.testbed.kube import LocalApiServer
-from moonlease_operator.core.desired_state import POLICY_LABEL
+from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread
 from tests.operator.fleet import (
     NS,

@@ -18,7 +18,7 @@ import pytest
 from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
 from moonlease_operator.handlers import OperatorContext
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS

@@ -27,6 +27,7 @@ from moonlease_operator.api import (
     RolloutSpec,
     StageName,
     build_master_flags,
+    read_spec,
     parse_spec,
 )
 from moonlease_operator.api.common import ApiModel, LabelSelectorRequirement
@@ -361,6 +362,14 @@ def test_master_flags_use_mooncake_names() -> None:
     assert build_master_flags(MasterSpec(name="m")) == {}
 
 
+def test_decided_once_boolean_flags_from_types_and_one_lease_mode_enum() -> None:
+    from moonlease_connector.config import LeaseMode as ConnectorLeaseMode
+    from moonlease_operator.api.policy import BOOLEAN_MASTER_FLAGS
+
+    assert BOOLEAN_MASTER_FLAGS == {"allow_evict_soft_pinned_objects"}
+    assert LeaseMode is ConnectorLeaseMode  # the CRD's enum is the connector's settings enum
+
+
 @pytest.mark.parametrize(("selector", "labels", "expected"), [
     ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
     ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
@@ -403,7 +412,7 @@ def test_set_condition_keeps_transition_time_while_status_holds() -> None:
 
 def judge(spec: dict[str, Any], *, generation: int, previous: PolicyStatus, now: datetime.datetime) -> Any:
     """The operator's verdict on a spec whose workloads do not exist (yet)."""
-    return plan_reconcile(raw_spec=spec, policy=PolicyRef("p", "ns", generation, "2026-01-01T00:00:00Z"),
+    return plan_reconcile(spec=read_spec(spec), policy=PolicyRef("p", "ns", generation, "2026-01-01T00:00:00Z"),
                           previous=previous, observed=Observed(workloads={}), now=now)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName
+from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName, read_spec
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.compatibility import (
@@ -24,7 +24,7 @@ from moonlease_operator.core.compatibility import (
     image_mooncake_version,
     parse_mooncake_version,
 )
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
 from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, evaluate_health
 from moonlease_operator.core.rollout import Observed, PolicyRef, ReconcilePlan, plan_fetch, plan_reconcile, plan_release
@@ -95,11 +95,12 @@ class Cluster:
     def reconcile(self, spec: Mapping[str, Any], *, ab_reading: ABReading | None = None) -> ReconcilePlan:
         """One reconcile; `ab_reading` plays the handler's A/B measurement (only when due)."""
         previous = read_status(self.status_json)
-        fetch = plan_fetch(spec, previous, self.now)
+        parsed = read_spec(spec)
+        fetch = plan_fetch(parsed, previous, self.now)
         observed = Observed(workloads=copy.deepcopy(self.workloads), config_maps=copy.deepcopy(self.config_maps),
                             policies=self.others, pods=self.pods() if fetch.pods else None,
                             ab_reading=ab_reading if fetch.ab_due else None)
-        plan = plan_reconcile(raw_spec=spec, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
+        plan = plan_reconcile(spec=parsed, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
                                                               self.annotations),
                               previous=previous, observed=observed, now=self.now)
         self.status_json = json.loads(json.dumps(dump_status(plan.status)))
@@ -410,7 +411,7 @@ def test_release_plan_restores_everything_and_warns_about_the_master() -> None:
     cluster = fleet()
     originals = copy.deepcopy(cluster.workloads)
     cluster.run(SPEC)
-    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), raw_spec=SPEC, managed=list(cluster.workloads.values()))
+    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=read_spec(SPEC), managed=list(cluster.workloads.values()))
     assert [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
     for change in plan.changes:
         restored = build_update(cluster.workloads[change.ref], change)
@@ -478,13 +479,13 @@ def test_missing_workloads_keep_the_policy_pending() -> None:
 
 
 def test_plan_fetch_lists_pods_only_while_verifying() -> None:
-    assert plan_fetch(SPEC, PolicyStatus()).pods is False
+    assert plan_fetch(read_spec(SPEC), PolicyStatus()).pods is False
     cluster = fleet()
     cluster.reconcile(SPEC)
-    assert plan_fetch(SPEC, cluster.status).pods is True
-    assert plan_fetch({"master": {}}, cluster.status).pods is False
+    assert plan_fetch(read_spec(SPEC), cluster.status).pods is True
+    assert plan_fetch(read_spec({"master": {}}), cluster.status).pods is False
     with_map = spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}})
-    assert plan_fetch(with_map, PolicyStatus()).config_maps == ("cfg",)
+    assert plan_fetch(read_spec(with_map), PolicyStatus()).config_maps == ("cfg",)
 
 
 def test_master_settings_in_a_config_map_restart_the_master_through_its_annotation() -> None:

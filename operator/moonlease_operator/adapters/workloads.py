@@ -21,7 +21,8 @@ from typing import Any
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
-from moonlease_operator.core.desired_state import POLICY_LABEL, WorkloadChange, build_merge_patch, build_update
+from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.slots import POLICY_LABEL, build_merge_patch, build_update
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
 

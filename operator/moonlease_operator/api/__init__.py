@@ -41,6 +41,7 @@ from moonlease_operator.api.policy import (
     WorkloadKind,
     build_master_flags,
     parse_spec,
+    read_spec,
 )
 
 __all__ = [
@@ -49,5 +50,5 @@ __all__ = [
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",
     "SelectorOperator", "StageName", "StagePhase", "StageStatus", "TargetPhase", "TargetSpec",
-    "TargetStatus", "WorkloadKind", "build_master_flags", "parse_spec",
+    "TargetStatus", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
 ]

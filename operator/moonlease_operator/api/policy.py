@@ -19,6 +19,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
+from moonlease_connector.config import LeaseMode  # one enum for the CRD and the connector's settings
+
 from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
     ApiModel,
@@ -59,20 +61,6 @@ class Role(str, enum.Enum):
 
     PREFILL = "prefill"
     DECODE = "decode"
-
-
-class LeaseMode(str, enum.Enum):
-    """How the connector leases store keys on lookup.
-
-    `leaseAll` is vLLM's behaviour: `batch_is_exist` leases every key found. `selective` probes
-    without leasing and leases only the keys loading the hit reads (needs `batch_probe_key`,
-    Mooncake >= 0.3.14). `lastHitOnly` leases only the selected recurrent checkpoint (RFC 4255;
-    full attention + align-mode Mamba models only).
-    """
-
-    LEASE_ALL = "leaseAll"
-    SELECTIVE = "selective"
-    LAST_HIT_ONLY = "lastHitOnly"
 
 
 class StageName(str, enum.Enum):
@@ -165,6 +153,13 @@ MASTER_FLAGS: Mapping[str, str] = {
     "default_kv_soft_pin_ttl_ms": "default_kv_soft_pin_ttl",
     "allow_evict_soft_pinned_objects": "allow_evict_soft_pinned_objects",
 }
+
+
+#: The master flags that are booleans (gflags also spells them `--flag` and `--noflag`), derived
+#: from the spec's field types so that a new boolean setting needs no second list.
+BOOLEAN_MASTER_FLAGS: frozenset[str] = frozenset(
+    flag for field, flag in MASTER_FLAGS.items() if MasterSpec.model_fields[field].annotation in (bool, bool | None)
+)
 
 
 def build_master_flags(master: MasterSpec) -> dict[str, str]:
@@ -575,6 +570,15 @@ def parse_spec(raw: Mapping[str, Any]) -> PolicySpec:
         return PolicySpec.model_validate_json(json.dumps(dict(raw), default=str), strict=True)
     except ValidationError as exc:
         raise PolicySpecError(describe_errors(exc)) from None
+
+
+def read_spec(raw: Mapping[str, Any]) -> PolicySpec | PolicySpecError:
+    """`parse_spec` with the refusal as a value: a reconcile reads the spec once and hands the
+    result (a spec, or why it is refused) to every step that needs it."""
+    try:
+        return parse_spec(raw)
+    except PolicySpecError as exc:
+        return exc
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

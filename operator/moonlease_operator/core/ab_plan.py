@@ -286,9 +286,19 @@ def apply_decision_annotation(status: ABTestStatus, annotation: str | None,
         EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value, "Rolling the treatment back, as annotated")]
 
 
+def seconds_until_measurement(status: ABTestStatus | None, spec: ABTestSpec | None,
+                              now: datetime.datetime) -> float | None:
+    """Seconds until the arms are measured next (0 or less: now); None when no test measures.
+    The one owner of the A/B schedule: `measurement_due` and the handler's wake-up both ask it."""
+    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
+        return None
+    last = status.last_measured_at
+    if last is None:
+        return 0.0
+    return spec.interval_seconds - (now - last).total_seconds()
+
+
 def measurement_due(status: ABTestStatus | None, spec: ABTestSpec | None, now: datetime.datetime) -> bool:
     """Whether this reconcile should read the arms' metrics."""
-    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
-        return False
-    last = status.last_measured_at
-    return last is None or (now - last).total_seconds() >= spec.interval_seconds
+    left = seconds_until_measurement(status, spec, now)
+    return left is not None and left <= 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import PolicySpec, StageName, WorkloadKind
-from moonlease_operator.core.desired_state import managed_by
+from moonlease_operator.core.slots import managed_by
 
 WorkloadKey = tuple[str, str]  # (kind, name)
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from moonlease_operator.api import (
     AB_DECISION_ANNOTATION,
-    APPROVE_MASTER_RESTART_ANNOTATION,
     ABTestPhase,
     ABTestStatus,
     ConditionStatus,
@@ -58,22 +57,22 @@ from moonlease_operator.core.ab_plan import (
 from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.desired_state import (
-    ORIGINAL_ANNOTATION,
-    ChangeAction,
+from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
+from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
+from moonlease_operator.core.settings import (
     ConnectorSettings,
     MasterSettings,
-    WorkloadChange,
     build_config_map_desired,
     build_connector_settings,
     build_master_desired,
     build_master_settings,
     build_target_desired,
+)
+from moonlease_operator.core.slots import (
+    ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
-    evaluate_config_map,
-    evaluate_master,
-    evaluate_target,
     managed_by,
     needs_update,
     rollback_revision,
@@ -138,13 +137,12 @@ class ReconcilePlan:
     status: PolicyStatus
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
-    spec: PolicySpec | None = None
 
 
-def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetime.datetime | None = None) -> FetchPlan:
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError:
+def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
+               now: datetime.datetime | None = None) -> FetchPlan:
+    """What to read for this reconcile (`spec` as `read_spec` returned it)."""
+    if isinstance(spec, PolicySpecError):
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
     verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
@@ -159,21 +157,20 @@ def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetim
 # The decision
 # --------------------------------------------------------------------------------------------
 
-def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
+def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime) -> ReconcilePlan:
-    """Decide one reconcile of one policy (see the module docstring)."""
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+    """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
+    returned it, read once for the whole reconcile."""
+    if isinstance(spec, PolicySpecError):
+        return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
 
     fleet = resolve_fleet(spec, observed.workloads)
     if fleet.missing:
-        return _waiting_for_workloads(previous, policy, fleet.missing, now, spec)
+        return _waiting_for_workloads(previous, policy, fleet.missing, now)
     claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
                              others=_other_claims(policy, observed), workloads=observed.workloads)
     if claims:
-        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now, spec)
+        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now)
 
     connector = build_connector_settings(spec.connector)
     master = build_master_settings(spec.master)
@@ -183,12 +180,12 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
         problem = (evaluate_master(member.obj, member.container, master) if member.stage is StageName.MASTER
                    else evaluate_target(member.obj, member.container))
         if problem is not None:
-            problems.setdefault(Reason(problem.kind.value), []).append(problem.message)
+            problems.setdefault(problem.reason, []).append(problem.message)
     if master.config_map is not None:
         config_map = observed.config_maps.get(master.config_map.name)
         if config_map is None:
             return _waiting_for_workloads(previous, policy, [f"ConfigMap/{master.config_map.name} (master) not found"],
-                                          now, spec)
+                                          now)
         problem = evaluate_config_map(config_map, master.config_map.key)
         if problem is not None:
             problems.setdefault(Reason.UNMANAGEABLE_WORKLOAD, []).append(problem.message)
@@ -200,7 +197,7 @@ def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: 
         problems.setdefault(Reason.INCOMPATIBLE, []).extend(incompatible)
     for reason in (Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE, Reason.UNMANAGEABLE_WORKLOAD):
         if reason in problems:
-            return _refused(previous, policy, reason, problems[reason], now, spec)
+            return _refused(previous, policy, reason, problems[reason], now)
 
     planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
                        fleet=fleet, connector=connector, master=master)
@@ -292,7 +289,7 @@ class _Planner:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
         events = (*self.notes, *_phase_events(prev, status))
-        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes), spec=self.spec)
+        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes))
 
     # ---- A/B test ----------------------------------------------------------------------------
 
@@ -399,6 +396,15 @@ class _Planner:
                                  config_hash=self.master.config_hash, require_annotation=owned, **common)
         return [file_change, restart]
 
+    def _master_restart(self, direction: RestartDirection, settings_hash: str,
+                        lines: Sequence[str]) -> MasterRestart:
+        master = self.fleet.master
+        return build_master_restart(f"{master.kind}/{master.name}", direction, self.revision, settings_hash, lines)
+
+    def _describe(self, changes: Sequence[WorkloadChange]) -> list[str]:
+        """Human lines for what `changes` alter (`--eviction_ratio: 0.05 -> 0.1`)."""
+        return [line for c in changes for line in describe_update(self._object(c), c)]
+
     def _object(self, change: WorkloadChange) -> Mapping[str, Any]:
         if change.kind == "ConfigMap":
             return self.observed.config_maps.get(change.name) or {}
@@ -461,23 +467,21 @@ class _Planner:
                 if rollout.paused:
                     return _Outcome(Phase.PAUSED, name, Reason.PAUSED,
                                     f"Paused by spec.rollout.paused before stage {name.value}")
-                lines = [line for m in pending for c in self._pending(self._apply_changes(m))
-                         for line in describe_update(self._object(c), c)]
+                lines = self._describe([c for m in pending for c in self._pending(self._apply_changes(m))])
+                restart = None
                 if name is StageName.MASTER:
-                    approval = self.policy.annotations.get(APPROVE_MASTER_RESTART_ANNOTATION)
-                    restart = (f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply "
-                               + "; ".join(sorted(set(lines))) + ": restarting the master empties the Mooncake store")
-                    if self.spec.master.require_approval_for_restart and approval != self.master.config_hash:
-                        self.pending_approval = self.master.config_hash
-                        message = (f"{restart}. Approve with: kubectl annotate mlp {self.policy.name}"
-                                   f" {APPROVE_MASTER_RESTART_ANNOTATION}={self.master.config_hash} --overwrite")
+                    restart = self._master_restart(RestartDirection.FORWARD, self.master.config_hash, lines)
+                    if self.spec.master.require_approval_for_restart and not restart.approved_by(
+                            self.policy.annotations):
+                        self.pending_approval = restart.approval_key
+                        message = restart.approval_request(self.policy.name)
                         self._set_stage(name, StagePhase.AWAITING_APPROVAL, message)
                         return _Outcome(Phase.AWAITING_APPROVAL, name, Reason.AWAITING_APPROVAL, message)
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value, restart))
+                    self.notes.append(restart.note())
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
                 # The status says what is about to happen (a master restart in so many words).
-                doing = restart if name is StageName.MASTER else f"updating {len(pending)} workload(s)"
+                doing = restart.describe() if restart is not None else f"updating {len(pending)} workload(s)"
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify. A master
@@ -485,10 +489,8 @@ class _Planner:
             for member in members:
                 again = self._pending(self._apply_changes(member))
                 if again and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply"
-                                                " its new settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.FORWARD, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(again)
             failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
             waiting = [(m, self.health[m.key]) for m in members
@@ -537,9 +539,8 @@ class _Planner:
                                     finished=True)
                     continue
                 if name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings: restarting the master empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                           self._describe(changes)).note())
                 self.changes.extend(changes)
                 self._set_stage(name, StagePhase.ROLLING_BACK, self._rolled_back_message(name, "rolling back"),
                                 started=True)
@@ -548,10 +549,8 @@ class _Planner:
             if stage.phase is StagePhase.ROLLING_BACK:
                 changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
                 if changes and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(changes)
                 health = [(m, self.health[m.key]) for m in members]
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
@@ -696,7 +695,7 @@ class _Outcome:
 # --------------------------------------------------------------------------------------------
 
 def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems: Sequence[str],
-             now: datetime.datetime, spec: PolicySpec | None = None) -> ReconcilePlan:
+             now: datetime.datetime) -> ReconcilePlan:
     """Phase Invalid: nothing changes in the cluster; the rollout state is kept for later."""
     message = _join(problems)
     conditions = list(previous.conditions)
@@ -705,11 +704,11 @@ def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.INVALID, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.INVALID, conditions, now, "Warning", reason, message)
 
 
 def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: Sequence[str],
-                           now: datetime.datetime, spec: PolicySpec) -> ReconcilePlan:
+                           now: datetime.datetime) -> ReconcilePlan:
     """Phase Pending: the spec is fine, the workloads are not there (yet)."""
     message = "Waiting for " + _join(missing)
     reason = Reason.WORKLOAD_NOT_FOUND
@@ -720,11 +719,11 @@ def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: S
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.PENDING, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.PENDING, conditions, now, "Warning", reason, message)
 
 
 def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: list[Any], now: datetime.datetime,
-          spec: PolicySpec | None, event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+          event_type: str, reason: Reason, message: str) -> ReconcilePlan:
     status = previous.model_copy(update={
         "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
         "last_transition_time": previous.last_transition_time if previous.phase == phase else now,
@@ -733,7 +732,7 @@ def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: l
     repeated = (previous.phase == phase and previous.observed_generation == policy.generation
                 and old is not None and old.reason == reason.value and old.message == message)
     events = () if repeated else (EventNote(event_type, reason.value, message),)
-    return ReconcilePlan(status=status, events=events, changes=(), spec=spec)
+    return ReconcilePlan(status=status, events=events, changes=())
 
 
 # --------------------------------------------------------------------------------------------
@@ -807,7 +806,7 @@ class ReleasePlan:
     changes: tuple[WorkloadChange, ...]
 
 
-def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
+def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError,
                  managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
     """Restore every object carrying this policy's label to its state before the policy.
 
@@ -815,12 +814,9 @@ def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
     and a deletion is an explicit request to undo. A master whose pod template changes back
     restarts, which empties the store: a warning event says so first.
     """
-    try:
-        master = parse_spec(raw_spec).master
-        master_key: tuple[str, str] | None = (master.kind.value, master.name)
-    except PolicySpecError:
-        master_key = None
-    changes, restarts = [], []
+    master_key = None if isinstance(spec, PolicySpecError) else (spec.master.kind.value, spec.master.name)
+    changes: list[WorkloadChange] = []
+    restarts: list[MasterRestart] = []
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
         change = WorkloadChange(kind=str(obj.get("kind")), name=str(meta.get("name")), action=ChangeAction.RELEASE,
@@ -830,12 +826,9 @@ def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
             continue
         changes.append(change)
         if change.ref == master_key and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
-            restarts.append(f"{change.kind}/{change.name}")
-    events = []
-    if restarts:
-        events.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                f"{restarts[0]} restarts to get its settings back from before the policy:"
-                                " restarting the master empties the Mooncake store"))
+            restarts.append(build_master_restart(f"{change.kind}/{change.name}", RestartDirection.RESTORE, 0, "",
+                                                 describe_update(obj, change)))
+    events = [restart.note() for restart in restarts[:1]]
     if changes:
         events.append(EventNote("Normal", Reason.RESTORED.value,
                                 "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in changes])
