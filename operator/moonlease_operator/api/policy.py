@@ -419,6 +419,7 @@ class Reason(str, enum.Enum):
     AS_EXPECTED = "AsExpected"
     RELEASED = "Released"
     RESTORED = "Restored"
+    SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"

@@ -81,6 +81,11 @@ def evaluate_health(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | 
     return WorkloadHealth(Health.COMPLETE, f"{replicas}/{replicas} updated and ready", **counts)
 
 
+def current_ready_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The workload's Ready pods of its current pod template (the ones a stage verifies)."""
+    return [p for p in _own_pods(obj, pods) if _pod_hash(p) == template_config_hash(obj) and _pod_ready(p)]
+
+
 def _own_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     raw = (obj.get("spec") or {}).get("selector") or {}
     try:
