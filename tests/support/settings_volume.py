@@ -1,13 +1,11 @@
 """A ConfigMap volume on local disk, and a reader of the connector's settings endpoint.
 
-`ConfigMapVolume` lays files out as the kubelet does and updates them the same way: a new
-timestamped directory, an atomic swap of the `..data` symlink, each key a symlink through it.
-`read_settings_endpoint` scrapes the connector's own settings metrics (HTTP, Prometheus text).
+`ConfigMapVolume` (from the testbed) lays files out as the kubelet does and updates them the
+same way. `read_settings_endpoint` scrapes the connector's own settings metrics (HTTP, Prometheus text).
 """
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -15,33 +13,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease.testbed.connector_pods import ConfigMapVolume
+
+__all__ = ["ConfigMapVolume", "EndpointSettings", "free_port", "read_settings_endpoint", "scrape",
+           "wait_for_endpoint"]
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-class ConfigMapVolume:
-    def __init__(self, root: Path, key: str = SETTINGS_FILE_NAME) -> None:
-        self.root = root
-        self.key = key
-        self.version = 0
-        root.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def path(self) -> str:
-        return str(self.root / self.key)
-
-    def write(self, text: str) -> None:
-        self.version += 1
-        target = self.root / f"..2026_{os.getpid()}_{self.version:04d}"
-        target.mkdir()
-        (target / self.key).write_text(text)
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(target.name)
-        os.replace(tmp, self.root / "..data")
-        link = self.root / self.key
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{self.key}")
 
 
 def scrape(port: int, host: str = "127.0.0.1") -> Samples:
