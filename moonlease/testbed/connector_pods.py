@@ -73,7 +73,7 @@ class _Pod:
 class ConnectorPods:
     kube: LocalApiServer
     root: Path
-    namespace: str = "default"
+    namespace: str | None = None  # None: every namespace
     interval: float = 0.05
     frozen: set[str] = field(default_factory=set)
     _pods: dict[str, _Pod] = field(default_factory=dict)
@@ -97,17 +97,17 @@ class ConnectorPods:
                            if v.get("name") == SETTINGS_VOLUME), None)
             if volume is None:
                 continue
-            name = pod["metadata"]["name"]
+            name, namespace = pod["metadata"]["name"], pod["metadata"].get("namespace")
             seen.add(name)
             state = self._pods.get(name) or self._start(name, pod)
             owner = next((o["name"] for o in pod["metadata"].get("ownerReferences") or []), "")
-            config_map = self.kube.get(CONFIGMAPS, self.namespace, (volume.get("configMap") or {}).get("name", ""))
+            config_map = self.kube.get(CONFIGMAPS, namespace, (volume.get("configMap") or {}).get("name", ""))
             text = ((config_map or {}).get("data") or {}).get(SETTINGS_FILE_NAME)
             if text is not None and text != state.written and (owner not in self.frozen or state.written is None):
                 state.volume.write(text)
                 state.written = text
             if not state.annotated:
-                await self.kube.patch(PODS, self.namespace, name,
+                await self.kube.patch(PODS, namespace, name,
                                       {"metadata": {"annotations": {SETTINGS_PORT_ANNOTATION: str(state.port)}}})
                 state.annotated = True
         for name in set(self._pods) - seen:
