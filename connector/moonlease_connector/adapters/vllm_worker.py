@@ -129,10 +129,17 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             return None
 
         if self.lookup_server is not None and delivery.metrics_port is not None:
-            self.settings_exporter = SettingsExporter()
-            self.settings_exporter.show(self._live.current())
-            port = self.settings_exporter.serve(delivery.metrics_port)
-            logger.info("Moonlease settings metrics on port %d", port)
+            exporter = SettingsExporter()
+            exporter.show(self._live.current())
+            try:
+                port = exporter.serve(delivery.metrics_port)
+            except OSError as error:
+                # Serving continues; the operator cannot verify this pod and will say so.
+                logger.error("Moonlease settings endpoint not served (port %d: %s); set %s to a free "
+                             "port", delivery.metrics_port, error, "mooncake_settings_metrics_port")
+            else:
+                self.settings_exporter = exporter
+                logger.info("Moonlease settings metrics on port %d", port)
         self.settings_watcher = SettingsWatcher(
             delivery.settings_file, self._live, defaults=defaults, capabilities=self.capabilities,
             layout_problem=layout_problem, exporter=self.settings_exporter,
