@@ -190,3 +190,18 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             gauge.remove(*engine_labels, *previous)
         gauge.labels(*engine_labels, *values).set(1)
         shown[engine_idx] = values
+
+
+def record_lookup_outcome(worker: Any, outcome: LookupOutcome) -> None:
+    """Record one lookup on a worker's stats, whatever stats type the worker holds now.
+
+    Upstream code (and upstream's own tests) may leave a plain `MooncakeStoreConnectorStats`
+    on the worker; it is upgraded in place to ours over the same `data`, so nothing it already
+    recorded is lost and the lookup record is not dropped.
+    """
+    with worker._kv_connector_stats_lock:
+        stats = worker.kv_connector_stats
+        if not isinstance(stats, MoonleaseConnectorStats):
+            stats = MoonleaseConnectorStats(data=stats.data)
+            worker.kv_connector_stats = stats
+        stats.record_lookup(outcome)
