@@ -446,8 +446,8 @@ def _rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str 
 # Injected failures
 # --------------------------------------------------------------------------------------------
 
-_FAULT_REASONS = {401: "Unauthorized", 409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
-                  503: "ServiceUnavailable", 504: "Timeout"}
+_FAULT_REASONS = {401: "Unauthorized", 403: "Forbidden", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests",
+                  500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
 
 @dataclass

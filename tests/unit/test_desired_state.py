@@ -432,3 +432,20 @@ def test_settings_file_is_created_switched_rolled_back_and_released_exactly() ->
     assert back is not None and back["data"] == created["data"]
     released = build_update(back, WorkloadChange(kind="ConfigMap", name=CM, action=ChangeAction.RELEASE, policy="fleet"))
     assert released is not None and "data" not in released  # no file: the connector's start-up settings
+
+
+def test_the_policy_label_value_is_always_a_valid_label_value() -> None:
+    import re
+
+    from moonlease_operator.core.slots import managed_by, policy_label_value
+
+    assert policy_label_value("fleet") == "fleet"
+    long = "a-very-long-policy-name-for-the-llama-fleet-in-the-inference-namespace.example.org"
+    value = policy_label_value(long)
+    assert len(long) > 63 and len(value) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", value)
+    assert value != policy_label_value(long + "x")  # distinct names stay distinct
+    change = WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy=long,
+                            place="vllm", desired=build_target_desired(workload(vllm("serve")), "vllm", CM),
+                            config_hash=adoption_hash(CM))
+    new = build_update(workload(vllm("serve")), change)
+    assert new is not None and managed_by(new) == value

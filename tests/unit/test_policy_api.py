@@ -338,7 +338,9 @@ def test_defaults_match_the_tracker() -> None:
     assert spec.rollout.stages == [StageName.MASTER, StageName.PREFILL, StageName.DECODE]
     assert (spec.rollout.stage_timeout_seconds, spec.rollout.pause_between_stages_seconds) == (600, 0)
     assert spec.rollout.on_failure.value == "rollback" and spec.rollout.strategy.value == "Staged"
-    assert spec.rollout.paused is False and spec.master.require_approval_for_restart is False
+    assert spec.rollout.paused is False
+    # Issue 15: the store is never emptied unasked, and deletion keeps the master's settings.
+    assert spec.master.require_approval_for_restart is True and spec.master.on_delete.value == "keep"
 
 
 def test_crd_defaults_equal_model_defaults(crd: dict[str, Any]) -> None:

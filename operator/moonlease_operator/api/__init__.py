@@ -23,6 +23,7 @@ from moonlease_operator.api.policy import (
     FailurePolicy,
     LeaseMode,
     MasterConfigMapSpec,
+    MasterDeletionPolicy,
     MasterSpec,
     Phase,
     PolicySpec,
@@ -45,7 +46,7 @@ from moonlease_operator.api.policy import (
 )
 
 __all__ = [
-    "AB_DECISION_ANNOTATION", "ABTestPhase", "ABTestSpec", "ABTestStatus", "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
+    "AB_DECISION_ANNOTATION", "ABTestPhase", "ABTestSpec", "ABTestStatus", "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "MasterDeletionPolicy", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
     "CelRule", "Condition", "ConditionStatus", "ConditionType", "ConnectorSpec", "FailurePolicy",
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",

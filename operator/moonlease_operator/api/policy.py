@@ -63,6 +63,13 @@ class Role(str, enum.Enum):
     DECODE = "decode"
 
 
+class MasterDeletionPolicy(str, enum.Enum):
+    """What deleting the policy does to the master's settings."""
+
+    KEEP = "keep"
+    RESTORE = "restore"
+
+
 class StageName(str, enum.Enum):
     """A rollout stage: the master, or every target of one role."""
 
@@ -126,10 +133,16 @@ class MasterSpec(ApiModel):
     """Container running mooncake_master; defaults to the only (or first) container."""
     version: MooncakeVersion | None = None
     """Declared Mooncake version of the master (e.g. 0.3.14); checked against what modes need."""
-    require_approval_for_restart: bool = False
-    """Restarting the master empties the store (object metadata lives in its memory): when true,
-    the master stage waits for an explicit approval before restarting it: annotate the policy
-    with moonlease.io/approve-master-restart set to status.pendingApproval."""
+    require_approval_for_restart: bool = True
+    """Restarting the master empties the store (object metadata lives in its memory): while true
+    (the default), every master restart the operator would cause (rolling settings out, a drift
+    repair, rolling back its own failed stage, restoring it on deletion) waits for an explicit
+    approval of exactly that restart: annotate the policy with moonlease.io/approve-master-restart
+    set to status.pendingApproval (direction:revision:hash)."""
+    on_delete: MasterDeletionPolicy = MasterDeletionPolicy.KEEP
+    """What deleting the policy does to the master: keep (its settings stay as the policy left
+    them, no restart) or restore (its settings from before the policy come back, which restarts
+    it: approved like any other restart)."""
     eviction_high_watermark_ratio: Ratio | None = None
     """--eviction_high_watermark_ratio: usage ratio above which eviction runs (Mooncake: 0.9)."""
     eviction_ratio: Ratio | None = None
@@ -384,6 +397,7 @@ class ConditionType(str, enum.Enum):
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     AB_TEST_CONCLUDED = "ABTestConcluded"
+    WRITE_FAILED = "WriteFailed"
 
 
 class Reason(str, enum.Enum):
@@ -420,6 +434,8 @@ class Reason(str, enum.Enum):
     RELEASED = "Released"
     RESTORED = "Restored"
     SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
+    MEMBER_EXCLUDED = "MemberExcluded"
+    WRITE_REFUSED = "WriteRefused"
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"
@@ -456,6 +472,7 @@ class TargetPhase(str, enum.Enum):
     FAILED = "Failed"
     ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
+    EXCLUDED = "Excluded"
 
 
 class StageStatus(StatusModel):
@@ -486,7 +503,8 @@ class TargetStatus(StatusModel):
     """The stage the workload belongs to (master, prefill or decode)."""
     phase: TargetPhase
     """Pending (not changed yet), Updating (rolling out), Ready (runs the policy, verified),
-    Failed, RollingBack, RolledBack."""
+    Failed, RollingBack, RolledBack, Excluded (left out after the first rollout: deleted, claimed
+    by another policy or unmanageable, see message; the others carry on)."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     """The workload's metadata.generation when last observed."""
     replicas: Annotated[int, Field(ge=0)] | None = None
@@ -499,6 +517,9 @@ class TargetStatus(StatusModel):
     """The configuration-hash annotation of the workload's pod template."""
     message: Annotated[str, Field(max_length=32768)] = ""
     """Why the workload is in this phase."""
+    write_error: Annotated[str, Field(max_length=4096)] | None = None
+    """The last change of this workload (or of the master's ConfigMap) the API server refused:
+    HTTP status, reason and message; cleared once the change is written."""
 
 
 class PolicyStatus(StatusModel):

@@ -20,6 +20,7 @@ class ChangeAction(str, enum.Enum):
     APPLY = "apply"  # write the desired slots (recording original and rollback snapshots)
     ROLLBACK = "rollback"  # restore the rollback snapshot of this attempt
     RELEASE = "release"  # restore the original snapshot and drop our bookkeeping
+    FORGET = "forget"  # drop our bookkeeping only; the settings stay (a master kept on deletion)
 
 
 @dataclass(frozen=True)

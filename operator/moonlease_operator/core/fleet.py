@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import PolicySpec, StageName, WorkloadKind
-from moonlease_operator.core.slots import managed_by
+from moonlease_operator.core.slots import managed_by, policy_label_value
 
 WorkloadKey = tuple[str, str]  # (kind, name)
 
@@ -94,19 +94,21 @@ class Claim:
 
 
 def evaluate_claims(*, name: str, created: str, fleet: Fleet, others: Sequence[Claim],
-                    workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> list[str]:
-    """Why this policy may not manage some of its workloads; empty when it may manage all."""
-    living = {other.name for other in others}
-    problems = []
+                    workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> dict[WorkloadKey, str]:
+    """Why this policy may not manage some of its workloads, per workload; empty when it may
+    manage all."""
+    living = {policy_label_value(other.name): other.name for other in others}
+    mine = policy_label_value(name)
+    problems: dict[WorkloadKey, str] = {}
     for key in sorted(fleet.keys):
         owner = managed_by(workloads[key])
-        if owner is not None and owner != name and owner in living:
-            problems.append(f"{key[0]}/{key[1]} is managed by policy {owner}")
+        if owner is not None and owner != mine and owner in living:
+            problems[key] = f"{key[0]}/{key[1]} is managed by policy {living[owner]}"
             continue
         earlier = sorted((o.created, o.name) for o in others
                          if key in o.keys and (o.created, o.name) < (created, name))
-        if earlier and owner != name:
-            problems.append(f"{key[0]}/{key[1]} is already claimed by policy {earlier[0][1]}, created earlier")
+        if earlier and owner != mine:
+            problems[key] = f"{key[0]}/{key[1]} is already claimed by policy {earlier[0][1]}, created earlier"
     return problems
 
 

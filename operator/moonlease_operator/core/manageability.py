@@ -17,6 +17,7 @@ from moonlease_operator.core.workload_args import (
     CONNECTOR_MODULE,
     EXTRA_CONFIG_KEY,
     KV_TRANSFER_CONFIG_OPTIONS,
+    container_names,
     describe_object,
     find_container,
     find_flag,
@@ -24,6 +25,9 @@ from moonlease_operator.core.workload_args import (
     is_our_module,
     is_yaml,
     parse_doc,
+    runs_mooncake_master,
+    runs_vllm,
+    shell_script,
 )
 
 
@@ -33,12 +37,33 @@ class WorkloadProblem:
     message: str
 
 
-def evaluate_target(obj: Mapping[str, Any], container: str | None) -> WorkloadProblem | None:
-    """Refuse a vLLM workload whose connector is not ours, or whose arguments we cannot edit."""
+def evaluate_target(obj: Mapping[str, Any], container: str | None, *,
+                    field: str = "spec.targets[].container") -> WorkloadProblem | None:
+    """Refuse a vLLM workload the policy cannot manage: the container is ambiguous (several and
+    none named), does not run vLLM (unless named explicitly: a wrapper the operator cannot
+    recognise), runs vLLM through a shell (the settings cannot be delivered into a script), or
+    its connector is not ours, or its `--kv-transfer-config` cannot be edited.
+
+    `field`: where in the policy the container is named, for the message."""
     name = describe_object(obj)
-    found = find_container(obj, container)
-    if found is None:
-        return WorkloadProblem(Reason.UNMANAGEABLE_WORKLOAD, f"{name}: container {container or '(first)'} not found")
+    found, problem = _pick_container(obj, container, field, "vLLM")
+    if problem is not None:
+        return problem
+    assert found is not None
+    label = f"{name} container {found.get('name')!r}"
+    script = shell_script(found)
+    if script is not None:
+        return WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{label} runs its command through a shell script, where the operator cannot set"
+            f" --kv-transfer-config or know that the server reads it: run vLLM without a shell"
+            f" (command: [\"vllm\", \"serve\"], args: [MODEL, ...]; move setup steps into an initContainer)")
+    if container is None and not runs_vllm(found):
+        return WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{label} does not run vLLM (neither command, args nor image show `vllm serve`,"
+            f" vllm.entrypoints.openai.api_server or the vllm entrypoint): point the target at a vLLM"
+            f" workload, or set {field} to the container that runs vLLM")
     hit = find_option(found, KV_TRANSFER_CONFIG_OPTIONS)
     if hit is None:
         return None
@@ -64,12 +89,27 @@ def evaluate_target(obj: Mapping[str, Any], container: str | None) -> WorkloadPr
 
 
 def evaluate_master(obj: Mapping[str, Any], container: str | None, settings: MasterSettings) -> WorkloadProblem | None:
-    """Refuse a master whose container is missing, or whose args set a flag the policy writes to
-    its config file (which of the two would win is Mooncake's business, not ours to guess)."""
+    """Refuse a master the policy cannot manage: the container is ambiguous (several and none
+    named), does not run `mooncake_master`, runs it through a shell while the flags go into the
+    args, or sets in its args a flag the policy writes to its config file (which of the two
+    would win is Mooncake's business, not ours to guess)."""
     name = describe_object(obj)
-    found = find_container(obj, container)
-    if found is None:
-        return WorkloadProblem(Reason.UNMANAGEABLE_WORKLOAD, f"{name}: container {container or '(first)'} not found")
+    found, problem = _pick_container(obj, container, "spec.master.container", "mooncake_master")
+    if problem is not None:
+        return problem
+    assert found is not None
+    label = f"{name} container {found.get('name')!r}"
+    if not runs_mooncake_master(found):
+        return WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{label} does not run mooncake_master (neither command, args nor image show it): point"
+            f" spec.master.name at the Mooncake master workload (command: [\"mooncake_master\"])")
+    if settings.config_map is None and shell_script(found) is not None:
+        return WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{label} runs mooncake_master through a shell script, where the operator cannot set its"
+            f" flags: run it without a shell (command: [\"mooncake_master\"], args: [\"--rpc_port=50051\", ...]),"
+            f" or set spec.master.configMap to the config file it reads with --config_path")
     if settings.config_map is not None:
         in_args = sorted(flag for flag in settings.flags if find_flag(found, flag) is not None)
         if in_args:
@@ -77,6 +117,22 @@ def evaluate_master(obj: Mapping[str, Any], container: str | None, settings: Mas
                                    f"{name} sets {', '.join('--' + f for f in in_args)} in its args, but the policy"
                                    f" writes them to ConfigMap {settings.config_map.name}: remove them from the args")
     return None
+
+
+def _pick_container(obj: Mapping[str, Any], container: str | None, field: str,
+                    runs: str) -> tuple[dict[str, Any] | None, WorkloadProblem | None]:
+    """The container the policy manages, or why there is none to pick."""
+    name = describe_object(obj)
+    names = container_names(obj)
+    if container is None and len(names) > 1:
+        return None, WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{name} has {len(names)} containers ({', '.join(names)}): set {field} to the one that runs {runs}")
+    found = find_container(obj, container)
+    if found is None:
+        return None, WorkloadProblem(Reason.UNMANAGEABLE_WORKLOAD,
+                                     f"{name}: container {container or '(first)'} not found")
+    return found, None
 
 
 def evaluate_config_map(obj: Mapping[str, Any], key: str) -> WorkloadProblem | None:

@@ -36,6 +36,7 @@ from moonlease_operator.api import (
     ConditionStatus,
     ConditionType,
     FailurePolicy,
+    MasterDeletionPolicy,
     Phase,
     PolicySpec,
     PolicySpecError,
@@ -83,12 +84,14 @@ from moonlease_operator.core.settings import (
     build_master_settings,
     build_target_desired,
 )
+from moonlease_operator.core.write_failures import set_write_condition
 from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
     managed_by,
     needs_update,
+    policy_label_value,
     rollback_revision,
     template_config_hash,
 )
@@ -180,22 +183,36 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
     if isinstance(spec, PolicySpecError):
         return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
 
+    # Before the first rollout a problem refuses the whole policy (nothing changes); once it has
+    # rolled out, a problem with one target is reported on that target and the rollout,
+    # rollback or drift repair goes on for the rest (issue 15). The master is never optional.
+    started = previous.revision is not None
     fleet = resolve_fleet(spec, observed.workloads)
-    if fleet.missing:
+    if fleet.missing and (not started or fleet.master.obj is None):
         return _waiting_for_workloads(previous, policy, fleet.missing, now)
     claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
                              others=_other_claims(policy, observed), workloads=observed.workloads)
-    if claims:
-        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now)
+    master_key = fleet.master.key
+    if claims and (not started or master_key in claims):
+        return _refused(previous, policy, Reason.CONFLICTING_POLICY, list(claims.values()), now)
 
     connector = build_connector_settings(spec.connector)
     master = build_master_settings(spec.master)
+    excluded: dict[WorkloadKey, str] = {m.key: "not found" for m in fleet.members if m.obj is None}
+    excluded.update(claims)
+    members = {m.key: m for m in fleet.members}
     problems: dict[Reason, list[str]] = {}
     for member in fleet.members:
-        assert member.obj is not None  # missing workloads were handled above
+        if member.obj is None or member.key in excluded:
+            continue
         problem = (evaluate_master(member.obj, member.container, master) if member.stage is StageName.MASTER
-                   else evaluate_target(member.obj, member.container))
-        if problem is not None:
+                   else evaluate_target(member.obj, member.container,
+                                        field=f"spec.targets[{member.target}].container"))
+        if problem is None:
+            continue
+        if started and member.key != master_key:
+            excluded[member.key] = f"{problem.reason.value}: {problem.message}"
+        else:
             problems.setdefault(problem.reason, []).append(problem.message)
     if master.config_map is not None:
         config_map = observed.config_maps.get(master.config_map.name)
@@ -207,16 +224,21 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
             problems.setdefault(Reason.UNMANAGEABLE_WORKLOAD, []).append(problem.message)
     sources = [VersionSource(m.stage, m.kind, m.name,
                              spec.master.version if m.target is None else spec.targets[m.target].mooncake_version,
-                             container_image(m.obj or {}, m.container)) for m in fleet.members]
+                             container_image(m.obj or {}, m.container)) for m in fleet.members if m.key not in excluded]
     incompatible = evaluate_compatibility(spec, sources)
     if incompatible:
         problems.setdefault(Reason.INCOMPATIBLE, []).extend(incompatible)
-    for reason in (Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE, Reason.UNMANAGEABLE_WORKLOAD):
+    # A workload that is not what the policy says (wrong program, ambiguous container) first:
+    # whether its connector or version would do is moot until the right workload is named.
+    for reason in (Reason.UNMANAGEABLE_WORKLOAD, Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE):
         if reason in problems:
             return _refused(previous, policy, reason, problems[reason], now)
+    if excluded:
+        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing)
+    left_out = {key: (members[key], why) for key, why in excluded.items()}
 
     planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
-                       fleet=fleet, connector=connector, master=master)
+                       fleet=fleet, connector=connector, master=master, excluded=left_out)
     return planner.plan()
 
 
@@ -255,11 +277,15 @@ class _Planner:
     applied_hash: str | None = None
     failed_stage: StageName | None = None
     pending_approval: str | None = None
+    master_kept: str | None = None  # why the master was not rolled back with the targets
     order: list[StageName] = field(default_factory=list)
     stages: dict[StageName, StageStatus] = field(default_factory=dict)
     health: dict[WorkloadKey, WorkloadHealth] = field(default_factory=dict)
     ab: ABTestStatus | None = None  # the A/B test, with strategy ABTest
     held: frozenset[WorkloadKey] = frozenset()  # the control while an A/B test runs: covered, not changed
+    excluded: Mapping[WorkloadKey, tuple[Member, str]] = field(default_factory=dict)
+    """Targets left out of this plan, each with why (deleted, claimed, unmanageable): reported on
+    the target; the rest carries on, and the policy cannot be Ready meanwhile."""
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -271,7 +297,10 @@ class _Planner:
         self._begin_ab_test(desired_hash)
         self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
-        drifted = prev.phase in _AT_REST and bool(out_of_sync)
+        # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
+        # target that comes back is brought in by a new attempt.
+        at_rest = prev.phase in _AT_REST or (prev.phase is Phase.DEGRADED and prev.failed_stage is None)
+        drifted = at_rest and bool(out_of_sync)
         if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
@@ -302,6 +331,8 @@ class _Planner:
             outcome = self._advance()
         if self.ab is not None:
             outcome = self._ab_outcome(outcome)
+        if self.excluded:
+            outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
@@ -493,6 +524,16 @@ class _Planner:
             return None if self.master.config_map is None else self.master.config_map.name
         return settings_config_map_name(member.name)
 
+    def _write_error(self, member: Member) -> str | None:
+        """The refusal recorded for `member`'s last write, while that write is still to be done."""
+        previous = next((t for t in self.previous.targets if (t.kind.value, t.name) == member.key), None)
+        if previous is None or not previous.write_error:
+            return None
+        stage = self.stages.get(member.stage)
+        rolling_back = stage is not None and stage.phase in _UNWINDING
+        pending = self._pending(self._rollback_changes(member)) if rolling_back else not self._in_sync(member)
+        return previous.write_error if pending else None
+
     def _changed_in_attempt(self, member: Member) -> bool:
         # A live settings change touches only the ConfigMap: it counts as changing the workload.
         config_map = self._config_map_of(member)
@@ -503,7 +544,8 @@ class _Planner:
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""
         for key, obj in sorted(self.observed.workloads.items()):
-            if managed_by(obj) == self.policy.name and key not in self.fleet.keys and key not in self.held:
+            if managed_by(obj) == policy_label_value(self.policy.name) and key not in self.fleet.keys \
+                    and key not in self.held and key not in self.excluded:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
                 if needs_update(obj, change):
                     self.changes.append(change)
@@ -562,11 +604,12 @@ class _Planner:
                                                            ()).note(retry=True))
                 self.changes.extend(again)
             failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
+            refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
             started = stage.started_at or self.now
-            if failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
-                why = (_describe_health(failed) if failed else
+            if refused or failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+                why = (_join(refused) if refused else _describe_health(failed) if failed else
                        f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
                 self.failed_stage = name
                 self._set_stage(name, StagePhase.FAILED, why, finished=True)
@@ -608,8 +651,14 @@ class _Planner:
                                     finished=True)
                     continue
                 if name is StageName.MASTER:
-                    self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
-                                                           self._describe(changes)).note())
+                    restart = self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                   self._describe(changes))
+                    held = self._hold_master_rollback(restart, failed, failure)
+                    if held is not None:
+                        return held
+                    if self.master_kept is not None:
+                        continue
+                    self.notes.append(restart.note())
                 self.changes.extend(changes)
                 self._set_stage(name, StagePhase.ROLLING_BACK, self._rolled_back_message(name, "rolling back"),
                                 started=True)
@@ -623,13 +672,16 @@ class _Planner:
                 self.changes.extend(changes)
                 health = [(m, self.health[m.key]) for m in members]
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
+                refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
                 waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
                 started = stage.started_at or self.now
                 timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
-                if broken or self.now - started > timeout:
+                if refused or broken or self.now - started > timeout:
+                    self.changes = [c for c in self.changes if not refused or c.ref not in {m.key for m in members}]
                     self._set_stage(name, StagePhase.ROLLBACK_FAILED,
                                     self._rolled_back_message(name, "rollback did not complete: "
-                                                              + _describe_health(broken or waiting)), finished=True)
+                                                              + (_join(refused) or _describe_health(broken or waiting))),
+                                    finished=True)
                     continue
                 if changes or waiting:
                     return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
@@ -639,12 +691,57 @@ class _Planner:
                                 finished=True)
         incomplete = [n.value for n in self.order if self.stages[n].phase is StagePhase.ROLLBACK_FAILED]
         name = failed or self.order[-1]
+        if self.master_kept is not None:
+            return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
+                            f"Stage {name.value} failed ({failure}); the targets were rolled back; "
+                            + self.master_kept)
         if incomplete:
             return _Outcome(Phase.DEGRADED, name, Reason.ROLLBACK_INCOMPLETE,
                             f"Stage {name.value} failed ({failure}); rollback incomplete for stage(s)"
                             f" {', '.join(incomplete)}")
         return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
                         f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _with_excluded(self, outcome: _Outcome) -> _Outcome:
+        """Targets left out are reported on themselves and announced once; the rest carried on.
+        What would be Ready is Degraded (`MembersExcluded`) while any is left out."""
+        before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
+        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()]
+        for key, (member, why) in sorted(self.excluded.items()):
+            if key not in before:
+                self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
+                                            f"{member.kind}/{member.name} left out, the others carry on: {why}"))
+        if outcome.phase is not Phase.READY:
+            return outcome
+        return _Outcome(Phase.DEGRADED, outcome.stage, Reason.MEMBER_EXCLUDED,
+                        f"Every other workload runs configuration {self.desired_hash}; left out: {_join(lines)}")
+
+    def _hold_master_rollback(self, restart: MasterRestart, failed: StageName | None,
+                              failure: str) -> _Outcome | None:
+        """Whether rolling the master back must wait (issue 15): a failure in a target stage
+        leaves the master's new settings in place unless that rollback is approved; a failure of
+        the master's own stage rolls it back, approved first if `requireApprovalForRestart`.
+        Sets `pending_approval` (and `master_kept`) when it holds; returns the outcome when the
+        rollback stops here."""
+        own_failure = failed is StageName.MASTER
+        if restart.approved_by(self.policy.annotations) or (
+                own_failure and not self.spec.master.require_approval_for_restart):
+            return None
+        self.pending_approval = restart.approval_key
+        request = restart.approval_request(self.policy.name)
+        if own_failure:
+            self._set_stage(StageName.MASTER, self.stages[StageName.MASTER].phase,
+                            f"{_failure_of(self.stages[StageName.MASTER].message)}; rollback waits for approval:"
+                            f" {request}")
+            return _Outcome(Phase.AWAITING_APPROVAL, StageName.MASTER, Reason.AWAITING_APPROVAL,
+                            f"Stage master failed ({failure}); rolling it back waits for approval: {request}")
+        self.master_kept = ("the master keeps its new settings (its own stage succeeded) unless you approve"
+                            f" rolling it back: {request}")
+        if self.previous.pending_approval != restart.approval_key:
+            self.notes.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value, self.master_kept))
+        stage = self.stages[StageName.MASTER]
+        self.stages[StageName.MASTER] = stage.model_copy(update={"message": self.master_kept})
+        return None
 
     def _rolled_back_message(self, name: StageName, what: str) -> str:
         if name is self.failed_stage:
@@ -682,6 +779,8 @@ class _Planner:
                                    reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
                                    message=outcome.message if degraded else "", generation=generation, now=self.now)
         conditions = self._ab_condition(conditions)
+        targets = self._targets() + self._excluded_targets()
+        conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
         return prev.model_copy(update={
             "ab_test": self.ab,
             "phase": outcome.phase,
@@ -689,7 +788,7 @@ class _Planner:
             "conditions": _ordered(conditions),
             "current_stage": outcome.stage,
             "stages": [self.stages[name] for name in self.order],
-            "targets": self._targets(),
+            "targets": targets,
             "desired_config_hash": desired_hash,
             "applied_config_hash": self.applied_hash,
             "revision": self.revision,
@@ -732,7 +831,20 @@ class _Planner:
                 kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=phase,
                 observed_generation=health.generation, replicas=health.replicas, updated_replicas=health.updated,
                 ready_replicas=health.ready, config_hash=template_config_hash(member.obj or {}),
-                message=health.message))
+                message=health.message, write_error=self._write_error(member)))
+        return result
+
+    def _excluded_targets(self) -> list[TargetStatus]:
+        result = []
+        for member, why in self.excluded.values():
+            health = evaluate_health(member.obj, self.observed.pods) if member.obj is not None else None
+            result.append(TargetStatus(
+                kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=TargetPhase.EXCLUDED,
+                observed_generation=health.generation if health else None,
+                replicas=health.replicas if health else None, updated_replicas=health.updated if health else None,
+                ready_replicas=health.ready if health else None,
+                config_hash=template_config_hash(member.obj) if member.obj is not None else None,
+                message=f"left out: {why}"[:32768]))
         return result
 
     def _target_phase(self, member: Member, stage: StageStatus | None, health: WorkloadHealth) -> TargetPhase:
@@ -854,7 +966,7 @@ def _describe_health(items: Sequence[tuple[Member, WorkloadHealth]]) -> str:
 
 def _failure_of(message: str) -> str:
     """A failed stage's message without what the rollback appended to it."""
-    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete"):
+    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete", "; rollback waits for approval"):
         message = message.split(suffix)[0]
     return message
 
@@ -869,37 +981,81 @@ def _ts(moment: datetime.datetime) -> str:
 
 @dataclass(frozen=True)
 class ReleasePlan:
-    """What deleting the policy does: restore every object it changed, announced first."""
+    """What deleting the policy does: restore what it changed (the master per
+    `spec.master.onDelete`), announced first; `pending_approval` is set while restoring the
+    master waits for approval (the handler keeps the finalizer and retries)."""
 
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
+    pending_approval: str | None = None
+    status: PolicyStatus | None = None
+    """The status to write (only while waiting for approval: pendingApproval and the phase)."""
 
 
-def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError,
+def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
                  managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
-    """Restore every object carrying this policy's label to its state before the policy.
+    """Give back every object carrying this policy's label.
 
-    All at once: each workload's own rolling update paces its restart (maxUnavailable holds),
-    and a deletion is an explicit request to undo. A master whose pod template changes back
-    restarts, which empties the store: a warning event says so first.
+    Targets get their state from before the policy, all at once: each workload's own rolling
+    update paces its restart (maxUnavailable holds), and a deletion is an explicit request to
+    undo. The master (and its ConfigMap) follow `spec.master.onDelete`: `keep` drops only our
+    bookkeeping, so nothing restarts; `restore` brings its settings back, which restarts it and
+    empties the store: announced, and approved first when `requireApprovalForRestart`.
     """
-    master_key = None if isinstance(spec, PolicySpecError) else (spec.master.kind.value, spec.master.name)
+    masters = _master_objects(spec, previous)
+    restore_master = not isinstance(spec, PolicySpecError) and spec.master.on_delete is MasterDeletionPolicy.RESTORE
+    needs_approval = isinstance(spec, PolicySpecError) or spec.master.require_approval_for_restart
+    settings_hash = "" if isinstance(spec, PolicySpecError) else build_master_settings(spec.master).config_hash
     changes: list[WorkloadChange] = []
-    restarts: list[MasterRestart] = []
+    held: list[WorkloadChange] = []
+    restart: MasterRestart | None = None
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
-        change = WorkloadChange(kind=str(obj.get("kind")), name=str(meta.get("name")), action=ChangeAction.RELEASE,
-                                policy=policy.name)
+        ref = (str(obj.get("kind")), str(meta.get("name")))
+        is_master = ref in masters or ref[0] == "ConfigMap"
+        action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
+        change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
         if new is None:
             continue
+        if is_master and action is ChangeAction.RELEASE:
+            held.append(change)
+            if ref[0] != "ConfigMap" and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+                restart = build_master_restart(f"{ref[0]}/{ref[1]}", RestartDirection.RESTORE, previous.revision or 0,
+                                               settings_hash, describe_update(obj, change))
+            continue
         changes.append(change)
-        if change.ref == master_key and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
-            restarts.append(build_master_restart(f"{change.kind}/{change.name}", RestartDirection.RESTORE, 0, "",
-                                                 describe_update(obj, change)))
-    events = [restart.note() for restart in restarts[:1]]
-    if changes:
+    events: list[EventNote] = []
+    pending = None
+    if restart is not None and needs_approval and not restart.approved_by(policy.annotations):
+        pending = restart.approval_key
+        if previous.pending_approval != pending:
+            events.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value,
+                                    f"Policy deleted (master.onDelete: restore): {restart.approval_request(policy.name)}"))
+    else:
+        changes = held + changes  # the ConfigMap before the master it restarts
+        if restart is not None:
+            events.append(restart.note())
+    restored = [c for c in changes if c.action is ChangeAction.RELEASE]
+    if restored:
         events.append(EventNote("Normal", Reason.RESTORED.value,
-                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in changes])
+                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in restored])
                                 + " to their configuration before the policy"))
-    return ReleasePlan(events=tuple(events), changes=tuple(changes))
+    if any(c.action is ChangeAction.FORGET for c in changes):
+        events.append(EventNote("Normal", Reason.RELEASED.value,
+                                "Policy deleted: the master keeps its settings (master.onDelete: keep)"))
+    status = None
+    if pending is not None and previous.pending_approval != pending:
+        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
+    return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
+
+
+def _master_objects(spec: PolicySpec | PolicySpecError, previous: PolicyStatus) -> set[tuple[str, str]]:
+    """The master workload and its ConfigMap: from the spec, or (a spec no longer valid) from
+    the last status."""
+    if isinstance(spec, PolicySpecError):
+        return {(t.kind.value, t.name) for t in previous.targets if t.role is StageName.MASTER}
+    refs = {(spec.master.kind.value, spec.master.name)}
+    if spec.master.config_map is not None:
+        refs.add(("ConfigMap", spec.master.config_map.name))
+    return refs

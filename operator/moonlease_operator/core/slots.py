@@ -35,6 +35,7 @@ patch as the change itself, so no crash can separate a change from the means to 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -81,6 +82,8 @@ def build_update(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | No
             return _rollback(obj, change)
         case ChangeAction.RELEASE:
             return _release(obj)
+        case ChangeAction.FORGET:
+            return _release(obj, restore=False)
 
 
 def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
@@ -93,6 +96,8 @@ def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
             return _rollback_snapshot(obj, change) is not None
         case ChangeAction.RELEASE:
             return _release(obj) is not None
+        case ChangeAction.FORGET:
+            return _release(obj, restore=False) is not None
 
 
 def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]:
@@ -107,6 +112,8 @@ def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]
 
 
 def _targets_of(obj: Mapping[str, Any], change: WorkloadChange) -> dict[str, Wrapped]:
+    if change.action is ChangeAction.FORGET:
+        return {}
     if change.action is ChangeAction.APPLY:
         return _apply_targets(obj, change)
     snapshot = _load(obj, ROLLBACK_ANNOTATION if change.action is ChangeAction.ROLLBACK else ORIGINAL_ANNOTATION)
@@ -159,7 +166,7 @@ def _apply(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     if "annotation" in touched:
         _write_slot(new, place, "annotation", {"v": change.config_hash})
     meta = new.setdefault("metadata", {})
-    meta.setdefault("labels", {})[POLICY_LABEL] = change.policy
+    meta.setdefault("labels", {})[POLICY_LABEL] = policy_label_value(change.policy)
     annotations = meta.setdefault("annotations", {})
     annotations[ORIGINAL_ANNOTATION] = _dump(original)
     annotations[ROLLBACK_ANNOTATION] = _dump(rollback)
@@ -186,10 +193,11 @@ def _rollback(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     return new
 
 
-def _release(obj: Mapping[str, Any]) -> JsonObj | None:
+def _release(obj: Mapping[str, Any], *, restore: bool = True) -> JsonObj | None:
+    """Our bookkeeping dropped and, with `restore`, the original snapshot back."""
     original = _load(obj, ORIGINAL_ANNOTATION)
     new = copy.deepcopy(dict(obj))
-    if original is not None:
+    if original is not None and restore:
         _restore(new, original)
     meta = new.setdefault("metadata", {})
     for key in (ORIGINAL_ANNOTATION, ROLLBACK_ANNOTATION):
@@ -232,8 +240,18 @@ def _dump(snapshot: Mapping[str, Any]) -> str:
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
 
 
+def policy_label_value(policy: str) -> str:
+    """The `moonlease.io/policy` label value naming a policy: always a valid label value (at most
+    63 characters, alphanumeric at both ends). A policy name is a DNS subdomain of up to 253
+    characters: a longer one becomes a prefix plus 8 hex digits of its SHA-256."""
+    if len(policy) <= 63:
+        return policy
+    prefix = policy[:54].rstrip("-.")
+    return f"{prefix}-{hashlib.sha256(policy.encode()).hexdigest()[:8]}"
+
+
 def managed_by(obj: Mapping[str, Any]) -> str | None:
-    """The policy (name) whose label the workload carries, if any."""
+    """The policy label value the workload carries, if any (`policy_label_value` of its policy)."""
     return ((obj.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)
 
 
