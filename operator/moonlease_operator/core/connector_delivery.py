@@ -24,6 +24,7 @@ from typing import Any
 from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
 from moonlease_connector.settings import (
     DEFAULT_SETTINGS_METRICS_PORT,
+    SETTINGS_FILE_ENV,
     SETTINGS_FILE_KEY,
     SETTINGS_FILE_NAME,
     SETTINGS_FILE_PATH,
@@ -36,7 +37,7 @@ from moonlease_connector.settings import (
 from moonlease_operator.api import GROUP
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc
+from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc, shell_script
 
 __all__ = ["SETTINGS_FILE_NAME"]
 
@@ -74,15 +75,36 @@ def adoption_hash(config_map: str) -> str:
     return build_config_hash({"delivery": "settings-file", "configMap": config_map, "path": SETTINGS_FILE_PATH})
 
 
-def build_adoption_desired(config_map: str) -> dict[str, Wrapped]:
+def build_adoption_desired(config_map: str, *, in_args: bool = True) -> dict[str, Wrapped]:
     """The slots that make a workload read its settings file: the volume, the mount in the vLLM
-    container and the file's path in `kv_connector_extra_config`."""
-    return {
+    container and (`in_args`) the file's path in `kv_connector_extra_config`. A container that
+    runs vLLM through a shell script names the file in its script itself (`script_loads_settings`)."""
+    desired: dict[str, Wrapped] = {
         f"volume:{SETTINGS_VOLUME}": {"v": {"name": SETTINGS_VOLUME, "configMap": {"name": config_map}}},
         f"mount:{SETTINGS_VOLUME}": {"v": {"name": SETTINGS_VOLUME, "mountPath": SETTINGS_MOUNT_DIR,
                                            "readOnly": True}},
-        f"kv:{EXTRA_CONFIG_KEY}.{SETTINGS_FILE_KEY}": {"v": SETTINGS_FILE_PATH},
     }
+    if in_args:
+        desired[f"kv:{EXTRA_CONFIG_KEY}.{SETTINGS_FILE_KEY}"] = {"v": SETTINGS_FILE_PATH}
+    return desired
+
+
+#: What a shell script must pass to `vllm serve` for the operator to manage it (the operator
+#: cannot edit a script; with this in it, it only adds the volume and the mount).
+SCRIPT_KV_TRANSFER_CONFIG = ('--kv-transfer-config \'{"kv_connector":"MooncakeStoreConnector",'
+                             '"kv_connector_module_path":"moonlease_connector","kv_role":"kv_both",'
+                             f'"kv_connector_extra_config":{{"{SETTINGS_FILE_KEY}":"{SETTINGS_FILE_PATH}"}}}}\'')
+
+
+def script_loads_settings(container: Mapping[str, Any]) -> bool | None:
+    """None when the container runs no shell script; else whether its script loads our
+    connector and names the settings file (in the script, or by `MOONLEASE_SETTINGS_FILE`)."""
+    script = shell_script(container)
+    if script is None:
+        return None
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    names_file = SETTINGS_FILE_PATH in script or env.get(SETTINGS_FILE_ENV) == SETTINGS_FILE_PATH
+    return "moonlease_connector" in script and names_file
 
 
 def startup_defaults(obj: Mapping[str, Any], container: str | None) -> MoonleaseConnectorConfig | None:

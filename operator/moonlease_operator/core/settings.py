@@ -19,7 +19,7 @@ from moonlease_operator.api import ConnectorSpec, MasterConfigMapSpec, MasterSpe
 from moonlease_operator.api.policy import MASTER_FLAGS
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.connector_delivery import build_adoption_desired
+from moonlease_operator.core.connector_delivery import build_adoption_desired, script_loads_settings
 from moonlease_operator.core.workload_args import CONNECTOR_MODULE, find_container, is_our_module, kv_doc
 
 CONNECTOR_CLASS = "MooncakeStoreConnector"
@@ -78,7 +78,12 @@ def build_target_desired(obj: Mapping[str, Any], container: str | None, config_m
     a workload that names another connector); a module path of ours that the user chose, and
     any `kv_role` already there, are kept.
     """
-    doc = kv_doc(find_container(obj, container)) or {}
+    found = find_container(obj, container) or {}
+    if script_loads_settings(found) is not None:
+        # A shell script loads the connector itself (`evaluate_target` checked that it does):
+        # only the volume and the mount can be added.
+        return build_adoption_desired(config_map, in_args=False)
+    doc = kv_doc(found) or {}
     module = doc.get("kv_connector_module_path")
     desired: dict[str, Wrapped] = {
         "kv:kv_connector": {"v": CONNECTOR_CLASS},
