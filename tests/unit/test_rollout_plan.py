@@ -95,6 +95,7 @@ class Cluster:
         self.events: list[tuple[str, str, str]] = []
         self.writes: list[tuple[str, str]] = []
         self.frozen_connectors: set[str] = set()  # workloads whose connectors ignore their file
+        self.pod_specs: dict[str, dict[str, Any]] = {}  # workload -> the spec its pods really run
         self.reported: dict[str, SettingsReport] = {}
         for key in self.workloads:
             self.settle(key[1])
@@ -170,7 +171,8 @@ class Cluster:
                                           "labels": template["metadata"]["labels"],
                                           "annotations": dict(template["metadata"].get("annotations") or {}),
                                           "ownerName": obj["metadata"]["name"]},
-                             "spec": copy.deepcopy(template.get("spec") or {}),
+                             "spec": copy.deepcopy(self.pod_specs.get(obj["metadata"]["name"])
+                                                   or template.get("spec") or {}),
                              "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
         return pods
 
@@ -834,3 +836,20 @@ def test_a_target_that_becomes_unmanageable_is_left_out_alone() -> None:
     left = next(t for t in status.targets if t.name == "decode")
     assert left.phase.value == "Excluded" and "through a shell script" in left.message
     assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "MemberExcluded"
+
+
+def test_the_master_stage_waits_until_its_running_pods_carry_the_new_flags() -> None:
+    cluster = fleet()
+    stale = copy.deepcopy(template(cluster, "mooncake-master")["spec"])  # --eviction_ratio=0.05
+    cluster.pod_specs["mooncake-master"] = stale  # the pods claim the new template but run the old flags
+    spec = spec_with(**{"master.requireApprovalForRestart": False})
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Progressing"
+    master = next(t for t in cluster.status.targets if t.name == "mooncake-master")
+    assert master.phase.value == "Updating"
+    assert master.message == "master flags not verified: pod mooncake-master-0: runs --eviction_ratio=0.05 (wants 0.1)"
+    del cluster.pod_specs["mooncake-master"]
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Succeeded"

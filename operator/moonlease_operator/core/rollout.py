@@ -97,7 +97,13 @@ from moonlease_operator.core.slots import (
 )
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
-from moonlease_operator.core.health import Health, WorkloadHealth, current_ready_pods, evaluate_health
+from moonlease_operator.core.health import (
+    Health,
+    WorkloadHealth,
+    current_ready_pods,
+    evaluate_health,
+    evaluate_master_pod,
+)
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -422,23 +428,36 @@ class _Planner:
     # ---- connector settings: delivered live, verified on the pods ---------------------------
 
     def _verify_settings(self) -> None:
-        """A vLLM workload of a Progressing stage is complete only once every Ready pod's
-        connector reports the settings the policy expects: until then it counts as progressing,
+        """A workload of a Progressing stage is complete only once its running pods show the
+        settings: every Ready vLLM pod's connector reports the settings hash the policy expects,
+        and every Ready master pod runs the master's flags. Until then it counts as progressing,
         with the per-pod reasons as its message (and an event when they change)."""
         previous = {(t.kind.value, t.name): t.message for t in self.previous.targets}
         for member in self.fleet.members:
             stage = self.stages.get(member.stage)
             health = self.health[member.key]
-            if member.target is None or stage is None or stage.phase is not StagePhase.PROGRESSING                     or health.health is not Health.COMPLETE:
+            if stage is None or stage.phase is not StagePhase.PROGRESSING or health.health is not Health.COMPLETE \
+                    or not self._in_sync(member):  # not written yet: re-applied and reported as such
                 continue
-            problems = self._settings_problems(member)
+            if member.target is None:
+                problems, what = self._master_problems(member), "master flags not verified: "
+            else:
+                problems, what = self._settings_problems(member), "connector settings not verified: "
             if not problems:
                 continue
-            message = "connector settings not verified: " + _join(problems)
+            message = what + _join(problems)
             self.health[member.key] = dataclasses.replace(health, health=Health.PROGRESSING, message=message)
             if previous.get(member.key) != message:
                 self.notes.append(EventNote("Warning", Reason.SETTINGS_NOT_VERIFIED.value,
                                             f"{member.kind}/{member.name}: {message}"))
+
+    def _master_problems(self, member: Member) -> list[str]:
+        """Ready master pods whose running pod spec lacks the policy's flags (with a config file,
+        its content is covered by the template's hash, which the pods carry)."""
+        if self.master.config_map is None and self.observed.pods is not None:
+            return [problem for pod in current_ready_pods(member.obj or {}, self.observed.pods)
+                    if (problem := evaluate_master_pod(pod, member.container, self.master.flags)) is not None]
+        return []
 
     def _settings_problems(self, member: Member) -> list[str]:
         obj = member.obj or {}

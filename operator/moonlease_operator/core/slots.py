@@ -459,6 +459,11 @@ def _slot_equal(slot: str, a: Wrapped, b: Wrapped) -> bool:
     return bool(a["v"] == b["v"])
 
 
+def same_flag_value(a: Any, b: Any) -> bool:
+    """Whether two flag values are equal as Mooncake reads them (`0.10` is `0.1`, `True` is `true`)."""
+    return _same_scalar(a, b)
+
+
 def _same_scalar(a: Any, b: Any) -> bool:
     """Equal as Mooncake reads them: `0.10` is `0.1`, `True` is `true`."""
     if a is None or b is None:
