@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 

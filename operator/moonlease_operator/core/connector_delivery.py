@@ -26,7 +26,6 @@ from moonlease_connector.settings import (
     DEFAULT_SETTINGS_METRICS_PORT,
     SETTINGS_FILE_ENV,
     SETTINGS_FILE_KEY,
-    SETTINGS_FILE_NAME,
     SETTINGS_FILE_PATH,
     SETTINGS_METRICS_PORT_ENV,
     SETTINGS_METRICS_PORT_KEY,
@@ -38,8 +37,6 @@ from moonlease_operator.api import GROUP
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc, shell_script
-
-__all__ = ["SETTINGS_FILE_NAME"]
 
 SETTINGS_VOLUME = "moonlease-connector-settings"
 #: Label of every connector-settings ConfigMap (the operator lists them by it); value: "true".

@@ -63,8 +63,8 @@ from moonlease_operator.core.compatibility import VersionSource, container_image
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import (
-    SETTINGS_FILE_NAME,
     SettingsReport,
     adoption_hash,
     build_settings_file_desired,
