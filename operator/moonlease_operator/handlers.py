@@ -55,6 +55,7 @@ from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.changes import WorkloadChange
 from moonlease_operator.core.events import EventNote
+from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.write_failures import record_write_failures
@@ -216,13 +217,18 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(observed.pods))
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
-    if fetch.ab_due and previous.ab_test is not None and isinstance(spec, PolicySpec):
+    ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None
+    prometheus_url = ab_spec.prometheus.url if ab_spec is not None and ab_spec.prometheus is not None else None
+    if fetch.ab_due and previous.ab_test is not None and isinstance(spec, PolicySpec) and evaluate_prometheus_url(
+            prometheus_url, context.options.prometheus_url_allowlist) is None:
         tested = previous.ab_test.config_hash
-        source = build_metric_source(spec, namespace, observed)
-        reading, kept = await measure_arms(source, baselines.get(tested),
+        parsed = spec
+        reading, kept = await measure_arms(lambda: build_metric_source(parsed, namespace, observed),
+                                           baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
-    plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now)
+    plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
+                          prometheus_allowlist=context.options.prometheus_url_allowlist)
     version = policy["metadata"].get("resourceVersion")
     if dump_status(plan.status) != dump_status(previous):
         try:
@@ -258,7 +264,6 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_status(namespace, name, final)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
-    ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None
     return seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock())
 
 

@@ -205,6 +205,10 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         ("operator", False, "moonlease-operator", True, [])
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    assert parsed.prometheus_url_allow == []  # no Prometheus allowed unless the values name it
+    allowing = render_objects(chart, {"operator": {"prometheusUrlAllowlist": ["http://prometheus-operated.monitoring:9090"]}})
+    assert build_parser().parse_args(container(one(allowing, "Deployment", "moonlease-operator"))["args"]) \
+        .prometheus_url_allow == ["http://prometheus-operated.monitoring:9090"]
     assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "RollingUpdate"}
     assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container(operator)["env"]
     two = one(render_objects(chart, {"operator": {"replicas": 2}}), "Deployment", "moonlease-operator")

@@ -204,6 +204,11 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
         {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
          "policy": {"enabled": False, "abTest": {"enabled": True}}},
         "policy.abTest.enabled needs policy.enabled"),
+    "a Prometheus the operator may not read": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+         "policy": {"abTest": {"enabled": True, "analysis": {"prometheus": {"url": "http://prom.monitoring:9090"}}}}},
+        "policy.abTest.analysis.prometheus.url http://prom.monitoring:9090 must be allowed by "
+        "operator.prometheusUrlAllowlist"),
     "an operator that does not watch the policy": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces must include the release namespace inference"),

@@ -4,6 +4,7 @@ plays the Deployment and StatefulSet controllers (complete, stall or fail, as ea
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from moonlease_operator.peering import build_peering_crds, build_peering_object
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
+    DECODE,
     NS,
     SPEC,
     USER_KV_CONFIG,
@@ -588,3 +590,48 @@ async def test_two_replicas_one_acts_and_the_other_takes_over(kube: LocalApiServ
         text = kube.get(CONFIGMAPS, NS, settings_config_map_name(name))["data"][SETTINGS_FILE_NAME]
         assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
     assert originals  # the fleet as created
+
+
+async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Issue 15: one member's problem used to freeze the whole policy (Pending, no writes)."""
+    await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    await kube.delete(DEPLOYMENTS, NS, "llama-prefill")  # named: reported on its target entry
+    await kube.delete(STATEFULSETS, NS, "llama-decode")  # its selector now selects nothing
+    await kube.create(copy.deepcopy(DECODE) | {"metadata": {**DECODE["metadata"], "name": "llama-decode-2"}})
+    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+    try:
+        await kube.wait_for(lambda: phase(kube) == "Degraded" and status(kube).get("revision") == 2, timeout=WAIT,
+                            what="the rest rolled out, the deleted one reported")
+    except TimeoutError:
+        raise AssertionError(json.dumps(status(kube))[:3000]) from None
+    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")
+    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    degraded = condition(kube, "Degraded")
+    assert degraded["reason"] == "MemberExcluded" and "Deployment/llama-prefill: not found" in degraded["message"]
+    left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")
+    assert left["phase"] == "Excluded" and left["message"] == "left out: not found"
+    await kube.wait_for(lambda: "MemberExcluded" in reasons(kube), what="the MemberExcluded event")
+
+
+async def test_a_refused_restore_holds_the_policy_and_the_others_are_given_back(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    refusal = kube.inject_failures(DEPLOYMENTS, NS, "llama-prefill", status=403, count=2, subresource=None)
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone at last")
+    assert refusal.fired == 2
+    refused = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "WriteRefused"]
+    assert refused and all("PATCH Deployment/llama-prefill refused: 403 Forbidden" in e["message"] for e in refused)
+    for name in ("llama-prefill", "llama-decode"):
+        assert as_left_by_users(workload(kube, name)) == as_left_by_users(originals[name]), name
+    # decode was given back on the first attempt, prefill only once the server let it through
+    decode_back = first_rv(kube, "llama-decode", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                           and v["metadata"]["generation"] > 1)
+    prefill_back = first_rv(kube, "llama-prefill", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                            and v["metadata"]["generation"] > 1)
+    assert decode_back < prefill_back

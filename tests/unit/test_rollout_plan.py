@@ -853,3 +853,29 @@ def test_the_master_stage_waits_until_its_running_pods_carry_the_new_flags() -> 
     del cluster.pod_specs["mooncake-master"]
     cluster.reconcile(spec)
     assert cluster.stage_phases()["master"] == "Succeeded"
+
+
+def test_a_selector_that_selects_nothing_after_the_rollout_is_never_ready() -> None:
+    cluster = Cluster(master_deployment(), deployment("prefill"), deployment("decode", labels={"tier": "decode"}))
+    spec = spec_with(targets=[SPEC["targets"][0], {"selector": {"matchLabels": {"tier": "decode"}}, "role": "decode",
+                                                  "mooncakeVersion": "0.3.14"}])
+    assert cluster.run(spec).phase is Phase.READY
+    del cluster.workloads[("Deployment", "decode")]
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and "no Deployment matches the selector of targets[1]" in \
+        status.condition("Degraded").message
+
+
+def test_a_target_claimed_by_another_policy_after_the_rollout_is_left_alone() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    cluster.others = [{"metadata": {"name": "older", "creationTimestamp": "2025-12-31T00:00:00Z"},
+                       "spec": {"master": {"name": "other-master"}, "targets": [{"name": "decode", "role": "decode"}]}}]
+    cluster.obj("decode")["metadata"]["labels"][POLICY_LABEL] = "older"  # the other policy took it over
+    claimed = copy.deepcopy(cluster.obj("decode"))
+    cluster.writes.clear()
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease")] and cluster.obj("decode") == claimed
+    left = next(t for t in status.targets if t.name == "decode")
+    assert left.phase.value == "Excluded" and "is managed by policy older" in left.message
+    assert status.phase is Phase.DEGRADED

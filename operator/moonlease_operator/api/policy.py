@@ -410,6 +410,8 @@ class Reason(str, enum.Enum):
     CONFLICTING_POLICY = "ConflictingPolicy"
     FOREIGN_CONNECTOR = "ForeignConnector"
     UNMANAGEABLE_WORKLOAD = "UnmanageableWorkload"
+    PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
+    MISMATCHED_ARMS = "MismatchedArms"
     WORKLOAD_NOT_FOUND = "WorkloadNotFound"
     # Rollout (Ready, Progressing, Degraded conditions; events)
     ROLLOUT_STARTED = "RolloutStarted"

@@ -44,6 +44,8 @@ class Fleet:
     members: tuple[Member, ...]
     missing: tuple[str, ...]
     """Human lines for named workloads that do not exist and selectors that select nothing."""
+    unmatched: tuple[str, ...] = ()
+    """The lines of `missing` for selectors that select nothing."""
 
     def in_stage(self, stage: StageName) -> tuple[Member, ...]:
         return tuple(m for m in self.members if m.stage is stage)
@@ -64,6 +66,7 @@ def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str,
     members = [Member(StageName.MASTER, *master_key, spec.master.container, None, workloads.get(master_key))]
     missing = [] if workloads.get(master_key) is not None else [f"{master_key[0]}/{master_key[1]} (master) not found"]
     seen = {master_key}
+    unmatched: list[str] = []
     for index, target in enumerate(spec.targets):
         stage = StageName(target.role.value)
         if target.name is not None:
@@ -76,12 +79,13 @@ def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str,
                           and target.selector.matches((obj.get("metadata") or {}).get("labels") or {}))
             if not keys:
                 missing.append(f"no {target.kind.value} matches the selector of targets[{index}]")
+                unmatched.append(missing[-1])
         for key in keys:
             if key in seen:
                 continue
             seen.add(key)
             members.append(Member(stage, *key, target.container, index, workloads.get(key)))
-    return Fleet(tuple(members), tuple(missing))
+    return Fleet(tuple(members), tuple(missing), tuple(unmatched))
 
 
 @dataclass(frozen=True)

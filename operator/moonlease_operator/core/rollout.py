@@ -55,6 +55,7 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     decision_hint,
+    evaluate_arm_roles,
     measurement_due,
     record_measurement,
     start_measuring,
@@ -104,6 +105,7 @@ from moonlease_operator.core.health import (
     evaluate_health,
     evaluate_master_pod,
 )
+from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -183,11 +185,23 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
 # --------------------------------------------------------------------------------------------
 
 def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
-                   observed: Observed, now: datetime.datetime) -> ReconcilePlan:
+                   observed: Observed, now: datetime.datetime,
+                   prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
     """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
-    returned it, read once for the whole reconcile."""
+    returned it, read once for the whole reconcile.
+
+    `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
+    callers that never fetch)."""
     if isinstance(spec, PolicySpecError):
         return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
+    mismatched = evaluate_arm_roles(spec)
+    if mismatched is not None:
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
+    ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
+    if prometheus_allowlist is not None and ab_source is not None:
+        refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
+        if refused is not None:
+            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now)
 
     # Before the first rollout a problem refuses the whole policy (nothing changes); once it has
     # rolled out, a problem with one target is reported on that target and the rollout,
@@ -240,7 +254,7 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
         if reason in problems:
             return _refused(previous, policy, reason, problems[reason], now)
     if excluded:
-        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing)
+        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing, fleet.unmatched)
     left_out = {key: (members[key], why) for key, why in excluded.items()}
 
     planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
@@ -337,7 +351,7 @@ class _Planner:
             outcome = self._advance()
         if self.ab is not None:
             outcome = self._ab_outcome(outcome)
-        if self.excluded:
+        if self.excluded or self.fleet.unmatched:
             outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
@@ -364,7 +378,8 @@ class _Planner:
         if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
             control = set(spec.control.workloads)
             self.held = frozenset(m.key for m in self.fleet.members if m.target is not None and m.name in control)
-            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing)
+            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing,
+                               self.fleet.unmatched)
 
     def _arm_names(self) -> tuple[list[str], list[str]]:
         spec = self.spec.rollout.ab_test
@@ -725,7 +740,7 @@ class _Planner:
         """Targets left out are reported on themselves and announced once; the rest carried on.
         What would be Ready is Degraded (`MembersExcluded`) while any is left out."""
         before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
-        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()]
+        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()] + list(self.fleet.unmatched)
         for key, (member, why) in sorted(self.excluded.items()):
             if key not in before:
                 self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
