@@ -607,8 +607,11 @@ async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
                             what="the rest rolled out, the deleted one reported")
     except TimeoutError:
         raise AssertionError(json.dumps(status(kube))[:3000]) from None
-    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")
-    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")  # adopted, its settings file written
+    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_settings_file"] == \
+        SETTINGS_FILE_PATH
+    text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode-2"))["data"][SETTINGS_FILE_NAME]
+    assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
     degraded = condition(kube, "Degraded")
     assert degraded["reason"] == "MemberExcluded" and "Deployment/llama-prefill: not found" in degraded["message"]
     left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")
