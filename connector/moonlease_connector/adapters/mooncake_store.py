@@ -78,6 +78,11 @@ class StoreCalls:
         self._record = record
         self._clock = clock
 
+    @property
+    def store(self) -> Any:
+        """The client handle the calls go to."""
+        return self._store
+
     def exists_with_lease(self, keys: Sequence[str], operation: str = "lookup_exists"
                           ) -> list[int] | None:
         """`batch_is_exist`: existence per key; leases every key that exists (Mooncake)."""

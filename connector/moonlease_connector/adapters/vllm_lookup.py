@@ -36,18 +36,21 @@ from vllm.v1.core.kv_cache_utils import eagle_proof_margin
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.junctions import find_junctions
 from moonlease_connector.core.lookup import (
-    CandidateSet,
     GroupNamespaces,
     LookupOutcome,
     MissReason,
     TailKey,
     Unit,
+    build_candidates,
     build_tail_keys,
+    miss_reason_of,
+    present_units,
     resolve_hit,
 )
 from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
@@ -71,7 +74,11 @@ class LookupInputs:
     store_calls: StoreCalls
     settings: MoonleaseConnectorConfig
     capabilities: StoreCapabilities
-    #: Reads LastHitOnly answers under the store's detected response contract (last-hit-only).
+    #: The deadline every lookup runs under (shared by the lookup objects of one worker, so at
+    #: most one abandoned store call exists); None builds one from the settings.
+    deadline: BoundedCaller | None = None
+    #: Last-hit-only (required there): reads LastHitOnly answers under the store's detected
+    #: response contract (the worker's detector, kept across lookup objects).
     probe_contract: ProbeContractDetector | None = None
 
 
@@ -100,6 +107,27 @@ def store_groups_of(kv_cache_groups: Sequence[Any], block_sizes: Sequence[int],
                         is_recurrent=is_recurrent(group.kv_cache_spec))
         for group_id, group in enumerate(kv_cache_groups)
         if group.kv_cache_spec.prefix_cacheable)
+
+
+class PresentPool(ExternalCachedBlockPool):
+    """Upstream's pool of present `(group, hash)` units, asked the same questions faster.
+
+    Same answers as `ExternalCachedBlockPool` (a hash is cached for a group when the unit is
+    present). The coordinator asks once per block and group in every pass; this skips
+    upstream's per-question generator and bytes copy, and shares the caller's frozen set
+    instead of copying it.
+    """
+
+    def __init__(self, hash_block_size: int, present: frozenset[Unit]) -> None:
+        super().__init__(hash_block_size, present)  # type: ignore[arg-type]  # read-only use
+
+    def get_cached_block(self, block_hash: Any, group_ids: list[int]) -> list[Any] | None:
+        chunk_hash = block_hash if type(block_hash) is bytes else bytes(block_hash)
+        present = self._exists
+        for group_id in group_ids:
+            if (group_id, chunk_hash) not in present:  # type: ignore[operator]
+                return None
+        return [self._present_block] * len(group_ids)
 
 
 def _miss(reason: MissReason, **counts: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -145,7 +173,7 @@ class JunctionFinder:
         if num_tokens <= 1:
             return ()
         bound = min(num_tokens - 1, len(block_hashes) * self.hash_block_size)
-        pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
+        pool = PresentPool(self.hash_block_size, present)
         try:
             longest = self.longest_single_group_hit(block_hashes, bound, pool)
         except Exception:
@@ -173,9 +201,31 @@ class StoreLookup(ABC):
                        for group in inputs.groups}
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
                                 if inputs.settings.mooncake_junction_retention else None)
+        self.deadline = inputs.deadline if inputs.deadline is not None else BoundedCaller(
+            inputs.settings.mooncake_lookup_timeout_ms / 1000, name="moonlease-lookup")
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
-        """Upstream's contract: how many prefix tokens the store can load."""
+        """Upstream's contract: how many prefix tokens the store can load, within the deadline.
+
+        The lookup runs on the deadline's helper thread (Mooncake's calls block without a
+        deadline of their own); past `mooncake_lookup_timeout_ms` it is a miss and the
+        abandoned lookup's answer is dropped when it comes (`store_deadline`).
+        """
+        timeout_s = self.settings.mooncake_lookup_timeout_ms / 1000
+        call = self.deadline.call(lambda: self._lookup_now(num_tokens, block_hashes), timeout_s)
+        if call.ok:
+            return call.value
+        if call.status is CallStatus.RAISED:  # _lookup_now catches everything; defensive only
+            logger.error("Moonlease lookup failed: %r; reporting a miss", call.error)
+            return LookupAnswer(*_miss(MissReason.INTERNAL_ERROR))
+        if call.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not answer a lookup within %d ms; reporting a miss "
+                           "(later lookups miss at once until it answers)",
+                           self.settings.mooncake_lookup_timeout_ms)
+        return LookupAnswer(*_miss(MissReason.STORE_TIMEOUT))
+
+    def _lookup_now(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
+        """The lookup itself, on the calling thread. Never raises."""
         try:
             lookup_length = self.coord.align_lookup_length(num_tokens)
             if not block_hashes or lookup_length <= 0:
@@ -221,7 +271,7 @@ class StoreLookup(ABC):
         hash_block_size = self.hash_block_size
 
         def hit_for(present: frozenset[Unit]) -> int:
-            pool = ExternalCachedBlockPool(hash_block_size, set(present))
+            pool = PresentPool(hash_block_size, present)
             return resolve_hit(num_tokens, lookup_length,
                                lambda length: coord.find_longest_cache_hit(block_hashes, length, pool)[1],
                                coord.align_lookup_length)
@@ -229,13 +279,20 @@ class StoreLookup(ABC):
         return hit_for
 
     def longest_hit_rule(self, block_hashes: Sequence[Any]) -> Callable[[frozenset[Unit], int], int]:
-        """vLLM's longest hit for a set of present units at one length (one coordinator pass)."""
+        """vLLM's longest hit for a set of present units at one length: one coordinator pass
+        per distinct question within a lookup (a repeated question is answered from memory)."""
         coord = self.coord
         hash_block_size = self.hash_block_size
+        answered: dict[tuple[frozenset[Unit], int], int] = {}
 
         def longest_hit(present: frozenset[Unit], length: int) -> int:
-            return coord.find_longest_cache_hit(
-                block_hashes, length, ExternalCachedBlockPool(hash_block_size, set(present)))[1]
+            question = (present, length)
+            hit = answered.get(question)
+            if hit is None:
+                hit = coord.find_longest_cache_hit(block_hashes, length,
+                                                   PresentPool(hash_block_size, present))[1]
+                answered[question] = hit
+            return hit
 
         return longest_hit
 
@@ -256,41 +313,6 @@ class StoreLookup(ABC):
         return result, outcome
 
 
-def build_lookup_candidates(groups: Sequence[GroupNamespaces],
-                            chunk_hashes: dict[int, list[bytes]]) -> CandidateSet:
-    """`core.lookup.build_candidates`, each hash's hex computed once for all its namespaces."""
-    keys: list[str] = []
-    units: list[Unit] = []
-    spans: list[int] = []
-    for group in groups:
-        heads = [prefix + "@" for prefix in group.key_prefixes]
-        span = len(heads)
-        group_id = group.group_id
-        for chunk_hash in chunk_hashes.get(group_id, ()):
-            hex_hash = chunk_hash.hex()
-            keys.extend([head + hex_hash for head in heads])
-            units.append((group_id, chunk_hash))
-            spans.append(span)
-    return CandidateSet(tuple(keys), tuple(units), tuple(spans))
-
-
-def present_from_answers(candidates: CandidateSet, answers: Sequence[int]) -> frozenset[Unit]:
-    """`core.lookup.present_units` with a fast path for one namespace per unit."""
-    if len(answers) != len(candidates.keys):
-        return frozenset()
-    spans = candidates.namespaces_per_unit
-    if all(span == 1 for span in spans):
-        return frozenset(unit for unit, answer in zip(candidates.units, answers) if answer == 1)
-    present: set[Unit] = set()
-    position = 0
-    for unit, span in zip(candidates.units, spans):
-        end = position + span
-        if all(answer == 1 for answer in answers[position:end]):
-            present.add(unit)
-        position = end
-    return frozenset(present)
-
-
 class LeaseAllLookup(StoreLookup):
     """Upstream's lookup: one `batch_is_exist`, which leases every candidate it finds."""
 
@@ -299,22 +321,22 @@ class LeaseAllLookup(StoreLookup):
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         groups = self.groups
-        candidates = build_lookup_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
         answers = self.store_calls.exists_with_lease(candidates.keys)
         if answers is None:
             return _miss(MissReason.STORE_ERROR, rounds=1, keys_probed=len(candidates))
-        present = present_from_answers(candidates, answers)
+        present = present_units(candidates, answers)
         leased = answers.count(1)
         hit = self.hit_rule(num_tokens, lookup_length, block_hashes)(present)
         junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
         if hit <= 0:
             return self._respond(0, (), junctions, LookupOutcome.miss(
-                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased))
+                miss_reason_of(answers), rounds=1, keys_probed=len(candidates), keys_leased=leased))
         tails = build_tail_keys(groups, block_hashes, self.hash_block_size, hit,
-                                lambda group_id, chunk_hash: (group_id, bytes(chunk_hash)) in present)
+                                lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
         return self._respond(hit, tails, junctions,
                              LookupOutcome(hit, None, 1, len(candidates), leased))
 
@@ -327,17 +349,17 @@ class SelectiveLookup(StoreLookup):
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         groups = self.groups
-        candidates = build_lookup_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
-        hashes = [bytes(h) for h in block_hashes]
         coord = self.coord
 
         def plan_for(hit: int, present: frozenset[Unit]) -> LoadPlan:
             masks = coord.load_mask(block_hashes, hit)
             return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                   hashes, self.hash_block_size, hit, present)
+                                   block_hashes, self.hash_block_size, hit, present,
+                                   built_keys=candidates.keys_by_unit)
 
         store = self.store_calls
         selective = lease_selectively(

@@ -158,7 +158,13 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     junction path is always on: retention may be switched on live, and the junctions come from
     the worker's lookups, which return none while it is off (the request's own boundary, as
     core set it, is then all its saves get, as upstream).
+    The class defaults keep an instance built without this constructor (by code written for
+    upstream's) upstream's.
     """
+
+    junction_retention: bool = False
+    reset_timeout_s: float = RESET_TIMEOUT_S
+    _vllm_config: VllmConfig | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, kv_cache_config)
@@ -180,8 +186,8 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         """Upstream's reset (`remove_all` on worker rank 0), bounded: vLLM's reset-prefix-cache
         path calls it and must never hang (no worker listening, a wedged drain)."""
         client = self.client
-        if not isinstance(client, LookupKeyClient):  # a client of someone else's: its own reset
-            return super().reset_store()
+        if not isinstance(client, LookupKeyClient) or self._vllm_config is None:
+            return super().reset_store()  # someone else's client, or not built by us: upstream's
         future = client.executor.submit(bounded_reset, client, self._vllm_config, self.reset_timeout_s)
         try:
             ok = future.result(timeout=self.reset_timeout_s + 5.0)

@@ -36,7 +36,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreConnectorMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    LookupKeyServer,
+    MooncakeStoreWorker,
+    get_zmq_rpc_path_lookup,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
@@ -45,11 +49,16 @@ from moonlease_connector.adapters.mooncake_store import (
     StoreCalls,
     detect_capabilities,
 )
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
     build_store_lookup,
     store_groups_of,
+)
+from moonlease_connector.adapters.vllm_lookup_server import (
+    BoundedLookupServer,
+    stop_upstream_lookup_server,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
@@ -63,6 +72,13 @@ from moonlease_connector.core.lookup import GroupNamespaces
 from moonlease_connector.settings import SettingsDelivery
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
+
+#: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
+CLOSE_TIMEOUT_S = 15.0
+#: `MoonleaseStoreWorker.store_lookup` before (or without) our constructor.
+_NOT_BUILT: Any = object()
+#: What lease-all needs to know of a client no one probed: nothing (plain upstream calls).
+UNDETECTED_CAPABILITIES = StoreCapabilities("unknown", False, ())
 
 
 def refuse_unsupported_mode(settings: MoonleaseConnectorConfig, capabilities: StoreCapabilities, *,
@@ -80,7 +96,18 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
     Takes upstream's constructor arguments; the settings come from the vLLM config and the
     environment (`connector_settings`), exactly as the connector reads them.
+
+    Code written for upstream's worker (upstream's own unit tests among it) may build an
+    instance without running this constructor and set only upstream's attributes; the class
+    defaults below make such an instance behave as upstream's: every mode off, lookups built
+    from upstream's attributes at call time, no step-outcome watch (saves as upstream).
     """
+
+    moonlease_config: MoonleaseConnectorConfig = MoonleaseConnectorConfig()
+    settings_delivery: SettingsDelivery = SettingsDelivery(None, None)  # no live settings
+    settings_watcher: SettingsWatcher | None = None
+    settings_exporter: SettingsExporter | None = None
+    step_outcome: StepOutcomeWatch | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         config = connector_settings(vllm_config)
@@ -97,13 +124,23 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         refuse_unsupported_mode(config, self.capabilities, release=self.close)
+        #: The store's LastHitOnly response contract, detected from its answers and kept across
+        #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
+        #: One deadline for every lookup of this worker: at most one abandoned store call.
+        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
+                                             name="moonlease-lookup")
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
-            # Detected from the store's behaviour, not its release (README: Last-hit-only).
-            self.probe_contract.detect()
+            # Under the lookup deadline: a store that does not answer leaves the contract
+            # unknown (lookups miss and re-detect later) instead of hanging start-up.
+            self.lookup_deadline.call(self.probe_contract.detect)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
+        if type(self.lookup_server) is LookupKeyServer:
+            # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
+            stop_upstream_lookup_server(self.lookup_server)
+            self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
         self.settings_delivery = settings_delivery(vllm_config)
         self.live_settings = LiveSettings(ActiveSettings(config, SettingsSource.STARTUP))
         self.settings_watcher: SettingsWatcher | None = None
@@ -118,7 +155,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         whole. The watcher has checked that the client and the model can serve it."""
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and self.probe_contract.contract is None \
                 and not self._capacity_only:
-            self.probe_contract.detect()  # as at start-up in this mode
+            self.lookup_deadline.call(self.probe_contract.detect)  # as at start-up in this mode
         lookup = None if self._capacity_only else build_store_lookup(self.lookup_inputs(config))
         self.moonlease_config = config  # junction saves read it per job
         self.store_lookup = lookup
@@ -170,13 +207,28 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             self.kv_connector_stats.record_capability(self.capabilities, active.config.lease_mode.value)
 
     def close(self) -> None:
+        """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
+        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent. The
+        settings watcher and endpoint stop first."""
         if getattr(self, "settings_watcher", None) is not None:
             self.settings_watcher.stop()
             self.settings_watcher = None
         if getattr(self, "settings_exporter", None) is not None:
             self.settings_exporter.close()
             self.settings_exporter = None
-        super().close()
+        deadline = getattr(self, "lookup_deadline", None)
+        if deadline is not None:
+            deadline.close()
+        server = getattr(self, "lookup_server", None)
+        if isinstance(server, BoundedLookupServer):
+            server.close()
+        closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
+        outcome = closer.call(super().close)
+        closer.close()
+        if outcome.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not close within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
+        elif outcome.status is CallStatus.RAISED:
+            logger.warning("Mooncake store close failed: %r", outcome.error)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
@@ -196,11 +248,24 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
                             hash_block_size=self.hash_block_size, store_calls=self.store_calls,
                             settings=settings, capabilities=self.capabilities,
-                            probe_contract=self.probe_contract)
+                            probe_contract=self.probe_contract, deadline=self.lookup_deadline)
+
+    def _lookup_from_upstream_attributes(self) -> StoreLookup | None:
+        """A lease-all lookup over upstream's attributes, for an instance our constructor did
+        not build (not cached: such code may change those attributes between lookups)."""
+        if getattr(self, "_capacity_only", False):
+            return None
+        return build_store_lookup(LookupInputs(
+            groups=self.store_groups(), coordinator=self.coord, hash_block_size=self.hash_block_size,
+            store_calls=StoreCalls(self.store, self._record_kv_connector_operation),
+            settings=self.moonlease_config, capabilities=UNDETECTED_CAPABILITIES))
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
-        store_lookup = self.store_lookup  # read once: a concurrent swap takes effect next time
+        # Read once: a concurrent swap of the lookup takes effect at the next lookup.
+        store_lookup = self.__dict__.get("store_lookup", _NOT_BUILT)
+        if store_lookup is _NOT_BUILT:
+            store_lookup = self._lookup_from_upstream_attributes()
         if store_lookup is None:  # capacity-only: upstream answers 0 without a store call
             return MooncakeLookupResult(0)
         answer = store_lookup.lookup(num_tokens, block_hashes)
@@ -252,7 +317,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         still finished (as failures): upstream's scheduler holds their blocks until every rank
         reports the job, so a job never reported would keep them for the rest of the run.
         """
-        failure = self.step_outcome.failure()
+        failure = self.step_outcome.failure() if self.step_outcome is not None else None
         if failure is None:
             super().wait_for_save(metadata)
             return
@@ -277,6 +342,6 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         (the skipped jobs above, and jobs the send thread finished meanwhile) would be lost
         and their blocks stay pinned; they go out with the next step's output instead.
         """
-        if self.step_outcome.failure() is not None:
+        if self.step_outcome is not None and self.step_outcome.failure() is not None:
             return None
         return super().build_connector_worker_meta()
