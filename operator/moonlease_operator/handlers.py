@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from moonlease_operator.adapters.ab_metrics import build_metric_source, measure_arms
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.adapters.metrics import OperatorMetrics
+from moonlease_operator.adapters.settings_scrape import fetch_settings_reports
 from moonlease_operator.adapters.workloads import (
     apply_changes,
     apply_status,
@@ -212,6 +213,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
     fetch = plan_fetch(spec, previous, now)
     observed = await fetch_observed(client, namespace, fetch, policies=policies)
+    if observed.pods is not None:  # verifying a stage: what do the connectors run?
+        observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(observed.pods))
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
     ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moonlease.testbed.kube import (
+    CONFIGMAPS,
     DEPLOYMENTS,
     STATEFULSETS,
     LocalApiServer,
@@ -105,9 +106,12 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
 
     1. the chart's release plus a StatefulSet target: the first patch of the StatefulSet meets
        a 409, so the operator reads it again (get);
-    2. the policy switches to selective leasing: prefill and decode are patched, the prefill's
-       first patch meets a 409 (get, patch Deployments; list pods while verifying);
-    3. another namespace's policy keeps the master's settings in a ConfigMap (get, patch);
+    2. the policy switches to selective leasing: prefill's and decode's settings ConfigMaps are
+       patched (the workloads are adopted already), the prefill's first patch meets a 409 (get,
+       patch ConfigMaps; list pods while verifying);
+    3. another namespace's policy keeps the master's settings in a ConfigMap (get, patch), its
+       decode is adopted (its settings ConfigMap created) and its master's first patch meets a
+       409 (get Deployments);
     4. the release's policy is deleted: the operator restores what it changed (label-selected
        lists of workloads and ConfigMaps, patches) and kopf releases its finalizer.
     """
@@ -131,13 +135,14 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
         await load_release(kube, objects)
         await wait_ready(kube)
 
-        kube.inject_failures(DEPLOYMENTS, NAMESPACE, f"{RELEASE}-prefill", status=409, count=1)
+        kube.inject_failures(CONFIGMAPS, NAMESPACE, f"{RELEASE}-prefill-moonlease", status=409, count=1)
         await kube.patch("mlp", NAMESPACE, RELEASE, {"spec": {"connector": {"leaseMode": "selective"}}})
         await wait_ready(kube, revision=2)
 
         others, other_policy = config_map_fleet(OTHER_NAMESPACE)
         for obj in others:
             await kube.create(obj)
+        kube.inject_failures(DEPLOYMENTS, OTHER_NAMESPACE, "mooncake-master", status=409, count=1)
         await kube.create(other_policy)
         await wait_ready(kube, name="config-map-fleet", namespace=OTHER_NAMESPACE)
 

@@ -11,7 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer, is_rollout_complete
+from moonlease.testbed.kube import CONFIGMAPS, LocalApiServer, is_rollout_complete
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread
 from tests.operator.fleet import (
@@ -233,8 +235,8 @@ async def test_overlapping_policies_the_later_one_is_refused(
     # Once the first policy is gone (and has restored its workloads), the second may proceed.
     await kube.delete("mlp", NS, "first")
     await kube.wait_for(lambda: phase(kube, "second") == "Ready", timeout=WAIT, what="the second Ready")
-    extra = json.loads(workload(kube, "llama-prefill")["spec"]["template"]["spec"]["containers"][0]["args"][3])
-    assert extra["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    settings = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-prefill"))["data"][SETTINGS_FILE_NAME]
+    assert json.loads(settings)["mooncake_selective_lease"] is False
 
 
 async def test_a_policy_waits_for_its_workloads(kube: LocalApiServer, running_operator: OperatorThread) -> None:

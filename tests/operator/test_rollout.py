@@ -16,8 +16,15 @@ import aiohttp
 import kopf
 import pytest
 
-from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
+from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
+from moonlease_operator.core.connector_delivery import (
+    SETTINGS_PORT_ANNOTATION,
+    SETTINGS_VOLUME,
+    settings_config_map_name,
+)
+from tests.support.settings_volume import read_settings_endpoint
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
 from moonlease_operator.handlers import OperatorContext
@@ -27,6 +34,7 @@ from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
     DECODE,
     NS,
+    SPEC,
     USER_KV_CONFIG,
     WORKLOADS,
     ManualClock,
@@ -95,20 +103,28 @@ async def test_a_policy_rolls_out_stage_by_stage_verified_and_then_rests(kube: L
         master = workload(kube, "mooncake-master")
         assert master["spec"]["template"]["spec"]["containers"][0]["args"] == [
             "--rpc_port=50051", "--eviction_ratio=0.1", "--default_kv_lease_ttl=5000"]
-        # The targets: our keys merged into the user's JSON, the sidecar untouched, env set.
-        expected_extra = {**USER_KV_CONFIG["kv_connector_extra_config"], "mooncake_selective_lease": True,
-                          "mooncake_kda_last_hit_only": False, "mooncake_junction_retention": False}
+        # The targets are adopted: the settings file's path merged into the user's JSON, the
+        # volume and mount added, the sidecar and the env untouched; the settings themselves are
+        # in each workload's ConfigMap, which the running connectors read.
+        expected_extra = {**USER_KV_CONFIG["kv_connector_extra_config"], "mooncake_settings_file": SETTINGS_FILE_PATH}
         prefill = workload(kube, "llama-prefill")
         config = kv_config(vllm_container(prefill))
-        assert MoonleaseConnectorConfig.from_sources(config["kv_connector_extra_config"], {}).lease_mode.value == \
-            "selective"  # what the connector itself will read
         assert config == {"kv_connector_extra_config": expected_extra, "kv_connector": "MooncakeStoreConnector",
                           "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
         assert prefill["spec"]["template"]["spec"]["containers"][1] == \
             originals["llama-prefill"]["spec"]["template"]["spec"]["containers"][1]
         decode = vllm_container(workload(kube, "llama-decode"))
-        assert decode["env"] == [{"name": "HF_HOME", "value": "/cache"}, {"name": SELECTIVE_LEASE_ENV, "value": "1"}]
-        assert kv_config(decode)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+        assert decode["env"] == [{"name": "HF_HOME", "value": "/cache"}]
+        assert decode["volumeMounts"] == [{"name": SETTINGS_VOLUME, "mountPath": "/etc/moonlease/connector",
+                                           "readOnly": True}]
+        for name in ("llama-prefill", "llama-decode"):
+            text = kube.get(CONFIGMAPS, NS, settings_config_map_name(name))["data"][SETTINGS_FILE_NAME]
+            assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective"
+        # What the operator verified: every pod's running connector reports selective lease.
+        for pod in kube.list(PODS, NS):
+            if SETTINGS_PORT_ANNOTATION in pod["metadata"].get("annotations", {}):
+                report = read_settings_endpoint(int(pod["metadata"]["annotations"][SETTINGS_PORT_ANNOTATION]))
+                assert report.lease_mode == "selective", pod["metadata"]["name"]
         # Each workload restarted once, and its pods run what was rolled out.
         assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
         for name in WORKLOADS:
@@ -155,17 +171,28 @@ async def test_decode_first_and_a_connector_change_leaves_the_master_alone(
     await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
     assert first_rv(kube, "llama-decode", done_with_our_config) < \
         first_rv(kube, "llama-prefill", lambda v: configured(v["spec"]["template"]))
-    master_generation = workload(kube, "mooncake-master")["metadata"]["generation"]
+    generations = {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS}
+    pods_before = {p["metadata"]["name"] for p in kube.list(PODS, NS)}
 
-    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll", "junctionRetention": True}}})
-    await kube.wait_for(lambda: status(kube).get("appliedRevision") == 2 and phase(kube) == "Ready",
-                        timeout=WAIT, what="the second rollout")
-    assert workload(kube, "mooncake-master")["metadata"]["generation"] == master_generation
-    assert stage_phases(kube) == {"master": "Skipped", "decode": "Succeeded", "prefill": "Succeeded"}
+    # leaseAll + junction retention, then lastHitOnly: live, through the settings files only.
+    for connector, mode, junctions, revision in (({"leaseMode": "leaseAll", "junctionRetention": True},
+                                                   "leaseAll", "true", 2),
+                                                  ({"leaseMode": "lastHitOnly", "junctionRetention": False},
+                                                   "lastHitOnly", "false", 3)):
+        hybrid = [{**t, "hybrid": mode == "lastHitOnly"} for t in SPEC["targets"]]  # lastHitOnly needs it
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": connector, "targets": hybrid}})
+        await kube.wait_for(lambda: status(kube).get("appliedRevision") == revision and phase(kube) == "Ready",
+                            timeout=WAIT, what=f"rollout {revision} ({status(kube)})")
+        assert stage_phases(kube) == {"master": "Skipped", "decode": "Succeeded", "prefill": "Succeeded"}
+        for pod in kube.list(PODS, NS):
+            port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
+            if port is not None:
+                report = read_settings_endpoint(int(port))
+                assert (report.lease_mode, report.junction_retention) == (mode, junctions)
+    # No workload restarted: same generations, same pods (the master and every vLLM pod).
+    assert {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS} == generations
+    assert {p["metadata"]["name"] for p in kube.list(PODS, NS)} == pods_before
     assert reasons(kube).count("MasterRestart") == 1  # only for the first rollout
-    extra = kv_config(vllm_container(workload(kube, "llama-prefill")))["kv_connector_extra_config"]
-    assert (extra["mooncake_selective_lease"], extra["mooncake_junction_retention"]) == (False, True)
-    assert vllm_container(workload(kube, "llama-decode"))["env"][-1] == {"name": SELECTIVE_LEASE_ENV, "value": "0"}
 
 
 async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServer) -> None:
@@ -283,8 +310,8 @@ async def test_conflicts_and_server_errors_are_retried_without_damage(
     for name in ("llama-prefill", "llama-decode"):
         container = vllm_container(workload(kube, name))
         assert container["args"].count("--kv-transfer-config") == 1
-        assert [e["name"] for e in container.get("env", [])].count(SELECTIVE_LEASE_ENV) == 1
-        assert kv_config(container)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+        assert [m["name"] for m in container["volumeMounts"]] == [SETTINGS_VOLUME]
+        assert kv_config(container)["kv_connector_extra_config"]["mooncake_settings_file"] == SETTINGS_FILE_PATH
     assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
     registry = running_operator.metrics.registry
     assert registry is not None
@@ -557,8 +584,11 @@ async def test_two_replicas_one_acts_and_the_other_takes_over(kube: LocalApiServ
         await kube.wait_for(lambda: status(kube).get("revision") == 2 and phase(kube) == "Ready", timeout=WAIT,
                             what="the other replica rolling out revision 2")
         assert reconciles_by(low) > 0
-    assert all(len(template_versions(kube, name)) == 3 for name in ("llama-prefill", "llama-decode"))
-    assert len(template_versions(kube, "mooncake-master")) == 2  # the master's settings did not change
+    # Revision 2 was live: only the settings files changed, no pod template (and no master).
+    assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
+    for name in ("llama-prefill", "llama-decode"):
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name(name))["data"][SETTINGS_FILE_NAME]
+        assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
     assert originals  # the fleet as created
 
 
@@ -577,8 +607,11 @@ async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
                             what="the rest rolled out, the deleted one reported")
     except TimeoutError:
         raise AssertionError(json.dumps(status(kube))[:3000]) from None
-    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")
-    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")  # adopted, its settings file written
+    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_settings_file"] == \
+        SETTINGS_FILE_PATH
+    text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode-2"))["data"][SETTINGS_FILE_NAME]
+    assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
     degraded = condition(kube, "Degraded")
     assert degraded["reason"] == "MemberExcluded" and "Deployment/llama-prefill: not found" in degraded["message"]
     left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")

@@ -1,7 +1,8 @@
 """The rollout state machine, walked through hand-checked scenarios on plain dicts.
 
-`Cluster` plays the API server (objects, generations) and, on `settle()`, the workload
-controllers; every reconcile round-trips the status through its JSON form, as the operator reads
+`Cluster` plays the API server (objects, generations), on `settle()` the workload
+controllers, and the pods' connectors: each reports the settings its workload's settings file
+gives it (the connector's own parser and hash), unless the test stops it following; every reconcile round-trips the status through its JSON form, as the operator reads
 it back from the API, so nothing is carried between reconciles but what the cluster stores.
 """
 
@@ -23,6 +24,13 @@ from moonlease_operator.core.compatibility import (
     evaluate_compatibility,
     image_mooncake_version,
     parse_mooncake_version,
+)
+from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
+from moonlease_operator.core.connector_delivery import (
+    SettingsReport,
+    reads_settings_file,
+    settings_config_map_name,
+    startup_defaults,
 )
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
 from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
@@ -86,6 +94,9 @@ class Cluster:
         self.others: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.writes: list[tuple[str, str]] = []
+        self.frozen_connectors: set[str] = set()  # workloads whose connectors ignore their file
+        self.pod_specs: dict[str, dict[str, Any]] = {}  # workload -> the spec its pods really run
+        self.reported: dict[str, SettingsReport] = {}
         for key in self.workloads:
             self.settle(key[1])
 
@@ -98,9 +109,10 @@ class Cluster:
         previous = read_status(self.status_json)
         parsed = read_spec(spec)
         fetch = plan_fetch(parsed, previous, self.now)
+        pods = self.pods() if fetch.pods else None
         observed = Observed(workloads=copy.deepcopy(self.workloads), config_maps=copy.deepcopy(self.config_maps),
-                            policies=self.others, pods=self.pods() if fetch.pods else None,
-                            ab_reading=ab_reading if fetch.ab_due else None)
+                            policies=self.others, pods=pods, ab_reading=ab_reading if fetch.ab_due else None,
+                            settings_reports=None if pods is None else self.settings_reports(pods))
         plan = plan_reconcile(spec=parsed, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
                                                               self.annotations),
                               previous=previous, observed=observed, now=self.now)
@@ -109,9 +121,12 @@ class Cluster:
         for change in plan.changes:
             store = self.config_maps if change.kind == "ConfigMap" else self.workloads
             key = change.name if change.kind == "ConfigMap" else change.ref
-            new = build_update(store[key], change)
+            current = store.get(key) or change.create_from
+            assert current is not None, f"{change.ref} does not exist"
+            new = build_update(current, change)
             assert new is not None, "the planner asked for a change that changes nothing"
-            if new.get("spec") != store[key].get("spec"):
+            new.setdefault("metadata", {}).setdefault("generation", 1)
+            if new.get("spec") != current.get("spec"):
                 new["metadata"]["generation"] += 1
             store[key] = new
             self.writes.append(change.ref)
@@ -154,9 +169,31 @@ class Cluster:
             for i in range(obj["spec"]["replicas"]):
                 pods.append({"metadata": {"name": f"{obj['metadata']['name']}-{i}", "namespace": "ns",
                                           "labels": template["metadata"]["labels"],
-                                          "annotations": dict(template["metadata"].get("annotations") or {})},
-                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+                                          "annotations": dict(template["metadata"].get("annotations") or {}),
+                                          "ownerName": obj["metadata"]["name"]},
+                             "spec": copy.deepcopy(self.pod_specs.get(obj["metadata"]["name"])
+                                                   or template.get("spec") or {}),
+                             "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
         return pods
+
+    def settings_reports(self, pods: list[dict[str, Any]]) -> dict[str, SettingsReport]:
+        """What each pod's connector reports: the settings its file gives it, over the start-up
+        defaults of its template (a frozen connector keeps what it reported last)."""
+        reports = {}
+        for pod in pods:
+            if not reads_settings_file(pod):
+                continue
+            name, owner = pod["metadata"]["name"], pod["metadata"]["ownerName"]
+            if owner in self.frozen_connectors and name in self.reported:
+                reports[name] = self.reported[name]
+                continue
+            data = (self.config_maps.get(settings_config_map_name(owner)) or {}).get("data") or {}
+            defaults = startup_defaults({"spec": {"template": {"spec": pod["spec"]}}}, None)
+            assert defaults is not None
+            config = parse_settings_file(data.get(SETTINGS_FILE_NAME, "{}"), defaults)
+            reports[name] = SettingsReport(settings_hash=settings_hash(config), lease_mode=config.lease_mode.value)
+        self.reported.update(reports)
+        return reports
 
     def stage_phases(self) -> dict[str, str]:
         return {s.name.value: s.phase.value for s in self.status.stages}
@@ -192,10 +229,12 @@ def test_stages_roll_out_one_after_the_other() -> None:
     cluster.settle("mooncake-master")
     cluster.reconcile(SPEC)
     assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Progressing", "decode": "Pending"}
-    assert cluster.writes[1:] == [("Deployment", "prefill")]
+    # The settings file first, then the (one-time) adoption of the workload.
+    assert cluster.writes[1:] == [("ConfigMap", "prefill-moonlease"), ("Deployment", "prefill")]
     cluster.settle("prefill")
     cluster.reconcile(SPEC)
-    assert cluster.writes[2:] == [("Deployment", "decode")] and cluster.status.current_stage is StageName.DECODE
+    assert cluster.writes[3:] == [("ConfigMap", "decode-moonlease"), ("Deployment", "decode")]
+    assert cluster.status.current_stage is StageName.DECODE
     cluster.settle("decode")
     cluster.reconcile(SPEC)
     status = cluster.status
@@ -215,21 +254,60 @@ def test_stages_roll_out_one_after_the_other() -> None:
 
 def test_a_stage_waits_until_pods_run_the_new_configuration() -> None:
     cluster = fleet()
-    cluster.run(spec_with(**{"master.evictionRatio": 0.05}))  # the master already has it
-    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    spec = spec_with(**{"master.evictionRatio": 0.05})  # the master already has it
+    cluster.reconcile(spec)  # adopts prefill: its pod template changes
     # The controller claims success but the pods still run the old template.
     obj = cluster.obj("prefill")
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
-    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    cluster.reconcile(spec)
     prefill = next(t for t in cluster.status.targets if t.name == "prefill")
     assert prefill.phase.value == "Updating" and "ready pods run configuration" in prefill.message
     assert cluster.stage_phases()["prefill"] == "Progressing"
 
 
+def test_a_settings_change_waits_for_every_pods_connector_then_succeeds_without_restarts() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    generations = {name: cluster.obj(name)["metadata"]["generation"] for name in ("prefill", "decode")}
+    cluster.frozen_connectors.add("prefill")  # its pods keep reporting the old settings
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    cluster.writes.clear()
+    cluster.reconcile(spec)
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["prefill"] == "Progressing"
+    prefill = next(t for t in cluster.status.targets if t.name == "prefill")
+    assert prefill.phase.value == "Updating"
+    assert "pod prefill-0: connector runs settings" in prefill.message and "(lease mode selective)" in prefill.message
+    assert "pod prefill-1:" in prefill.message
+    assert cluster.reasons().count("SettingsNotVerified") == 1  # announced once, not every reconcile
+    cluster.frozen_connectors.clear()
+    status = cluster.run(spec)
+    assert status.phase is Phase.READY and cluster.stage_phases()["decode"] == "Succeeded"
+    # Only the settings files were written: no vLLM pod template changed, no pod restarted.
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease"), ("ConfigMap", "decode-moonlease")]
+    assert {name: cluster.obj(name)["metadata"]["generation"] for name in generations} == generations
+
+
+def test_a_pod_that_never_reports_the_settings_times_out_and_rolls_back() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    before = copy.deepcopy(cluster.config_maps["prefill-moonlease"]["data"])
+    cluster.frozen_connectors.add("prefill")
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    cluster.reconcile(spec)
+    cluster.reconcile(spec)
+    cluster.now += datetime.timedelta(seconds=61)
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "RolledBack"
+    assert cluster.stage_phases()["prefill"] == "RolledBack"
+    assert "connector settings not verified" in (cluster.status.stages[1].message or "")
+    assert cluster.config_maps["prefill-moonlease"]["data"] == before  # the live settings went back
+
+
 def test_decode_before_prefill_when_asked() -> None:
     cluster = fleet()
     cluster.run(spec_with(**{"rollout.stages": ["master", "decode", "prefill"]}))
-    order = [name for _, name in cluster.writes]
+    order = [name for kind, name in cluster.writes if kind != "ConfigMap"]
     assert order == ["mooncake-master", "decode", "prefill"]
 
 
@@ -242,7 +320,7 @@ def test_a_connector_change_does_not_restart_the_master() -> None:
     assert status.phase is Phase.READY and status.revision == 2
     assert cluster.obj("mooncake-master")["metadata"]["generation"] == master_generation
     assert cluster.stage_phases() == {"master": "Skipped", "prefill": "Succeeded", "decode": "Succeeded"}
-    assert [n for _, n in cluster.writes] == ["prefill", "decode"]
+    assert [n for _, n in cluster.writes] == ["prefill-moonlease", "decode-moonlease"]  # settings files only
     assert "MasterRestart" not in cluster.reasons()[cluster.reasons().index("RolloutComplete") + 1:]
 
 
@@ -416,7 +494,7 @@ def test_halt_leaves_the_fleet_where_it_failed() -> None:
         cluster.reconcile(spec)
     status = cluster.status
     assert status.phase is Phase.DEGRADED and cluster.stage_phases()["prefill"] == "Failed"
-    assert template(cluster, "prefill") == changed and len(cluster.writes) == 2
+    assert template(cluster, "prefill") == changed and len(cluster.writes) == 3
     degraded = status.condition("Degraded")
     assert degraded is not None and degraded.reason == "Halted"
     assert cluster.reasons().count("Halted") == 1
@@ -445,13 +523,20 @@ def test_a_master_drift_repair_waits_for_its_own_approval() -> None:
 def test_a_drifted_workload_is_brought_back_alone() -> None:
     cluster = fleet()
     cluster.run(SPEC)
-    args = cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"]
-    args[-1] = args[-1].replace('"mooncake_selective_lease":true', '"mooncake_selective_lease":false')
-    cluster.obj("decode")["metadata"]["generation"] += 1
+    data = cluster.config_maps["decode-moonlease"]["data"]
+    data["connector-settings.json"] = data["connector-settings.json"].replace("true", "false")
     cluster.writes.clear()
     status = cluster.run(SPEC)
     assert status.phase is Phase.READY and status.revision == 2
-    assert cluster.writes == [("Deployment", "decode")]
+    assert cluster.writes == [("ConfigMap", "decode-moonlease")]
+    # Someone drops the settings file from the arguments: re-adopted, that workload alone.
+    args = cluster.obj("prefill")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[-1] = args[-1].replace('"mooncake_settings_file"', '"x"')
+    cluster.obj("prefill")["metadata"]["generation"] += 1
+    cluster.writes.clear()
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.READY and status.revision == 3
+    assert cluster.writes == [("Deployment", "prefill")]
 
 
 def test_a_workload_no_longer_covered_gets_its_original_back() -> None:
@@ -704,7 +789,7 @@ def test_a_deleted_target_is_reported_on_itself_and_the_rest_carries_on() -> Non
     decode = cluster.workloads.pop(("Deployment", "decode"))
     cluster.writes.clear()
     plan = cluster.reconcile(spec_with(**{"connector.leaseMode": "leaseAll"}))
-    assert plan.changes and cluster.writes == [("Deployment", "prefill")]  # not frozen by the missing one
+    assert plan.changes and cluster.writes == [("ConfigMap", "prefill-moonlease")]  # not frozen by the missing one
     status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
     assert status.phase is Phase.DEGRADED and status.failed_stage is None  # never Ready with a target missing
     degraded = status.condition("Degraded")
@@ -747,10 +832,27 @@ def test_a_target_that_becomes_unmanageable_is_left_out_alone() -> None:
     vllm["command"], vllm["args"] = ["sh", "-c"], ["vllm serve m"]
     cluster.writes.clear()
     status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
-    assert cluster.writes == [("Deployment", "prefill")]  # the shell-wrapped one is not touched
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease")]  # the shell-wrapped one: not even its file
     left = next(t for t in status.targets if t.name == "decode")
     assert left.phase.value == "Excluded" and "through a shell script" in left.message
     assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "MemberExcluded"
+
+
+def test_the_master_stage_waits_until_its_running_pods_carry_the_new_flags() -> None:
+    cluster = fleet()
+    stale = copy.deepcopy(template(cluster, "mooncake-master")["spec"])  # --eviction_ratio=0.05
+    cluster.pod_specs["mooncake-master"] = stale  # the pods claim the new template but run the old flags
+    spec = spec_with(**{"master.requireApprovalForRestart": False})
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Progressing"
+    master = next(t for t in cluster.status.targets if t.name == "mooncake-master")
+    assert master.phase.value == "Updating"
+    assert master.message == "master flags not verified: pod mooncake-master-0: runs --eviction_ratio=0.05 (wants 0.1)"
+    del cluster.pod_specs["mooncake-master"]
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Succeeded"
 
 
 def test_a_selector_that_selects_nothing_after_the_rollout_is_never_ready() -> None:
@@ -773,7 +875,7 @@ def test_a_target_claimed_by_another_policy_after_the_rollout_is_left_alone() ->
     claimed = copy.deepcopy(cluster.obj("decode"))
     cluster.writes.clear()
     status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
-    assert cluster.writes == [("Deployment", "prefill")] and cluster.obj("decode") == claimed
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease")] and cluster.obj("decode") == claimed
     left = next(t for t in status.targets if t.name == "decode")
     assert left.phase.value == "Excluded" and "is managed by policy older" in left.message
     assert status.phase is Phase.DEGRADED

@@ -122,15 +122,17 @@ prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 {{- dict "arms" $arms | toJson -}}
 {{- end -}}
 
-{{/* The connector's env switch and kv-transfer-config for one role of one arm, as JSON
-{"env": {...}, "kvTransferConfig": {...}}; pass (dict "ctx" $ "role" "prefill" "arm" $arm). */}}
+{{/* The connector's settings file and kv-transfer-config for one role of one arm, as JSON
+{"file": {...}, "kvTransferConfig": {...}}; pass (dict "ctx" $ "role" "prefill" "arm" $arm).
+The workload is rendered already adopted, as the operator would leave it: its lease mode lives
+in the settings file (a ConfigMap per workload, mounted at /etc/moonlease/connector), which the
+running connector re-reads when the operator changes it; the kv-transfer-config only names it. */}}
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
-{{- $selective := eq .arm.leaseMode "selective" -}}
-{{- $ours := dict "mooncake_selective_lease" $selective "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
-{{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) $ours -}}
+{{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
-{{- dict "env" (dict "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE" (ternary "1" "0" $selective)) "kvTransferConfig" $kv | toJson -}}
+{{- dict "file" $file "kvTransferConfig" $kv | toJson -}}
 {{- end -}}
 
 {{/* The engines' Mooncake store config (MOONCAKE_CONFIG_PATH), as JSON. */}}

@@ -1,8 +1,9 @@
 """Kubernetes I/O of the rollout: read what the planner needs, write what it decided. Not pure.
 
 `fetch_observed` costs a fixed number of requests whatever the fleet size (one LIST per kind,
-not one GET per workload): policies, Deployments and StatefulSets of the namespace, the master's
-ConfigMap when it has one, and the namespace's pods only while a stage is being verified.
+not one GET per workload): policies, Deployments and StatefulSets of the namespace, the
+connector-settings ConfigMaps (by label), the master's ConfigMap when it has one, and the
+namespace's pods only while a stage is being verified.
 
 `apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
 sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
@@ -22,6 +23,7 @@ from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
 from moonlease_operator.core.slots import POLICY_LABEL, build_merge_patch, build_update, policy_label_value
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
@@ -54,6 +56,7 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
     `policies`: the namespace's policies when the caller has just listed them."""
     kinds = WORKLOAD_KINDS if policies is not None else (KIND, *WORKLOAD_KINDS)
     lists = [client.list(object_path(kind, namespace)) for kind in kinds]
+    lists.append(client.list(object_path("ConfigMap", namespace), label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true"))
     if plan.pods:
         lists.append(client.list(object_path("Pod", namespace)))
     answers = list(await asyncio.gather(*lists))
@@ -61,14 +64,14 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
         policies = answers.pop(0)
     workloads = {(kind, obj["metadata"]["name"]): _with_kind(obj, kind)
                  for kind, items in zip(WORKLOAD_KINDS, answers, strict=False) for obj in items}
-    config_maps = {}
+    config_maps = {obj["metadata"]["name"]: _with_kind(obj, "ConfigMap") for obj in answers[len(WORKLOAD_KINDS)]}
     for name in plan.config_maps:
         try:
             config_maps[name] = _with_kind(await client.get(object_path("ConfigMap", namespace, name)), "ConfigMap")
         except ApiError as exc:
             if not exc.not_found:
                 raise
-    pods = answers[len(WORKLOAD_KINDS)] if plan.pods else None
+    pods = answers[len(WORKLOAD_KINDS) + 1] if plan.pods else None
     return Observed(workloads=workloads, config_maps=config_maps, policies=policies, pods=pods)
 
 
@@ -108,10 +111,15 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
             try:
                 obj = _with_kind(await client.get(path), change.kind)
             except ApiError as exc:
-                if exc.not_found:
+                if not exc.not_found:
+                    raise
+                if change.create_from is None:
                     report.vanished += 1
                     return
-                raise
+                if await _create(client, namespace, change):
+                    report.patched += 1
+                    return
+                continue  # created by someone else meanwhile: read it and change it
         new = build_update(obj, change)
         if new is None:
             report.unchanged += 1
@@ -132,6 +140,19 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
         report.patched += 1
         return
     raise ApiError(409, "Conflict", f"{change.kind}/{change.name}: still conflicting after {CONFLICT_ATTEMPTS} tries")
+
+
+async def _create(client: KubeClient, namespace: str, change: WorkloadChange) -> bool:
+    """Create the object a change needs, already changed; False if it exists after all (409)."""
+    assert change.create_from is not None
+    new = build_update(change.create_from, change) or dict(change.create_from)
+    try:
+        await client.create(object_path(change.kind, namespace), new)
+    except ApiError as exc:
+        if exc.conflict or exc.status == 409:
+            return False
+        raise
+    return True
 
 
 async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[WorkloadChange],

@@ -459,6 +459,7 @@ class Reason(str, enum.Enum):
     AS_EXPECTED = "AsExpected"
     RELEASED = "Released"
     RESTORED = "Restored"
+    SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
     MEMBER_EXCLUDED = "MemberExcluded"
     WRITE_REFUSED = "WriteRefused"
     # A/B test (ABTestConcluded condition; events)

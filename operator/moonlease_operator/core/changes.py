@@ -30,6 +30,7 @@ class WorkloadChange:
     `place` is the container (workloads) or data key (ConfigMaps) the slots live in.
     `require_annotation`: the pod template must carry `config_hash` even when every other slot
     is in sync (the master whose settings live in a ConfigMap restarts through it).
+    `create_from`: see the field.
     """
 
     kind: str
@@ -42,6 +43,9 @@ class WorkloadChange:
     require_annotation: bool = False
     revision: int = 0
     applied_revision: int | None = None
+    create_from: Mapping[str, Any] | None = None
+    """The object to create (then change) when it does not exist: a workload's connector
+    settings ConfigMap. None: a missing object is left alone."""
 
     @property
     def ref(self) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import Reason
+from moonlease_operator.core.connector_delivery import SCRIPT_KV_TRANSFER_CONFIG, script_loads_settings
 from moonlease_operator.core.settings import CONNECTOR_CLASS, MasterSettings
 from moonlease_operator.core.workload_args import (
     CONNECTOR_MODULE,
@@ -51,13 +52,16 @@ def evaluate_target(obj: Mapping[str, Any], container: str | None, *,
         return problem
     assert found is not None
     label = f"{name} container {found.get('name')!r}"
-    script = shell_script(found)
-    if script is not None:
+    loads = script_loads_settings(found)
+    if loads is False:
         return WorkloadProblem(
             Reason.UNMANAGEABLE_WORKLOAD,
-            f"{label} runs its command through a shell script, where the operator cannot set"
-            f" --kv-transfer-config or know that the server reads it: run vLLM without a shell"
-            f" (command: [\"vllm\", \"serve\"], args: [MODEL, ...]; move setup steps into an initContainer)")
+            f"{label} runs its command through a shell script, which the operator cannot edit: add"
+            f" {SCRIPT_KV_TRANSFER_CONFIG} to the vllm serve command in the script (the operator then adds"
+            f" only the settings volume and mount), or run vLLM without a shell"
+            f" (command: [\"vllm\", \"serve\"], args: [MODEL, ...]; setup steps in an initContainer)")
+    if loads:
+        return None  # the script loads the connector and names its settings file itself
     if container is None and not runs_vllm(found):
         return WorkloadProblem(
             Reason.UNMANAGEABLE_WORKLOAD,

@@ -11,7 +11,10 @@ yields the same status and no changes: no writes.
 A rollout attempt (`status.revision`) walks `spec.rollout.stages` in order. A stage whose
 workloads already hold the desired configuration is Skipped (nothing restarts: the master only
 restarts when its settings change); otherwise it is patched (Progressing) and Succeeds once every
-workload's controller reports the rollout complete and its pods run the new configuration hash.
+workload's controller reports the rollout complete, its pods run the new configuration hash and,
+for vLLM workloads, every Ready pod's running connector reports the settings hash the policy
+expects (`core.connector_delivery`: connector settings travel in a ConfigMap per workload and
+apply live; only adopting a workload changes its pod template).
 A stage that times out, or whose pods fail, Fails; with `onFailure: rollback` every stage the
 attempt changed is then restored, last stage first, each through its workload's own rolling
 update (so `maxUnavailable` holds; Dynamo #13620), and the policy is Degraded until its spec
@@ -20,6 +23,7 @@ changes. `onFailure: halt` leaves everything where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +67,16 @@ from moonlease_operator.core.compatibility import VersionSource, container_image
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import (
+    SettingsReport,
+    adoption_hash,
+    build_settings_file_desired,
+    evaluate_pod_settings,
+    expected_settings_hash,
+    settings_config_map_name,
+    settings_config_map_stub,
+)
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
 from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
 from moonlease_operator.core.settings import (
@@ -87,7 +101,13 @@ from moonlease_operator.core.slots import (
 )
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
-from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
+from moonlease_operator.core.health import (
+    Health,
+    WorkloadHealth,
+    current_ready_pods,
+    evaluate_health,
+    evaluate_master_pod,
+)
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.verbs import (
     VerbDecision,
@@ -144,6 +164,8 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] | None = None
     ab_reading: ABReading | None = None
     """The arms' metrics, read because `FetchPlan.ab_due` asked for them."""
+    settings_reports: Mapping[str, SettingsReport] | None = None
+    """Pod name -> what its connector's settings endpoint said; read with the pods."""
 
 
 @dataclass(frozen=True)
@@ -424,6 +446,7 @@ class _Planner:
             stages = [prev.stage(s) or StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
             self.failed_stage = prev.failed_stage
         self.stages = {s.name: s for s in stages}
+        self._verify_settings()
         self.order = list(self.spec.rollout.stages)
         self.pending_approval = None
         self.applied_hash = prev.applied_config_hash
@@ -578,6 +601,54 @@ class _Planner:
         return _Outcome(Phase.READY, outcome.stage, Reason.AB_TEST_PROMOTED,
                         f"A/B test {ab.verdict}: promoted; every stage runs configuration {self.desired_hash}")
 
+    # ---- connector settings: delivered live, verified on the pods ---------------------------
+
+    def _verify_settings(self) -> None:
+        """A workload of a Progressing stage is complete only once its running pods show the
+        settings: every Ready vLLM pod's connector reports the settings hash the policy expects,
+        and every Ready master pod runs the master's flags. Until then it counts as progressing,
+        with the per-pod reasons as its message (and an event when they change)."""
+        previous = {(t.kind.value, t.name): t.message for t in self.previous.targets}
+        for member in self.fleet.members:
+            stage = self.stages.get(member.stage)
+            health = self.health[member.key]
+            if stage is None or stage.phase is not StagePhase.PROGRESSING or health.health is not Health.COMPLETE \
+                    or not self._in_sync(member):  # not written yet: re-applied and reported as such
+                continue
+            if member.target is None:
+                problems, what = self._master_problems(member), "master flags not verified: "
+            else:
+                problems, what = self._settings_problems(member), "connector settings not verified: "
+            if not problems:
+                continue
+            message = what + _join(problems)
+            self.health[member.key] = dataclasses.replace(health, health=Health.PROGRESSING, message=message)
+            if previous.get(member.key) != message:
+                self.notes.append(EventNote("Warning", Reason.SETTINGS_NOT_VERIFIED.value,
+                                            f"{member.kind}/{member.name}: {message}"))
+
+    def _master_problems(self, member: Member) -> list[str]:
+        """Ready master pods whose running pod spec lacks the policy's flags (with a config file,
+        its content is covered by the template's hash, which the pods carry)."""
+        if self.master.config_map is None and self.observed.pods is not None:
+            return [problem for pod in current_ready_pods(member.obj or {}, self.observed.pods)
+                    if (problem := evaluate_master_pod(pod, member.container, self.master.flags)) is not None]
+        return []
+
+    def _settings_problems(self, member: Member) -> list[str]:
+        obj = member.obj or {}
+        if self.observed.pods is None:
+            return ["pods not read"]
+        expected = expected_settings_hash(obj, member.container, self.connector.file)
+        reports = self.observed.settings_reports or {}
+        problems = []
+        for pod in current_ready_pods(obj, self.observed.pods):
+            name = str((pod.get("metadata") or {}).get("name"))
+            problem = evaluate_pod_settings(name, reports.get(name), expected)
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
     # ---- per-member decisions ---------------------------------------------------------------
 
     def _apply_changes(self, member: Member) -> list[WorkloadChange]:
@@ -586,9 +657,16 @@ class _Planner:
         common = {"policy": self.policy.name, "revision": self.revision, "applied_revision": self.applied_revision,
                   "action": ChangeAction.APPLY}
         if member.stage is not StageName.MASTER:
-            desired = build_target_desired(member.obj or {}, member.container, self.connector)
-            return [WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired=desired,
-                                   config_hash=self.connector.config_hash, **common)]
+            # The settings file first (created if need be), then the adoption of the workload,
+            # which changes its pod template once and never again for a settings change.
+            config_map = settings_config_map_name(member.name)
+            namespace = (member.obj or {}).get("metadata", {}).get("namespace")
+            file_change = WorkloadChange(kind="ConfigMap", name=config_map, place=SETTINGS_FILE_NAME,
+                                         desired=build_settings_file_desired(self.connector.file),
+                                         create_from=settings_config_map_stub(config_map, namespace), **common)
+            desired = build_target_desired(member.obj or {}, member.container, config_map)
+            return [file_change, WorkloadChange(kind=member.kind, name=member.name, place=member.container,
+                                                desired=desired, config_hash=adoption_hash(config_map), **common)]
         if self.master.config_map is None:
             return [WorkloadChange(kind=member.kind, name=member.name, place=member.container,
                                    desired=build_master_desired(self.master), config_hash=self.master.config_hash,
@@ -614,7 +692,7 @@ class _Planner:
 
     def _object(self, change: WorkloadChange) -> Mapping[str, Any]:
         if change.kind == "ConfigMap":
-            return self.observed.config_maps.get(change.name) or {}
+            return self.observed.config_maps.get(change.name) or change.create_from or {}
         return self.observed.workloads.get(change.ref) or {}
 
     def _pending(self, changes: Sequence[WorkloadChange]) -> list[WorkloadChange]:
@@ -629,11 +707,17 @@ class _Planner:
     def _rollback_changes(self, member: Member) -> list[WorkloadChange]:
         changes = [WorkloadChange(kind=member.kind, name=member.name, action=ChangeAction.ROLLBACK,
                                   policy=self.policy.name, revision=self.revision)]
-        if member.stage is StageName.MASTER and self.master.config_map is not None:
-            changes.insert(0, WorkloadChange(kind="ConfigMap", name=self.master.config_map.name,
-                                             action=ChangeAction.ROLLBACK, policy=self.policy.name,
-                                             revision=self.revision))
+        config_map = self._config_map_of(member)
+        if config_map is not None:
+            changes.insert(0, WorkloadChange(kind="ConfigMap", name=config_map, action=ChangeAction.ROLLBACK,
+                                             policy=self.policy.name, revision=self.revision))
         return changes
+
+    def _config_map_of(self, member: Member) -> str | None:
+        """The ConfigMap a member's settings live in: the master's file, or a target's settings."""
+        if member.stage is StageName.MASTER:
+            return None if self.master.config_map is None else self.master.config_map.name
+        return settings_config_map_name(member.name)
 
     def _write_error(self, member: Member) -> str | None:
         """The refusal recorded for `member`'s last write, while that write is still to be done."""
@@ -646,7 +730,11 @@ class _Planner:
         return previous.write_error if pending else None
 
     def _changed_in_attempt(self, member: Member) -> bool:
-        return rollback_revision(member.obj or {}) == self.revision
+        # A live settings change touches only the ConfigMap: it counts as changing the workload.
+        config_map = self._config_map_of(member)
+        return rollback_revision(member.obj or {}) == self.revision or (
+            config_map is not None and member.stage is not StageName.MASTER
+            and rollback_revision(self.observed.config_maps.get(config_map) or {}) == self.revision)
 
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""

@@ -2,7 +2,8 @@
 workload they fill. Pure.
 
 `build_connector_settings` renders `spec.connector` through the connector's own config model
-(the lease-mode enum is the connector's, shared by the CRD); `build_master_settings` renders
+(the lease-mode enum is the connector's, shared by the CRD) into the keys of the connector's
+settings file (`core.connector_delivery`); `build_master_settings` renders
 `spec.master` into Mooncake's flag names. The `build_*_desired` functions say, per workload,
 what each owned slot (see `core.slots`) should hold.
 """
@@ -13,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_operator.api import ConnectorSpec, MasterConfigMapSpec, MasterSpec, build_master_flags
 from moonlease_operator.api.policy import MASTER_FLAGS
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.workload_args import CONNECTOR_MODULE, EXTRA_CONFIG_KEY, find_container, is_our_module, kv_doc
+from moonlease_operator.core.connector_delivery import build_adoption_desired, script_loads_settings
+from moonlease_operator.core.workload_args import CONNECTOR_MODULE, find_container, is_our_module, kv_doc
 
 CONNECTOR_CLASS = "MooncakeStoreConnector"
 DEFAULT_KV_ROLE = "kv_both"
@@ -28,11 +30,9 @@ DEFAULT_KV_ROLE = "kv_both"
 class ConnectorSettings:
     """The connector configuration every target gets, rendered once from `spec.connector`."""
 
-    env: Mapping[str, str]
-    """Env vars of the vLLM container (the selective-lease switch, kept consistent with the
-    config key: the connector refuses to start when the two disagree)."""
-    extra_config: Mapping[str, Any]
-    """Our keys in `kv_connector_extra_config`: exactly those the spec decides."""
+    file: Mapping[str, Any]
+    """The keys of each target's settings file: exactly those the spec decides (the others
+    keep the workload's own start-up defaults)."""
     config_hash: str
 
 
@@ -44,10 +44,9 @@ def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
     """
     config = MoonleaseConnectorConfig.for_mode(connector.lease_mode,
                                                junction_retention=connector.junction_retention)
-    extra = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
-    env = {SELECTIVE_LEASE_ENV: "1" if config.mooncake_selective_lease else "0"}
-    digest = build_config_hash({"connector": CONNECTOR_CLASS, "env": env, "extra": extra})
-    return ConnectorSettings(env=env, extra_config=extra, config_hash=digest)
+    file = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
+    digest = build_config_hash({"connector": CONNECTOR_CLASS, "file": file})
+    return ConnectorSettings(file=file, config_hash=digest)
 
 
 @dataclass(frozen=True)
@@ -71,25 +70,27 @@ def build_master_settings(master: MasterSpec) -> MasterSettings:
     return MasterSettings(values=values, flags=flags, config_map=config_map, config_hash=digest)
 
 
-def build_target_desired(obj: Mapping[str, Any], container: str | None,
-                         settings: ConnectorSettings) -> dict[str, Wrapped]:
-    """The owned slots of a vLLM workload and what the policy wants in them.
+def build_target_desired(obj: Mapping[str, Any], container: str | None, config_map: str) -> dict[str, Wrapped]:
+    """The owned slots of a vLLM workload: our connector loaded, and its settings file mounted
+    from `config_map` (adoption; the settings themselves live in the ConfigMap).
 
     The connector keys are set only where the user has not set them (`evaluate_target` refuses
     a workload that names another connector); a module path of ours that the user chose, and
     any `kv_role` already there, are kept.
     """
-    doc = kv_doc(find_container(obj, container)) or {}
+    found = find_container(obj, container) or {}
+    if script_loads_settings(found) is not None:
+        # A shell script loads the connector itself (`evaluate_target` checked that it does):
+        # only the volume and the mount can be added.
+        return build_adoption_desired(config_map, in_args=False)
+    doc = kv_doc(found) or {}
     module = doc.get("kv_connector_module_path")
     desired: dict[str, Wrapped] = {
         "kv:kv_connector": {"v": CONNECTOR_CLASS},
         "kv:kv_connector_module_path": {"v": module if is_our_module(module) else CONNECTOR_MODULE},
         "kv:kv_role": {"v": doc["kv_role"] if doc.get("kv_role") is not None else DEFAULT_KV_ROLE},
     }
-    for key, value in settings.extra_config.items():
-        desired[f"kv:{EXTRA_CONFIG_KEY}.{key}"] = {"v": value}
-    for name, value in settings.env.items():
-        desired[f"env:{name}"] = {"v": {"name": name, "value": value}}
+    desired.update(build_adoption_desired(config_map))
     return desired
 
 

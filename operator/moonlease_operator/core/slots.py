@@ -9,7 +9,9 @@ Vocabulary:
 * an **owned slot** is one place the policy decides, named by a string: `env:NAME` (an env
   var of the vLLM container), `kv:KEY` / `kv:kv_connector_extra_config.KEY` (a key of the JSON
   of `--kv-transfer-config`), `flag:NAME` (a mooncake_master flag in the container args),
-  `doc:NAME` (a key of the master's config file in a ConfigMap) and `annotation` (the
+  `doc:NAME` (a key of a config file in a ConfigMap: the master's, or a workload's connector
+  settings file), `volume:NAME` (a pod volume), `mount:NAME` (a volumeMount of the vLLM
+  container) and `annotation` (the
   `moonlease.io/config-hash` annotation of the pod template). Nothing else is ever written,
   except our bookkeeping in the workload's own metadata (label and annotations below), which
   does not change the pod template.
@@ -17,7 +19,8 @@ Vocabulary:
   absent" is a value that can be restored.
 * a **snapshot** (`{"place": container or ConfigMap key, "slots": {slot: wrapped}}`) records
   what slots held. Structural slots (`has:args`, `has:env`, `has:annotations`, `has:kvextra`,
-  `kvarg`, `doctext`, `has:data`, `has:metaannotations`, `has:metalabels`) record the shape around
+  `kvarg`, `doctext`, `has:data`, `has:metaannotations`, `has:metalabels`, `has:volumes`,
+  `has:volumeMounts`) record the shape around
   them — whether a list or map existed, the verbatim `--kv-transfer-config` tokens or config file
   text — so that a restore is exact, not merely equivalent.
 
@@ -59,7 +62,8 @@ POLICY_LABEL = f"{GROUP}/policy"
 ORIGINAL_ANNOTATION = f"{GROUP}/original"
 ROLLBACK_ANNOTATION = f"{GROUP}/rollback"
 
-_WORKLOAD_SHAPE = ("has:args", "has:env", "has:annotations", "has:kvextra", "kvarg")
+_WORKLOAD_SHAPE = ("has:args", "has:env", "has:annotations", "has:kvextra", "kvarg", "has:volumes",
+                   "has:volumeMounts")
 _CONFIG_MAP_SHAPE = ("doctext", "has:data")
 _METADATA_SHAPE = ("has:metaannotations", "has:metalabels")
 _TRUTHY = {"true": True, "1": True, "yes": True, "t": True, "false": False, "0": False, "no": False, "f": False}
@@ -211,7 +215,8 @@ def _restore(obj: JsonObj, snapshot: Mapping[str, Any]) -> None:
     for slot, value in sorted(slots.items()):
         if _is_value_slot(slot):
             _write_slot(obj, place, slot, value)
-    for slot in ("has:kvextra", "kvarg", "has:args", "has:env", "has:annotations", "doctext", "has:data"):
+    for slot in ("has:kvextra", "kvarg", "has:args", "has:env", "has:annotations", "doctext", "has:data",
+                 "has:volumes", "has:volumeMounts"):
         if slot in slots:
             _finish_shape(obj, place, slot, slots[slot])
 
@@ -268,7 +273,7 @@ def template_config_hash(obj: Mapping[str, Any]) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 def _is_value_slot(slot: str) -> bool:
-    return slot == "annotation" or slot.split(":", 1)[0] in ("env", "kv", "flag", "doc")
+    return slot == "annotation" or slot.split(":", 1)[0] in ("env", "kv", "flag", "doc", "volume", "mount")
 
 
 def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
@@ -295,6 +300,12 @@ def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
         case "env":
             entry = next((e for e in container.get("env") or [] if e.get("name") == key), None)
             return None if entry is None else {"v": entry}
+        case "volume":
+            entry = next((v for v in (template.get("spec") or {}).get("volumes") or [] if v.get("name") == key), None)
+            return None if entry is None else {"v": entry}
+        case "mount":
+            entry = next((m for m in container.get("volumeMounts") or [] if m.get("name") == key), None)
+            return None if entry is None else {"v": entry}
         case "kv":
             doc = kv_doc(container)
             if doc is None:
@@ -310,8 +321,10 @@ def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
             return None if hit is None else {"v": list(option_tokens(container, hit))}
         case "has":
             match key:
-                case "args" | "env":
+                case "args" | "env" | "volumeMounts":
                     return {"v": key in container}
+                case "volumes":
+                    return {"v": "volumes" in (template.get("spec") or {})}
                 case "annotations":
                     return {"v": "annotations" in (template.get("metadata") or {})}
                 case "kvextra":
@@ -346,20 +359,17 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
         else:
             annotations[CONFIG_HASH_ANNOTATION] = value["v"]
         return
+    if kind == "volume":
+        _write_named(template.setdefault("spec", {}), "volumes", key, value)
+        return
     container = find_container(obj, place)
     if container is None:
         raise ValueError(f"container {place!r} not found")
     match kind:
         case "env":
-            env = container.setdefault("env", [])
-            index = next((i for i, e in enumerate(env) if e.get("name") == key), None)
-            if value is None:
-                if index is not None:
-                    del env[index]
-            elif index is None:
-                env.append(copy.deepcopy(value["v"]))
-            else:
-                env[index] = copy.deepcopy(value["v"])
+            _write_named(container, "env", key, value)
+        case "mount":
+            _write_named(container, "volumeMounts", key, value)
         case "kv":
             doc = kv_doc(container) or {}
             parent, _, leaf = key.rpartition(".")
@@ -379,6 +389,19 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
             replace_tokens(container, hit, None if value is None else list(value["v"]))
         case _:
             raise ValueError(f"not a value slot: {slot!r}")
+
+
+def _write_named(parent: JsonObj, field: str, name: str, value: Wrapped) -> None:
+    """Set, replace or remove the entry called `name` of a list of named entries."""
+    entries = parent.setdefault(field, [])
+    index = next((i for i, e in enumerate(entries) if e.get("name") == name), None)
+    if value is None:
+        if index is not None:
+            del entries[index]
+    elif index is None:
+        entries.append(copy.deepcopy(value["v"]))
+    else:
+        entries[index] = copy.deepcopy(value["v"])
 
 
 def _finish_shape(obj: JsonObj, place: str | None, slot: str, original: Wrapped) -> None:
@@ -411,10 +434,14 @@ def _finish_shape(obj: JsonObj, place: str | None, slot: str, original: Wrapped)
                 replace_tokens(container, hit, None)
             elif original is not None and kv_doc({"args": original["v"]}) == doc:
                 replace_tokens(container, hit, list(original["v"]))
-        case "has:args" | "has:env" if container is not None:
+        case "has:args" | "has:env" | "has:volumeMounts" if container is not None:
             key = slot.split(":")[1]
             if original == {"v": False} and key in container and not container[key]:
                 del container[key]
+        case "has:volumes":
+            pod_spec = template.get("spec") or {}
+            if original == {"v": False} and "volumes" in pod_spec and not pod_spec["volumes"]:
+                del pod_spec["volumes"]
         case "has:annotations":
             meta = template.get("metadata") or {}
             if original == {"v": False} and "annotations" in meta and not meta["annotations"]:
@@ -430,6 +457,11 @@ def _slot_equal(slot: str, a: Wrapped, b: Wrapped) -> bool:
     if kind == "doc":
         return _same_scalar(a["v"], b["v"])
     return bool(a["v"] == b["v"])
+
+
+def same_flag_value(a: Any, b: Any) -> bool:
+    """Whether two flag values are equal as Mooncake reads them (`0.10` is `0.1`, `True` is `true`)."""
+    return _same_scalar(a, b)
 
 
 def _same_scalar(a: Any, b: Any) -> bool:
@@ -448,7 +480,8 @@ def _same_scalar(a: Any, b: Any) -> bool:
 def _slot_label(slot: str) -> str:
     kind, _, key = slot.partition(":")
     return {"flag": f"--{key}", "env": f"env {key}", "kv": f"kv-transfer-config {key}",
-            "doc": f"config file {key}"}.get(kind, CONFIG_HASH_ANNOTATION)
+            "doc": f"config file {key}", "volume": f"volume {key}",
+            "mount": f"volumeMount {key}"}.get(kind, CONFIG_HASH_ANNOTATION)
 
 
 def _render(slot: str, value: Wrapped) -> str:
