@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint crds chart-docs clean-setup
+.PHONY: setup demo test test-unit lint crds chart-docs images clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -30,6 +30,11 @@ lint: setup
 crds: setup
 	@$(VENV)/bin/moonlease crd > crds/mooncakeleasepolicies.yaml
 	@cp crds/mooncakeleasepolicies.yaml charts/moonlease/crds/mooncakeleasepolicies.yaml
+
+## images: build the operator, mooncake and connector-cpu images with podman (installs podman,
+## configures it and makes a Debian base the first time; see tools/images.sh)
+images:
+	@bash tools/images.sh
 
 ## chart-docs: regenerate the chart's values reference in README.md from values.schema.json
 chart-docs: setup
