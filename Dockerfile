@@ -126,6 +126,10 @@ RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt 
     && /opt/vllm/bin/pip uninstall --yes torchvision torchaudio torchcodec triton \
     && find /opt/vllm -name __pycache__ -prune -exec rm -rf {} +
 COPY --from=mooncake-stub /build/libcuda.so.1 /opt/vllm/lib/cuda-stub/libcuda.so.1
+# What Mooncake's binaries link besides libibverbs and libnuma (vLLM's image has it).
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libcurl4=7.88.1-10+deb12u15 \
+    && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/vllm/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/vllm/lib/cuda-stub:/opt/vllm/lib/python3.11/site-packages/nvidia/cu13/lib \
     VLLM_TARGET_DEVICE=cpu
@@ -143,10 +147,12 @@ RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt 
 
 ############################################################################################
 # mooncake: mooncake_master and mooncake_client (the store pool) as an unprivileged user.
-# libibverbs/ibverbs-providers: the binaries link them even for TCP.
+# libibverbs/ibverbs-providers, libcurl4 and libnuma1: the binaries link them even for TCP (found
+# missing by the image smoke tests: the master did not start without libcurl.so.4).
 FROM ${PYTHON_IMAGE} AS mooncake
 RUN apt-get update \
     && apt-get install --yes --no-install-recommends libibverbs1=44.0-2 ibverbs-providers=44.0-2 \
+        libcurl4=7.88.1-10+deb12u15 libnuma1=2.0.16-1 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=mooncake-venv /opt/mooncake /opt/mooncake
 COPY --from=mooncake-stub /build/libcuda.so.1 /opt/mooncake/lib/cuda-stub/libcuda.so.1
