@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from moonlease.terminal import bold
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "moonlease"
 SAMPLE_POLICY = REPO_ROOT / "examples" / "policies" / "ab-selective.yaml"
@@ -70,7 +72,7 @@ class DemoFailure(RuntimeError):
 
 
 def say(message: str) -> None:
-    print(f"\033[1m==>\033[0m {message}", flush=True)
+    print(f"{bold('==>')} {message}", flush=True)
 
 
 def detail(message: str) -> None:
@@ -490,7 +492,7 @@ def run_demo(options: DemoOptions) -> int:
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
     except DemoFailure as failure:
-        print(f"\n\033[1mdemo failed:\033[0m {failure}", file=sys.stderr)
+        print(f"\n{bold('demo failed:', sys.stderr)} {failure}", file=sys.stderr)
         return 1
     say(f"Done in {time.monotonic() - started:.0f} s. What happened: the operator rolled selective lease "
         "out to one arm stage by stage, measured both arms' real vLLM metrics on one shared Mooncake store, "
