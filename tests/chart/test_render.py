@@ -118,8 +118,9 @@ def test_every_pod_runs_unprivileged_probed_and_sized(chart: helm.Chart, name: s
 def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
     objects = render_objects(chart, SETS["default"])
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted([
-        ("ServiceAccount", "moonlease-operator"), ("ClusterRole", "moonlease-operator"),
-        ("ClusterRoleBinding", "moonlease-operator"), ("Deployment", "moonlease-operator"),
+        ("ServiceAccount", "moonlease-operator"), ("Role", "moonlease-operator"),
+        ("RoleBinding", "moonlease-operator"), ("ClusterRole", "moonlease-operator-cluster"),
+        ("ClusterRoleBinding", "moonlease-operator-cluster"), ("Deployment", "moonlease-operator"),
         ("Service", "moonlease-operator-metrics"),
         ("Deployment", "moonlease-mooncake-master"), ("Service", "moonlease-mooncake-master"),
         ("Deployment", "moonlease-store-pool"), ("ConfigMap", "moonlease-store-config"),
@@ -181,12 +182,20 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         service = one(objects, "Service", f"moonlease-{role}")
         assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
 
-    # The operator: arguments the `moonlease` command accepts, cluster-wide, standalone.
+    # The operator: arguments the `moonlease` command accepts, the release namespace only, standalone.
     operator = one(objects, "Deployment", "moonlease-operator")
     assert container(operator)["command"] == ["moonlease"]
     parsed = build_parser().parse_args(container(operator)["args"])
     assert (parsed.command, parsed.standalone, parsed.all_namespaces, parsed.namespace) == \
-        ("operator", True, True, [])
+        ("operator", True, False, [NAMESPACE])
+    # Least privilege: Deployments and ConfigMaps only in that namespace.
+    assert one(objects, "Role", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
+    cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
+    assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    everywhere = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
+    assert build_parser().parse_args(container(one(everywhere, "Deployment", "moonlease-operator"))["args"]
+                                     ).all_namespaces is True
+    assert not find(everywhere, "Role") and one(everywhere, "ClusterRole", "moonlease-operator")
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
     assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}

@@ -205,6 +205,9 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
         {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
          "policy": {"enabled": False, "abTest": {"enabled": True}}},
         "policy.abTest.enabled needs policy.enabled"),
+    "every namespace and named ones": (
+        {"operator": {"watchNamespaces": ["*", "inference"]}},
+        "operator.watchNamespaces: \"*\" (every namespace) stands alone"),
     "an operator that does not watch the policy": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces must include the release namespace inference"),

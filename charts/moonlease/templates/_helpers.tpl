@@ -231,3 +231,17 @@ topologySpreadConstraints:
   {{- toYaml $constraints | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The namespaces the operator watches, as JSON {"all": bool, "names": [...]}: the release namespace
+unless operator.watchNamespaces names others, every namespace only for ["*"] (the one case that
+needs cluster-wide rules on Deployments and ConfigMaps).
+*/}}
+{{- define "moonlease.watchedNamespaces" -}}
+{{- $asked := .Values.operator.watchNamespaces | default list -}}
+{{- if has "*" $asked -}}
+{{- dict "all" true "names" list | toJson -}}
+{{- else -}}
+{{- dict "all" false "names" ($asked | default (list .Release.Namespace)) | toJson -}}
+{{- end -}}
+{{- end -}}
