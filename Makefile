@@ -36,9 +36,10 @@ crds: setup
 images:
 	@bash tools/images.sh
 
-## chart-docs: regenerate the chart's values reference in README.md from values.schema.json
+## chart-docs: regenerate the chart's values reference (README.md, charts/moonlease/README.md) from values.schema.json
 chart-docs: setup
 	@$(PY) tools/chart_values_doc.py --write README.md
+	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:
 	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33
