@@ -318,3 +318,29 @@ def test_vllm_pods_have_the_gpus_and_rdma_devices_their_engines_use(chart: helm.
         tensor_parallel = int(option(vllm["args"], "--tensor-parallel-size") or 1)
         assert int(vllm["resources"]["limits"].get("nvidia.com/gpu", 0)) == tensor_parallel, workload["metadata"]["name"]
         assert {k for k in vllm["resources"]["limits"] if k.startswith("rdma/")} == pool_rdma, workload["metadata"]["name"]
+
+
+def test_the_grafana_dashboard_is_opt_in_and_every_query_parses(chart: helm.Chart, tmp_path: Path) -> None:
+    assert not [o for o in render_objects(chart, {}) if o["metadata"]["name"] == "moonlease-dashboard"]
+    objects = render_objects(chart, {"monitoring": {"grafanaDashboard": {"enabled": True}}})
+    config_map = one(objects, "ConfigMap", "moonlease-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's default label
+    dashboard = json.loads(config_map["data"]["moonlease.json"])
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10
+    # Prometheus' own parser: each query as a recording rule, the $namespace variable at "All".
+    rules = [{"record": f"moonlease:dashboard_query_{i}", "expr": e.replace("$namespace", ".*")}
+             for i, e in enumerate(exprs)]
+    path = tmp_path / "dashboard-rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Ours (operator, connector) are the names our code exports; upstream vLLM's and the master's
+    # are the ones the A/B test reads too (operator core/ab_samples.py).
+    ab_samples = (CHART_DIR.parents[1] / "operator" / "moonlease_operator" / "core" / "ab_samples.py").read_text()
+    upstream = set(re.findall(r"\"((?:vllm:|master_)[a-z_]+)\"", ab_samples))
+    known = _exported_metric_names() | upstream
+    text = " ".join(exprs)
+    ours = set(re.findall(r"\bmoonlease_operator_[a-z_]+", text)) | \
+        {f"vllm:{m}" for m in re.findall(r"vllm\[:_\]([a-z_]+)", text)} | set(re.findall(r"\bmaster_[a-z_]+", text))
+    assert ours and ours <= known, ours - known
