@@ -4,8 +4,9 @@ Runs the local API server (kmock-based, with the rollout simulator playing the D
 controller) in this process and the operator as its own process (`python -m moonlease_operator`,
 logged in through a kubeconfig, metrics served on a local port), so that the operator's memory is
 its own. Measures: wall time from creating the policy to phase Ready, the operator's API requests
-(from the server's request log) per reconcile while rolling out and at rest, its writes, and its
-resident memory (sampled every 100 ms).
+(from the server's request log) per reconcile while rolling out and at rest, its writes, the bytes
+the server sent it at rest (the server's traffic counter), and its resident memory (sampled every
+100 ms).
 
     .venv/bin/python benchmarks/operator_scale.py                       # 200 targets, print
     .venv/bin/python benchmarks/operator_scale.py --write benchmarks/results/operator_scale.md
@@ -132,9 +133,12 @@ async def run(targets: int, replicas: int, interval: float, rest_seconds: float,
             await kube.wait_for(lambda: kube.events(NS, involved_name="fleet", reason="RolloutComplete")
                                 or proc.returncode is not None, timeout=30, what="the RolloutComplete event")
             ready_calls = len(kube.api_calls())
+            ready_traffic = kube.traffic.snapshot()
             rollout_rss = max((r for _, r in rss), default=0)
             await asyncio.sleep(rest_seconds)
             rest_calls = kube.api_calls()[ready_calls:]
+            # Every HTTP client of the server here is the operator (its client and kopf's).
+            rest_traffic = kube.traffic.since(ready_traffic)
             metrics = _scrape(metrics_port)
         finally:
             sampling = False
@@ -175,6 +179,10 @@ async def run(targets: int, replicas: int, interval: float, rest_seconds: float,
             "rest": {"seconds": rest_seconds, "requests": len(ours_at_rest), "reconciles": reconciles(ours_at_rest),
                      "requests_per_reconcile": round(len(ours_at_rest) / max(1, reconciles(ours_at_rest)), 2),
                      "writes": sum(1 for c in rest_calls if c.verb in ("create", "patch", "update", "delete")),
+                     "bytes_served": rest_traffic.total_bytes,
+                     "bytes_per_minute": round(rest_traffic.total_bytes * 60 / rest_seconds),
+                     "bytes_by_kind": {f"{verb} {resource}": size for (verb, resource), size
+                                       in sorted(rest_traffic.bytes_served.items(), key=lambda kv: -kv[1])},
                      "by_kind": by_kind(ours_at_rest)},
             "operator_rss_mib": {"idle_before_policy": round(idle_rss / 2**20, 1),
                                  "peak": round(rollout_rss / 2**20, 1)},
@@ -218,6 +226,8 @@ def render_markdown(result: dict[str, Any], command: str) -> str:
         f"| **API requests per reconcile, at rest** ({rest['seconds']} s after Ready) | "
         f"**{rest['requests_per_reconcile']}** ({rest['requests']} requests, {rest['reconciles']} reconciles) |",
         f"| writes at rest (anyone over HTTP) | {rest['writes']} |",
+        f"| bytes the API server sent the operator at rest (response bodies and watch events) | "
+        f"{rest['bytes_served']} in {rest['seconds']} s ({rest['bytes_per_minute']} per minute) |",
         f"| mean reconcile duration (operator metric) | {result['reconcile_seconds_mean']} s |",
         f"| operator RSS, idle before the policy / peak during the rollout | {rss['idle_before_policy']} MiB / "
         f"{rss['peak']} MiB (peak in all runs: {', '.join(map(str, result['peak_rss_mib_all_runs']))}) |",

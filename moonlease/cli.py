@@ -25,8 +25,53 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
-                 options=OperatorOptions(reconcile_interval=args.reconcile_interval))
+                 options=OperatorOptions(reconcile_interval=args.reconcile_interval,
+                                         prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Fetch one policy and print its status view; exit 0 when Ready, 2 when it waits for a
+    person, 1 otherwise (still working, or failed), 3 when it cannot be read."""
+    import json
+
+    import kubernetes
+
+    from moonlease.status_view import build_status_view, render_status
+    from moonlease_operator.api import GROUP, PLURAL, VERSION
+
+    try:
+        kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)
+        _, current = kubernetes.config.list_kube_config_contexts(config_file=args.kubeconfig)
+        namespace = args.namespace or (current.get("context") or {}).get("namespace") or "default"
+        api = kubernetes.client.CustomObjectsApi()
+        policy = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
+    except Exception as exc:  # noqa: BLE001 - a CLI says why it could not read, in one line
+        sys.stderr.write(f"moonlease status: cannot read mooncakeleasepolicy {args.name}: {exc}\n")
+        return 3
+    view = build_status_view(policy)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(view.as_json(), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_status(view))
+    if view.phase == "Ready":
+        return 0
+    return 2 if view.waiting is not None and view.waiting.command else 1
+
+
+def kubectl_plugin() -> int:
+    """`kubectl moonlease ...` (the `kubectl-moonlease` console script): kubectl finds it on
+    PATH and passes the arguments after `moonlease` through."""
+    return main(sys.argv[1:])
+
+
+def _prometheus_allowlist(args: argparse.Namespace) -> tuple[str, ...]:
+    """--prometheus-url-allow flags, then MOONLEASE_PROMETHEUS_URL_ALLOWLIST (comma-separated)."""
+    import os
+
+    from moonlease_operator.core.url_allowlist import parse_allowlist
+
+    return (*args.prometheus_url_allow, *parse_allowlist(os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -122,7 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
                           help="Prometheus metrics port (default 9090)")
     operator.add_argument("--reconcile-interval", type=float, default=5.0,
                           help="seconds between reconciles of a policy when nothing wakes it earlier (default 5)")
+    operator.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
+                          help="a Prometheus server A/B tests may read (repeatable; also "
+                               "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     operator.set_defaults(func=_cmd_operator)
+
+    status = commands.add_parser("status", help="one screen about a MooncakeLeasePolicy (also `kubectl moonlease status`)")
+    status.add_argument("name", help="the policy's name")
+    status.add_argument("-n", "--namespace", default=None, help="its namespace (default: the kubeconfig context's)")
+    status.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    status.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    status.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
+    status.set_defaults(func=_cmd_status)
 
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")
     crd.set_defaults(func=_cmd_crd)

@@ -153,6 +153,8 @@ def policy_for(options: DemoOptions) -> dict[str, Any]:
     ab["conditions"] = [c for c in ab["conditions"] if not c["metric"].startswith("ttft")]
     ab.update(intervalSeconds=options.interval_seconds, minSamples=options.min_samples,
               maxSamples=options.max_samples,
+              # one interval's warm-up: the engines also warm up themselves before serving the test
+              warmupSeconds=options.interval_seconds,
               # the engines start and warm up before their /metrics answer: give them time
               consecutiveErrorLimit=max(ab.get("consecutiveErrorLimit", 4), 300 // options.interval_seconds))
     return policy
@@ -366,7 +368,7 @@ def print_outcome(cluster: Cluster, name: str, status: dict[str, Any], policy: d
     print(f"    $ kubectl get mlp -n {NAMESPACE}")
     print(f"    {'NAME':<15}{'MODE':<11}{'PHASE':<18}{'STAGE':<9}{'A/B':<18}{'VERDICT':<14}")
     print(f"    {name:<15}{policy['spec']['connector']['leaseMode']:<11}{status.get('phase', '-'):<18}"
-          f"{status.get('currentStage') or '-':<9}{ab.get('phase', '-'):<18}{ab.get('verdict') or '-':<14}")
+          f"{status.get('currentStage') or '-':<9}{ab.get('phase', '-'):<18}{ab.get('finalVerdict') or '-':<14}")
     print()
     print(f"    {'arm':<10} {'lease mode':<11} {'store hit rate':>14} {'prefix hit rate':>15} {'TTFT p90':>9}"
           f"   ({ab.get('samples', 0)} intervals)")

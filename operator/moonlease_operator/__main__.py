@@ -4,9 +4,11 @@ account or the current kubeconfig). Same as `moonlease operator`."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import kopf
 
+from moonlease_operator.core.url_allowlist import parse_allowlist
 from moonlease_operator.options import OperatorOptions
 from moonlease_operator.runner import run_operator
 
@@ -21,12 +23,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     parser.add_argument("--reconcile-interval", type=float, default=OperatorOptions.reconcile_interval,
                         help="seconds between reconciles of a policy when nothing wakes it earlier")
+    parser.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
+                        help="a Prometheus server A/B tests may read (repeatable; also "
+                             "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     run_operator(namespaces=args.namespace, standalone=args.standalone,
                  liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
-                 options=OperatorOptions(reconcile_interval=args.reconcile_interval))
+                 options=OperatorOptions(
+                     reconcile_interval=args.reconcile_interval,
+                     prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
+                         os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))))
 
 
 if __name__ == "__main__":

@@ -30,9 +30,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Ready condition"},
     {"name": "A/B", "type": "string", "jsonPath": ".status.abTest.phase",
      "description": "A/B test phase (strategy ABTest)"},
-    {"name": "Verdict", "type": "string", "jsonPath": ".status.abTest.verdict",
-     "description": "A/B test verdict"},
+    {"name": "Verdict", "type": "string", "jsonPath": ".status.abTest.finalVerdict",
+     "description": "A/B test verdict, once final (empty while measuring)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Samples", "type": "string", "jsonPath": ".status.abTest.progress", "priority": 1,
+     "description": "A/B intervals measured / maxSamples"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.abTest.reason", "priority": 1,
+     "description": "Why the A/B test stands where it does"},
 ]
 
 

@@ -39,9 +39,11 @@ from moonlease_operator.adapters.workloads import (
     object_path,
     post_event,
 )
-from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, ABTestPhase, Phase, parse_spec
+from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase, parse_spec
+from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.desired_state import WorkloadChange
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
 from moonlease_operator.options import OperatorOptions
@@ -185,13 +187,15 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     observed = await fetch_observed(client, namespace, fetch, policies=policies)
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
-    if fetch.ab_due and previous.ab_test is not None:
+    if fetch.ab_due and previous.ab_test is not None and evaluate_prometheus_url(
+            _prometheus_url(raw_spec), context.options.prometheus_url_allowlist) is None:
         tested = previous.ab_test.config_hash
-        source = build_metric_source(parse_spec(raw_spec), namespace, observed)
-        reading, kept = await measure_arms(source, baselines.get(tested),
+        reading, kept = await measure_arms(lambda: build_metric_source(parse_spec(raw_spec), namespace, observed),
+                                           baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
-    plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now)
+    plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
+                          prometheus_allowlist=context.options.prometheus_url_allowlist)
     if dump_status(plan.status) != dump_status(previous):
         await apply_status(client, namespace, name, plan.status)
     ab = plan.status.ab_test
@@ -209,11 +213,14 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
     spec = plan.spec.rollout.ab_test if plan.spec is not None else None
-    if ab is None or spec is None or ab.phase is not ABTestPhase.MEASURING:
-        return None
-    if ab.last_measured_at is None:
-        return 0.0
-    return spec.interval_seconds - (context.clock() - ab.last_measured_at).total_seconds()
+    return seconds_until_measurement(ab, spec, context.clock())
+
+
+def _prometheus_url(raw_spec: Mapping[str, Any]) -> str | None:
+    """The A/B test's Prometheus URL as the spec says it (nothing is fetched unless allowed)."""
+    prometheus = ((raw_spec.get("rollout") or {}).get("abTest") or {}).get("prometheus") or {}
+    url = prometheus.get("url") if isinstance(prometheus, Mapping) else None
+    return url if isinstance(url, str) else None
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

@@ -14,6 +14,8 @@ class OperatorOptions:
     progress is noticed at this pace). `error_delay`: seconds to wait after a reconcile failed.
     `write_concurrency`: workload patches in flight at once. `api_retries`/`api_backoff`: retries
     of 429/5xx answers and their first delay (doubling). `api_timeout`: per request.
+    `prometheus_url_allowlist`: the Prometheus servers an A/B test may read (`core.url_allowlist`);
+    empty: none (A/B tests then scrape the pods).
     """
 
     reconcile_interval: float = 5.0
@@ -22,3 +24,4 @@ class OperatorOptions:
     api_retries: int = 4
     api_backoff: float = 0.2
     api_timeout: float = 30.0
+    prometheus_url_allowlist: tuple[str, ...] = ()

@@ -91,6 +91,7 @@ AB_VARIANTS: dict[str, dict[str, Any]] = {
                       "ttftThresholdSeconds": 2.5},
             "prometheus": None}}}},
     "Prometheus with the user's matchers": {
+        "operator": {"prometheusUrlAllowlist": ["https://prom.example:9090"]},
         "vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
         "policy": {"abTest": {"enabled": True, "analysis": {"prometheus": {
             "url": "https://prom.example:9090", "selectors": {"control": 'job="vllm-a"', "treatment": 'job="vllm-b"'},

@@ -198,6 +198,10 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
     assert not find(everywhere, "Role") and one(everywhere, "ClusterRole", "moonlease-operator")
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    assert parsed.prometheus_url_allow == []  # no Prometheus allowed unless the values name it
+    allowing = render_objects(chart, {"operator": {"prometheusUrlAllowlist": ["http://prometheus-operated.monitoring:9090"]}})
+    assert build_parser().parse_args(container(one(allowing, "Deployment", "moonlease-operator"))["args"]) \
+        .prometheus_url_allow == ["http://prometheus-operated.monitoring:9090"]
     assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
     assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "moonlease-operator"
     metrics = one(objects, "Service", "moonlease-operator-metrics")

@@ -208,6 +208,11 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
     "every namespace and named ones": (
         {"operator": {"watchNamespaces": ["*", "inference"]}},
         "operator.watchNamespaces: \"*\" (every namespace) stands alone"),
+    "a Prometheus the operator may not read": (
+        {"vllm": {"arms": [{"name": "control"}, {"name": "treatment"}]},
+         "policy": {"abTest": {"enabled": True, "analysis": {"prometheus": {"url": "http://prom.monitoring:9090"}}}}},
+        "policy.abTest.analysis.prometheus.url http://prom.monitoring:9090 must be allowed by "
+        "operator.prometheusUrlAllowlist"),
     "an operator that does not watch the policy": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces must include the release namespace inference"),

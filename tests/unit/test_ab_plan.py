@@ -20,6 +20,7 @@ from moonlease_operator.core.ab_plan import (
     build_analysis_config,
     load_analysis,
     measurement_due,
+    seconds_until_measurement,
     plan_ab_action,
     record_measurement,
     start_measuring,
@@ -80,7 +81,7 @@ def verdict(outcome: Outcome, final: bool) -> Verdict:
     (Outcome.INCONCLUSIVE, True, {}, ABAction.HOLD),
     (Outcome.INCONCLUSIVE, True, {"onInconclusive": "rollback"}, ABAction.ROLL_BACK),
     (Outcome.NO_DATA, True, {}, ABAction.HOLD),
-    (Outcome.ERROR, True, {}, ABAction.HOLD),
+    (Outcome.ERROR, False, {}, ABAction.CONTINUE),
 ])
 def test_verdict_to_action(outcome: Outcome, final: bool, overrides: dict[str, str], action: ABAction) -> None:
     spec = ABTestSpec.model_validate({**ARMS, **overrides})
@@ -203,6 +204,17 @@ def test_measurement_is_due_once_per_interval_while_measuring() -> None:
     assert not measurement_due(None, spec, T0)
 
 
+def test_the_baseline_waits_out_the_warm_up() -> None:
+    spec = ABTestSpec.model_validate({**ARMS, "intervalSeconds": 30, "warmupSeconds": 90})
+    status = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="c", started_at=T0)
+    assert seconds_until_measurement(status, spec, T0) == 90
+    assert not measurement_due(status, spec, T0 + datetime.timedelta(seconds=89))
+    assert measurement_due(status, spec, T0 + datetime.timedelta(seconds=90))  # the baseline
+    measured = status.model_copy(update={"last_measured_at": T0 + datetime.timedelta(seconds=90)})
+    assert seconds_until_measurement(measured, spec, T0 + datetime.timedelta(seconds=100)) == 20
+    assert ABTestSpec.model_validate(ARMS).warmup_seconds == 60  # the documented default
+
+
 @pytest.mark.parametrize("raw, violated", [
     (ARMS, set()),
     ({**ARMS, "minSamples": 30, "maxSamples": 30}, set()),
@@ -229,3 +241,37 @@ def test_cel_rules_agree_with_their_pydantic_mirrors(raw: dict[str, object], vio
             ABTestSpec.model_validate(raw)
     else:
         ABTestSpec.model_validate(raw)
+
+
+@pytest.mark.parametrize("template, rendered", [
+    ('sum(rate(q{$selector}[5m]))', 'sum(rate(q{job="a"}[5m]))'),
+    ('sum(q{${selector}})', 'sum(q{job="a"})'),
+    ('sum(q{$selector, path=~"/v1/.*$$"})', 'sum(q{job="a", path=~"/v1/.*$"})'),
+    ('count(q{$selector}) - $$selector', 'count(q{job="a"}) - $selector'),
+])
+def test_custom_queries_substitute_only_the_documented_placeholders(template: str, rendered: str) -> None:
+    from moonlease_operator.api.abtest import render_custom_query
+
+    assert render_custom_query(template, 'job="a"') == rendered
+
+
+@pytest.mark.parametrize("template", [
+    "sum(rate(q{$selector}[$__rate_interval]))", 'q{path=~".*$"}', "q{$selectors}", "q{$sel}", "$",
+])
+def test_custom_queries_with_any_other_dollar_are_refused_before_use(template: str) -> None:
+    from moonlease_operator.api.abtest import render_custom_query
+
+    with pytest.raises(ValueError, match="write [$][$] for a literal [$]"):
+        render_custom_query(template, 'job="a"')
+    with pytest.raises(ValueError, match="placeholder"):
+        ABTestSpec.model_validate({**ARMS, "prometheus": {"url": "http://p:9090", "customQueries": {"q": template}}})
+
+
+def test_master_metrics_need_a_master_per_arm() -> None:
+    shared = {**ARMS, "conditions": [{"metric": "putAllocFailures", "direction": "LowerIsBetter"}],
+              "prometheus": {"url": "http://p:9090", "storeSelector": 'job="master"'}}
+    with pytest.raises(ValueError, match="storeSelectors"):
+        ABTestSpec.model_validate(shared)
+    separate = {**shared, "prometheus": {"url": "http://p:9090",
+                                         "storeSelectors": {"control": 'job="m-a"', "treatment": 'job="m-b"'}}}
+    assert ABTestSpec.model_validate(separate).prometheus.store_selectors.treatment == 'job="m-b"'

@@ -29,7 +29,7 @@ SPEC: dict[str, Any] = {
     "targets": [{"name": n, "role": n.split("-")[0], "mooncakeVersion": "0.3.14"} for n in CONTROL + TREATMENT],
     "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 60, "abTest": {
         "control": {"workloads": CONTROL}, "treatment": {"workloads": TREATMENT},
-        "intervalSeconds": 10, "minSamples": 3, "maxSamples": 6,
+        "intervalSeconds": 10, "warmupSeconds": 0, "minSamples": 3, "maxSamples": 6,
         "conditions": [{"metric": "externalHitRate", "minEffect": 0.05, "maxRegression": 0.05}]}},
 }
 
@@ -99,8 +99,19 @@ def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> N
     cluster = ab_fleet()
     deploy_treatment(cluster, SPEC)
     measure(cluster, SPEC, [(0.4, 0.7)] * 2)
+    # While measuring: structured per-condition results, no final verdict (the VERDICT column is empty).
+    measuring = cluster.status.ab_test
+    assert measuring.final_verdict is None and measuring.verdict == "Inconclusive" and measuring.progress == "2/6"
+    [hit_rate] = measuring.conditions
+    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Inconclusive")
+    assert hit_rate.effect == pytest.approx(0.3, abs=0.01) and hit_rate.control == pytest.approx(0.4, abs=0.01)
+    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower < hit_rate.effect < hit_rate.upper
+    assert hit_rate.level == pytest.approx(0.05) and 0 <= hit_rate.p_value <= 1
     cluster.now += datetime.timedelta(seconds=10)
     plan = cluster.reconcile(SPEC, ab_reading=reading(cluster, 0.4, 0.7, 2))
+    decided = cluster.status.ab_test
+    assert decided.final_verdict == "Success" and decided.progress == "3/6"
+    assert decided.conditions[0].outcome == "Success" and decided.conditions[0].lower > 0
     assert cluster.status.ab_test.phase is ABTestPhase.PROMOTING
     assert [c.name for c in plan.changes] == ["prefill-a"]  # the control's first stage, at once
     assert any("promoting the A/B treatment's configuration" in m for _, _, m in cluster.events)
@@ -181,7 +192,15 @@ def test_failed_measurements_are_reported_and_never_decide() -> None:
     assert cluster.reasons().count("MeasurementFailed") == 2
     measure(cluster, spec, [(None, 0.9)])
     status = cluster.run(spec)
-    assert status.ab_test.verdict == "Error" and status.phase is Phase.AWAITING_DECISION
+    assert status.ab_test.verdict == "Error" and status.phase is Phase.ANALYZING  # still measuring
+    concluded = status.condition("ABTestConcluded")
+    assert concluded is not None and concluded.reason == "MeasurementFailed"
+    assert "measuring resumes when the metric source answers" in concluded.message
+    # the source is back: the test resumes, and decides on good measurements only
+    measure(cluster, spec, [(0.4, 0.7)] * 3)
+    status = cluster.run(spec)
+    assert status.ab_test.verdict == "Success" and status.ab_test.samples == 3
+    assert any("Measuring again" in message for _, _, message in cluster.events)
 
 
 def test_a_new_configuration_starts_a_new_test_and_the_promoted_control_is_kept_meanwhile() -> None:
@@ -226,3 +245,15 @@ def test_every_ab_status_fits_the_crd() -> None:
                             "metadata": {"name": "fleet"}, "spec": SPEC, "status": present})
         seen.add(cluster.status.ab_test.phase)
     assert seen == {ABTestPhase.PROMOTED, ABTestPhase.ROLLED_BACK, ABTestPhase.AWAITING_DECISION}
+
+
+def test_arms_of_different_roles_are_refused_with_a_message() -> None:
+    cluster = ab_fleet()
+    spec = ab_spec(control={"workloads": ["prefill-a", "decode-a"]}, treatment={"workloads": ["decode-b"]})
+    spec["targets"] = [t for t in spec["targets"] if t["name"] != "prefill-b"]
+    status = cluster.run(spec)
+    assert status.phase is Phase.INVALID
+    invalid = status.condition("Invalid")
+    assert invalid is not None and invalid.reason == "MismatchedArms"
+    assert "control has decode, prefill, treatment has decode" in invalid.message
+    assert "MismatchedArms" in cluster.reasons() and not cluster.writes

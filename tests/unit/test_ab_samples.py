@@ -110,3 +110,15 @@ def test_failed_put_keys_count_only_the_save_put_operation() -> None:
     assert interval.control is not None and interval.control.put_failed_keys == 7
     assert interval.treatment is not None and interval.treatment.put_failed_keys == 0
     assert canonical_name("vllm_mooncake_store_operation_failed_keys_total") == STORE_FAILED_KEYS
+
+
+def test_source_errors_reach_the_status_short_and_without_control_characters() -> None:
+    from moonlease_operator.core.ab_samples import ERROR_MESSAGE_LIMIT, clean_error_message, failed_interval
+
+    body = "HTTP 502: <html>\r\n\x1b[31mBad gateway\x1b[0m\t" + "x" * 500
+    cleaned = clean_error_message(body)
+    assert len(cleaned) == ERROR_MESSAGE_LIMIT and cleaned.endswith("…")
+    assert not any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in cleaned)
+    assert cleaned.startswith("HTTP 502: <html> [31mBad gateway [0m x")
+    interval = failed_interval(1.0, 2.0, "\n\n")
+    assert interval.failed and interval.error == "measurement failed"

@@ -136,8 +136,11 @@ def test_crd_identity_printer_columns_and_status(crd: dict[str, Any]) -> None:
     assert columns == {
         "Mode": ".spec.connector.leaseMode", "Phase": ".status.phase", "Stage": ".status.currentStage",
         "Ready": '.status.conditions[?(@.type=="Ready")].status', "A/B": ".status.abTest.phase",
-        "Verdict": ".status.abTest.verdict", "Age": ".metadata.creationTimestamp",
+        "Verdict": ".status.abTest.finalVerdict", "Age": ".metadata.creationTimestamp",
+        "Samples": ".status.abTest.progress", "Reason": ".status.abTest.reason",
     }
+    # `kubectl get -o wide` only: the A/B test's samples (n/max) and its reason
+    assert [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1] == ["Samples", "Reason"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert "x-kubernetes-preserve-unknown-fields" not in yaml.safe_dump(status)
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
@@ -262,6 +265,14 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "customQueries names start with a letter and hold only letters, digits and underscores (at most 63)":
         with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
             "url": "http://prometheus:9090", "customQueries": {"queue-depth": "sum(q{$selector})"}}}}}),
+    "customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $":
+        with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090",
+            "customQueries": {"ttft": "sum(rate(x{$selector}[$__rate_interval]))"}}}}}),
+    "evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
+    "(one master per arm); with one shared master both arms read the same series": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [{"metric": "evictions"}],
+                                             "prometheus": {"url": "http://prometheus:9090"}}}}),
     "with strategy ABTest every target must be named and in one arm": with_changes(**{
         "rollout": AB_ROLLOUT, "targets": [*VALID["targets"], {"name": "extra", "role": "decode"}]}),
 }

@@ -69,6 +69,16 @@ Included once, by validate.yaml (which renders nothing).
 {{- if not .Values.vllm.enabled -}}
 {{- fail "policy.abTest compares two of the chart's vllm.arms: set vllm.enabled=true with two arms, or policy.abTest.enabled=false" -}}
 {{- end -}}
+{{- $url := dig "analysis" "prometheus" "url" "" $ab -}}
+{{- if and $url .Values.operator.enabled -}}
+{{- $allowed := false -}}
+{{- range .Values.operator.prometheusUrlAllowlist -}}
+{{- if hasPrefix (trimSuffix "/" .) $url -}}{{- $allowed = true -}}{{- end -}}
+{{- end -}}
+{{- if not $allowed -}}
+{{- fail (printf "policy.abTest.analysis.prometheus.url %s must be allowed by operator.prometheusUrlAllowlist, or the operator refuses the policy (PrometheusUrlNotAllowed)" $url) -}}
+{{- end -}}
+{{- end -}}
 {{- if eq $ab.controlArm $ab.treatmentArm -}}
 {{- fail (printf "policy.abTest: controlArm and treatmentArm are both %q: name two different arms of vllm.arms" $ab.controlArm) -}}
 {{- end -}}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from moonlease_operator.adapters.metric_sources import (
@@ -25,7 +26,13 @@ from moonlease_operator.adapters.metric_sources import (
 )
 from moonlease_operator.api import PolicySpec
 from moonlease_operator.core.ab_plan import ABReading
-from moonlease_operator.core.ab_samples import Snapshot, WorkloadRef, arm_scrape_endpoints, pod_matchers
+from moonlease_operator.core.ab_samples import (
+    Snapshot,
+    WorkloadRef,
+    arm_scrape_endpoints,
+    failed_interval,
+    pod_matchers,
+)
 from moonlease_operator.core.analysis import Arm
 from moonlease_operator.core.rollout import Observed
 
@@ -49,9 +56,14 @@ def build_metric_source(spec: PolicySpec, namespace: str, observed: Observed) ->
             selectors = {Arm.CONTROL: prometheus.selectors.control, Arm.TREATMENT: prometheus.selectors.treatment}
         else:
             selectors = {arm: pod_matchers(namespace, refs, **labels) for arm, refs in arms.items()}
-        store = prometheus.store_selector or pod_matchers(
-            namespace, [(spec.master.kind.value, spec.master.name)], **labels)
-        return PrometheusSource(prometheus.url, selectors, store_selectors={arm: store for arm in Arm},
+        if prometheus.store_selectors is not None:  # one master per arm
+            stores = {Arm.CONTROL: prometheus.store_selectors.control,
+                      Arm.TREATMENT: prometheus.store_selectors.treatment}
+        else:
+            store = prometheus.store_selector or pod_matchers(
+                namespace, [(spec.master.kind.value, spec.master.name)], **labels)
+            stores = {arm: store for arm in Arm}
+        return PrometheusSource(prometheus.url, selectors, store_selectors=stores,
                                 custom_queries=prometheus.custom_queries)
     workload_selectors: dict[Arm, list[dict[str, Any]]] = {
         arm: [dict(obj["spec"]["selector"]) for ref in refs
@@ -61,11 +73,23 @@ def build_metric_source(spec: PolicySpec, namespace: str, observed: Observed) ->
     return ScrapeSource(endpoints, path=ab.scrape.path)
 
 
-async def measure_arms(source: MetricSource, baseline: Snapshot | None, *, last_measured_at: datetime.datetime | None,
+async def measure_arms(source_factory: Callable[[], MetricSource], baseline: Snapshot | None, *,
+                       last_measured_at: datetime.datetime | None,
                        now: datetime.datetime) -> tuple[ABReading, Snapshot | None]:
     """The reading for this reconcile (the baseline when there is none yet) and the snapshot to
-    keep. Blocking HTTP runs in the default executor."""
+    keep. Blocking HTTP runs in the default executor. Whatever fails — building the source from
+    the spec, a request, an answer — is an error sample, never an exception."""
     loop = asyncio.get_running_loop()
+    try:
+        return await _measure(loop, source_factory(), baseline, last_measured_at=last_measured_at, now=now)
+    except Exception as exc:  # noqa: BLE001 - building or reading a source never fails a reconcile
+        start = baseline.at if baseline is not None else now.timestamp()
+        return ABReading(now, failed_interval(start, now.timestamp(), f"{type(exc).__name__}: {exc}")), baseline
+
+
+async def _measure(loop: asyncio.AbstractEventLoop, source: MetricSource, baseline: Snapshot | None, *,
+                   last_measured_at: datetime.datetime | None,
+                   now: datetime.datetime) -> tuple[ABReading, Snapshot | None]:
     if baseline is None and last_measured_at is not None and isinstance(source, PrometheusSource):
         try:  # Prometheus remembers: measure from where the last operator stopped
             baseline = await loop.run_in_executor(

@@ -17,12 +17,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from string import Template
 from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moonlease_operator.core.ab_samples import BUILTIN_SERIES, Series, Snapshot, build_interval, canonical_name
+from moonlease_operator.api.abtest import render_custom_query
+from moonlease_operator.core.ab_samples import (
+    BUILTIN_SERIES,
+    Series,
+    Snapshot,
+    build_interval,
+    canonical_name,
+    failed_interval,
+)
 from moonlease_operator.core.analysis import Arm, IntervalSample
 
 
@@ -41,17 +48,20 @@ def fetch_interval(source: MetricSource, previous: Snapshot | None, *,
     The first successful snapshot is the baseline and yields no sample. A failed fetch yields an
     error sample and keeps the previous snapshot, so the next good interval spans the gap.
     """
+    start = previous.at if previous else at
     try:
         current = source.fetch_snapshot(at=at)
+        if previous is None:
+            return None, current
+        return build_interval(previous, current), current
     except MetricSourceError as exc:
-        return IntervalSample(start=previous.at if previous else at, end=at, error=str(exc)), previous
-    if previous is None:
-        return None, current
-    return build_interval(previous, current), current
+        return failed_interval(start, at, str(exc)), previous
+    except Exception as exc:  # noqa: BLE001 - any failure of a source is an error sample, never a crash
+        return failed_interval(start, at, f"{type(exc).__name__}: {exc}"), previous
 
 
 def _with_retries(what: str, attempts: int, delay: float, sleep: Callable[[float], None],
-                  call: Callable[[], Any]) -> Any:
+                  call: Callable[[], Any], *, detail: str = "") -> Any:
     last = ""
     for attempt in range(max(1, attempts)):
         if attempt:
@@ -62,7 +72,7 @@ def _with_retries(what: str, attempts: int, delay: float, sleep: Callable[[float
             last = str(exc)
         except (OSError, ValueError) as exc:  # URLError, timeouts, refused, bad JSON/text
             last = f"{type(exc).__name__}: {exc}"
-    raise MetricSourceError(f"{what} failed after {max(1, attempts)} attempts: {last}")
+    raise MetricSourceError(f"{what} failed after {max(1, attempts)} attempts: {last}{detail}")
 
 
 def _get(url: str, timeout: float) -> str:
@@ -97,15 +107,16 @@ class PrometheusSource:
             try:
                 payload = json.loads(_get(f"{self.url}/api/v1/query?{params}", self.timeout))
             except urllib.error.HTTPError as exc:
-                raise MetricSourceError(f"HTTP {exc.code}: {exc.read()[:300]!r}") from exc
+                raise MetricSourceError(f"HTTP {exc.code}: {exc.read(512).decode('utf-8', 'replace')}") from exc
             if payload.get("status") != "success":
                 raise MetricSourceError(f"{payload.get('errorType')}: {payload.get('error')}")
-            data = payload["data"]
-            if data.get("resultType") != "vector":
-                raise MetricSourceError(f"expected a vector, got {data.get('resultType')}")
-            return list(data["result"])
-        return _with_retries(f"Prometheus query {promql!r} at {self.url}", self.attempts, self.retry_delay,
-                             self.sleep, call)
+            data = payload.get("data") if isinstance(payload, dict) else None
+            if not isinstance(data, dict) or data.get("resultType") != "vector":
+                raise MetricSourceError(f"expected a vector, got {str(payload)[:200]}")
+            return list(data.get("result") or [])
+        # The source first: a message is cut to ERROR_MESSAGE_LIMIT characters in the status.
+        return _with_retries(f"Prometheus at {self.url}", self.attempts, self.retry_delay, self.sleep, call,
+                             detail=f" (query {promql})")
 
     def _series(self, names: Sequence[str], selector: str, at: float) -> list[Series]:
         matcher = "|".join(sorted({spelling for n in names for spelling in (n, n.replace(":", "_"))}))
@@ -128,7 +139,7 @@ class PrometheusSource:
             series[arm] = tuple(found)
             custom[arm] = {}
             for name, template in self.custom_queries.items():
-                result = self._query(Template(template).substitute(selector=self.selectors[arm]), at)
+                result = self._query(render_custom_query(template, self.selectors[arm]), at)
                 if len(result) == 1:
                     custom[arm][name] = float(result[0]["value"][1])
                 # no answer (or several) leaves the metric missing: its condition reports NoData

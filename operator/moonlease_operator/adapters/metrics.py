@@ -13,7 +13,11 @@ not collide). Names follow Prometheus conventions:
   0 for its other stages;
 * `moonlease_operator_targets{namespace,policy,state}`: a policy's workloads per state
   (Pending, Updating, Ready, Failed, RollingBack, RolledBack);
-* `moonlease_operator_policy_phase{namespace,policy,phase}`: 1 for the policy's phase.
+* `moonlease_operator_policy_phase{namespace,policy,phase}`: 1 for the policy's phase;
+* `moonlease_operator_ab_test_verdict{namespace,policy,verdict}`: 1 for an A/B test's final
+  verdict (all 0 while it measures);
+* `moonlease_operator_ab_test_effect{namespace,policy,metric,bound}`: each condition's effect
+  (treatment - control, positive is better) as `estimate`, `lower` and `upper` bound.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from moonlease_operator.api import ABTestPhase, Phase, PolicyStatus, StageName, TargetPhase
+from moonlease_operator.core.analysis import Outcome
 
+VERDICTS = tuple(outcome.value for outcome in Outcome)
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -51,6 +57,14 @@ class OperatorMetrics:
                                "Failed A/B measurements in a row (source down, an arm without series)",
                                ["namespace", "policy"], **kwargs)
 
+        self.ab_verdict = Gauge("moonlease_operator_ab_test_verdict",
+                                "1 for the final verdict of a policy's A/B test (0 while measuring)",
+                                ["namespace", "policy", "verdict"], **kwargs)
+        self.ab_effect = Gauge("moonlease_operator_ab_test_effect",
+                               "A/B effect per condition (treatment - control, positive is better) and its bounds",
+                               ["namespace", "policy", "metric", "bound"], **kwargs)
+        self._effect_series: dict[tuple[str, str], set[tuple[str, str]]] = {}
+
     def observe_reconcile(self, result: str, seconds: float | None) -> None:
         """Count a reconcile; `seconds` (None for one that failed midway) goes to the histogram."""
         self.reconciles.labels(result=result).inc()
@@ -77,10 +91,35 @@ class OperatorMetrics:
             self.ab_phase.labels(namespace, policy, ab_phase.value).set(
                 1 if ab is not None and ab.phase is ab_phase else 0)
         self.ab_samples.labels(namespace, policy).set(ab.samples if ab is not None else 0)
+        for verdict in VERDICTS:
+            self.ab_verdict.labels(namespace, policy, verdict).set(
+                1 if ab is not None and ab.final_verdict == verdict else 0)
+        series = set()
+        for result in ab.conditions if ab is not None else ():
+            for bound, value in (("estimate", result.effect), ("lower", result.lower), ("upper", result.upper)):
+                if value is not None:
+                    self.ab_effect.labels(namespace, policy, result.metric, bound).set(value)
+                    series.add((result.metric, bound))
+        self._forget_effects(namespace, policy, keep=series)
         self.ab_errors.labels(namespace, policy).set(ab.consecutive_errors if ab is not None else 0)
+
+    def _forget_effects(self, namespace: str, policy: str, keep: set[tuple[str, str]]) -> None:
+        """Drop effect series no longer measured (a removed condition, a bound gone unbounded)."""
+        for metric, bound in self._effect_series.get((namespace, policy), set()) - keep:
+            try:
+                self.ab_effect.remove(namespace, policy, metric, bound)
+            except KeyError:
+                pass
+        self._effect_series[(namespace, policy)] = keep
 
     def forget(self, namespace: str, policy: str) -> None:
         """Drop a deleted policy's series."""
+        self._forget_effects(namespace, policy, keep=set())
+        for verdict in VERDICTS:
+            try:
+                self.ab_verdict.remove(namespace, policy, verdict)
+            except KeyError:
+                pass
         for gauge, values in ((self.current_stage, StageName), (self.targets, TargetPhase), (self.phase, Phase),
                               (self.ab_phase, ABTestPhase)):
             for value in values:

@@ -111,6 +111,27 @@ _QUERY_NAMES = CelRule(
 )
 
 
+# A custom query may hold `$selector` (or `${selector}`) and `$$` (a literal `$`), nothing else
+# after a `$`: PromQL's own `$` (a regex anchor, Grafana's `$__rate_interval`) must be written `$$`.
+QUERY_TEMPLATE_PATTERN = r"^([^$]|[$][$]|[$]selector\b|[$][{]selector[}])*$"
+_QUERY_TEMPLATE = re.compile(QUERY_TEMPLATE_PATTERN)
+_PLACEHOLDER = re.compile(r"[$]([$]|selector\b|[{]selector[}])")
+_QUERY_PLACEHOLDERS = CelRule(
+    rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
+    + json.dumps(QUERY_TEMPLATE_PATTERN) + "))",
+    message="customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $",
+    field_path=".customQueries",
+)
+
+
+def render_custom_query(template: str, selector: str) -> str:
+    """A custom query with `$selector` replaced by an arm's matchers and `$$` by `$`. The one
+    substitution the operator does; templates are validated (`_QUERY_PLACEHOLDERS`) before."""
+    if not _QUERY_TEMPLATE.match(template):
+        raise ValueError(_QUERY_PLACEHOLDERS.message)
+    return _PLACEHOLDER.sub(lambda m: "$" if m.group(1) == "$" else selector, template)
+
+
 class PrometheusSpec(ApiModel):
     """Read the arms' metrics from a Prometheus server's HTTP API."""
 
@@ -123,6 +144,10 @@ class PrometheusSpec(ApiModel):
     store_selector: PromMatchers | None = None
     """Label matchers picking the Mooncake master's series (both arms share it); default: the
     master workload's pods, by `podLabel` and `namespaceLabel`."""
+    store_selectors: ArmSelectorsSpec | None = None
+    """Label matchers picking each arm's own Mooncake master, when the arms have separate masters
+    (then master-level metrics, `evictions` and `putAllocFailures`, may be A/B conditions);
+    overrides `storeSelector`."""
     pod_label: Annotated[str, Field(min_length=1, max_length=63)] = "pod"
     """Prometheus label holding the pod name."""
     namespace_label: Annotated[str, Field(min_length=1, max_length=63)] = "namespace"
@@ -132,12 +157,14 @@ class PrometheusSpec(ApiModel):
     """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number.
     Names start with a letter and hold letters, digits and underscores."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES,)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS)
 
     @model_validator(mode="after")
     def _check_names(self) -> PrometheusSpec:
         if not all(_METRIC_NAME.fullmatch(name) for name in self.custom_queries):
             raise _QUERY_NAMES.violation()
+        if not all(_QUERY_TEMPLATE.match(query) for query in self.custom_queries.values()):
+            raise _QUERY_PLACEHOLDERS.violation()
         return self
 
 
@@ -162,6 +189,14 @@ _KNOWN_METRICS = CelRule(
     message="each condition's metric must be built in or named in prometheus.customQueries",
     field_path=".conditions",
 )
+MASTER_METRICS = (BuiltinMetric.EVICTIONS.value, BuiltinMetric.PUT_FAILURES.value)
+_MASTER_METRICS_NEED_MASTERS = CelRule(
+    rule="!has(self.conditions) || !self.conditions.exists(c, c.metric in " + json.dumps(list(MASTER_METRICS))
+    + ") || (has(self.prometheus) && has(self.prometheus.storeSelectors))",
+    message="evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
+            "(one master per arm); with one shared master both arms read the same series",
+    field_path=".conditions",
+)
 _MAX_AT_LEAST_MIN = CelRule(
     rule="self.maxSamples >= self.minSamples",
     message="maxSamples must be at least minSamples",
@@ -183,15 +218,21 @@ class ABTestSpec(ApiModel):
     control: ArmSpec
     treatment: ArmSpec
     interval_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    warmup_seconds: Annotated[int, Field(ge=0, le=86400)] = 60
+    """Seconds after the treatment is verified before the baseline is read: both arms' caches
+    (the treatment's restarted engines start cold) fill before anything counts."""
     min_samples: Annotated[int, Field(ge=2, le=1000)] = 5
     max_samples: Annotated[int, Field(ge=2, le=10000)] = 30
     """Measured intervals after which an undecided test ends Inconclusive."""
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
-    """Two-sided confidence of each effect's interval (Student t with min(n) - 1 degrees of freedom)."""
+    """1 - the family-wise error rate of the whole test, however often it is looked at: always-valid
+    p-values (normal-mixture confidence sequences) with Holm's correction across conditions."""
     conditions: Annotated[list[ConditionSpec], Field(min_length=1, max_length=16)] = Field(
         default_factory=_default_conditions, json_schema_extra={"x-kubernetes-list-type": "atomic"},
     )
     consecutive_error_limit: Annotated[int, Field(ge=0, le=100)] = 4
+    """Failed measurements in a row tolerated; one more makes the verdict Error (never final:
+    measuring goes on and resumes with the next good measurement)."""
     abort: AbortSpec = Field(default_factory=AbortSpec, json_schema_extra={"default": {}})
     prometheus: PrometheusSpec | None = None
     scrape: ScrapeSpec = Field(default_factory=ScrapeSpec, json_schema_extra={"default": {}})
@@ -199,7 +240,8 @@ class ABTestSpec(ApiModel):
     on_failure: FailureAction = FailureAction.ROLLBACK
     on_inconclusive: FailureAction = FailureAction.HOLD
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS,
+                                                _MASTER_METRICS_NEED_MASTERS)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -210,6 +252,9 @@ class ABTestSpec(ApiModel):
         custom = self.prometheus.custom_queries if self.prometheus is not None else {}
         if any(c.metric not in BUILTIN_METRICS and c.metric not in custom for c in self.conditions):
             raise _KNOWN_METRICS.violation()
+        if any(c.metric in MASTER_METRICS for c in self.conditions) and (
+                self.prometheus is None or self.prometheus.store_selectors is None):
+            raise _MASTER_METRICS_NEED_MASTERS.violation()
         return self
 
 
@@ -306,6 +351,29 @@ class AnalysisStateStatus(StatusModel):
     recent: Annotated[list[GuardPointStatus], Field(max_length=20)] = Field(default_factory=list)
 
 
+class ConditionResultStatus(StatusModel):
+    """One condition's result: both arms' estimates, the effect with its always-valid bounds,
+    and what Holm's step-down made of it (`core.analysis.ConditionResult`)."""
+
+    metric: Annotated[str, Field(max_length=63)]
+    outcome: Annotated[str, Field(max_length=32)]
+    """Success (a guardrail: within tolerance), Failure, Inconclusive or NoData."""
+    control: float | None = None
+    """The control's estimate over the whole test."""
+    treatment: float | None = None
+    """The treatment's estimate over the whole test."""
+    effect: float | None = None
+    """Treatment - control, signed so that positive is better."""
+    lower: float | None = None
+    """Lower bound of the effect's confidence sequence at `level` (unset: unbounded yet)."""
+    upper: float | None = None
+    """Upper bound of the effect's confidence sequence at `level` (unset: unbounded yet)."""
+    p_value: float | None = None
+    """Always-valid p-value of "no difference"."""
+    level: float | None = None
+    """The level Holm's step-down tested this condition at."""
+
+
 class ABTestPhase(str, enum.Enum):
     """Where an A/B test is.
 
@@ -332,7 +400,13 @@ class ABTestStatus(StatusModel):
     config_hash: Annotated[str, Field(max_length=128)] = ""
     """The configuration under test (status.desiredConfigHash when the test started)."""
     verdict: Annotated[str, Field(max_length=32)] | None = None
-    """Success, Failure, Inconclusive, Abort, NoData or Error."""
+    """The verdict so far: Success, Failure, Inconclusive, Abort, NoData or Error."""
+    final_verdict: Annotated[str, Field(max_length=32)] | None = None
+    """The verdict once the test is final (decided, or held at maxSamples); unset while measuring."""
+    progress: Annotated[str, Field(max_length=32)] = ""
+    """Measured intervals / maxSamples, e.g. 7/30."""
+    conditions: Annotated[list[ConditionResultStatus], Field(max_length=16)] = Field(default_factory=list)
+    """Per condition: values, effect, bounds and outcome (latest measurement)."""
     reason: Annotated[str, Field(max_length=4096)] = ""
     """Why: per condition, treatment vs control with the effect and its uncertainty."""
     action: Annotated[str, Field(max_length=32)] = ""

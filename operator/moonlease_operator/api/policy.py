@@ -401,6 +401,8 @@ class Reason(str, enum.Enum):
     CONFLICTING_POLICY = "ConflictingPolicy"
     FOREIGN_CONNECTOR = "ForeignConnector"
     UNMANAGEABLE_WORKLOAD = "UnmanageableWorkload"
+    PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
+    MISMATCHED_ARMS = "MismatchedArms"
     WORKLOAD_NOT_FOUND = "WorkloadNotFound"
     # Rollout (Ready, Progressing, Degraded conditions; events)
     ROLLOUT_STARTED = "RolloutStarted"
@@ -575,6 +577,19 @@ def parse_spec(raw: Mapping[str, Any]) -> PolicySpec:
         return PolicySpec.model_validate_json(json.dumps(dict(raw), default=str), strict=True)
     except ValidationError as exc:
         raise PolicySpecError(describe_errors(exc)) from None
+
+
+#: A policy's name is the value of its `moonlease.io/policy` label on every workload it manages,
+#: and the API server refuses label values over 63 characters (422 on every workload patch).
+MAX_POLICY_NAME_LENGTH = 63
+
+
+def policy_name_problems(name: str) -> list[str]:
+    """Why a policy of this name cannot manage workloads; empty when it can. Pure."""
+    if len(name) <= MAX_POLICY_NAME_LENGTH:
+        return []
+    return [f"metadata.name: must be no more than {MAX_POLICY_NAME_LENGTH} characters (it has {len(name)}):"
+            f" the name is the value of the {GROUP}/policy label on every workload the policy manages"]
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

@@ -28,11 +28,12 @@ from moonlease_operator.api.abtest import (
     ABTestSpec,
     ABTestStatus,
     ArmValues,
+    ConditionResultStatus,
     FailureAction,
     IntervalRecord,
     SuccessAction,
 )
-from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, Reason
+from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, PolicySpec, Reason
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
@@ -44,6 +45,7 @@ from moonlease_operator.core.analysis import (
     Histogram,
     IntervalSample,
     MeanSums,
+    ConditionResult,
     Outcome,
     QuantileSums,
     RatioSums,
@@ -81,10 +83,26 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
     )
 
 
+def evaluate_arm_roles(spec: PolicySpec) -> str | None:
+    """Why the A/B arms cannot be compared, or None: both arms must hold the same roles (a
+    prefill-only control against a decode-only treatment compares roles, not lease modes)."""
+    ab = spec.rollout.ab_test
+    if ab is None:
+        return None
+    roles = {t.name: t.role.value for t in spec.targets if t.name is not None}
+    control = sorted({roles[n] for n in ab.control.workloads if n in roles})
+    treatment = sorted({roles[n] for n in ab.treatment.workloads if n in roles})
+    if control == treatment:
+        return None
+    return (f"the A/B arms must hold the same roles: control has {', '.join(control) or 'none'}, "
+            f"treatment has {', '.join(treatment) or 'none'}")
+
+
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:
     """The action a verdict calls for. Never promotes on anything but Success; an Abort always
-    rolls back unless the user holds failures; Error and a final NoData hold for a human
-    (the operator could not measure: it does not know which arm is better)."""
+    rolls back unless the user holds failures; a final NoData holds for a human (the operator
+    could not measure: it does not know which arm is better); Error is never final (measuring
+    goes on until the source answers again)."""
     if verdict.outcome is Outcome.ABORT:
         return ABAction.ROLL_BACK if spec.on_failure is FailureAction.ROLLBACK else ABAction.HOLD
     if not verdict.final:
@@ -192,6 +210,21 @@ def summarize_arm(totals: ArmTotals) -> ArmValues:
     )
 
 
+def _finite(value: float | None) -> float | None:
+    """JSON has no infinities: an unbounded side is left unset."""
+    return value if value is not None and math.isfinite(value) else None
+
+
+def build_condition_results(results: tuple[ConditionResult, ...]) -> list[ConditionResultStatus]:
+    return [ConditionResultStatus(
+        metric=r.metric, outcome=r.outcome.value,
+        control=_finite(r.control.value) if r.control is not None else None,
+        treatment=_finite(r.treatment.value) if r.treatment is not None else None,
+        effect=_finite(r.effect), lower=_finite(r.lower), upper=_finite(r.upper),
+        p_value=_finite(r.p_value), level=_finite(r.level),
+    ) for r in results]
+
+
 # ---- the test's progress ---------------------------------------------------------------------------
 
 _NEXT_PHASE = {
@@ -222,7 +255,8 @@ def start_measuring(status: ABTestStatus, spec: ABTestSpec, control: list[str], 
     """The treatment runs the configuration, verified: measuring starts."""
     source = f"Prometheus at {spec.prometheus.url}" if spec.prometheus else f"the pods' :{spec.scrape.port}{spec.scrape.path}"
     message = (f"A/B test of configuration {status.config_hash}: control {', '.join(control)} against treatment "
-               f"{', '.join(treatment)}, every {spec.interval_seconds}s from {source}; at least {spec.min_samples}"
+               f"{', '.join(treatment)}, every {spec.interval_seconds}s from {source} after a {spec.warmup_seconds}s warm-up; "
+               f"at least {spec.min_samples}"
                + f", at most {spec.max_samples} samples")
     return status.model_copy(update={"phase": ABTestPhase.MEASURING, "started_at": now, "verdict": None,
                                      "reason": message}), [EventNote("Normal", Reason.AB_TEST_STARTED.value, message)]
@@ -243,7 +277,13 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
         events.append(EventNote("Warning", Reason.MEASUREMENT_FAILED.value,
                                 f"Measuring the arms failed ({state.consecutive_errors} in a row, limit "
                                 f"{spec.consecutive_error_limit}): {state.last_error}"))
-    if action is not ABAction.CONTINUE or (verdict.outcome.value != status.verdict and verdict.samples >= spec.min_samples):
+    if status.verdict == Outcome.ERROR.value and not reading.interval.failed:
+        events.append(EventNote("Normal", Reason.AB_TEST_VERDICT.value,
+                                f"Measuring again: the metric source answered after {status.consecutive_errors} "
+                                "failed measurements"))
+    entering_error = verdict.outcome is Outcome.ERROR and status.verdict != Outcome.ERROR.value
+    if action is not ABAction.CONTINUE or entering_error or (
+            verdict.outcome.value != status.verdict and verdict.samples >= spec.min_samples):
         kind = "Warning" if verdict.outcome in _BAD_OUTCOMES else "Normal"
         events.append(EventNote(kind, Reason.AB_TEST_VERDICT.value,
                                 f"{verdict.outcome.value} after {verdict.samples} samples: {verdict.reason}"))
@@ -257,6 +297,9 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
     history = [*status.history, record_interval(reading.interval)][-HISTORY_LIMIT:]
     return status.model_copy(update={
         "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
+        "final_verdict": verdict.outcome.value if action is not ABAction.CONTINUE else None,
+        "progress": f"{verdict.samples}/{spec.max_samples}",
+        "conditions": build_condition_results(verdict.conditions) or status.conditions,
         "action": action.value, "samples": verdict.samples, "consecutive_errors": verdict.consecutive_errors,
         "last_measured_at": reading.at, "decided_at": now if action is not ABAction.CONTINUE else None,
         "control": summarize_arm(state.control), "treatment": summarize_arm(state.treatment),
@@ -286,9 +329,22 @@ def apply_decision_annotation(status: ABTestStatus, annotation: str | None,
         EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value, "Rolling the treatment back, as annotated")]
 
 
+def seconds_until_measurement(status: ABTestStatus | None, spec: ABTestSpec | None,
+                              now: datetime.datetime) -> float | None:
+    """Seconds until the arms are read next (<= 0: now); None when the test is not measuring.
+
+    The first read is the baseline, `warmupSeconds` after measuring started (caches warm up
+    first); then one every `intervalSeconds`."""
+    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
+        return None
+    if status.last_measured_at is not None:
+        return spec.interval_seconds - (now - status.last_measured_at).total_seconds()
+    if status.started_at is None:
+        return 0.0
+    return spec.warmup_seconds - (now - status.started_at).total_seconds()
+
+
 def measurement_due(status: ABTestStatus | None, spec: ABTestSpec | None, now: datetime.datetime) -> bool:
     """Whether this reconcile should read the arms' metrics."""
-    if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
-        return False
-    last = status.last_measured_at
-    return last is None or (now - last).total_seconds() >= spec.interval_seconds
+    due_in = seconds_until_measurement(status, spec, now)
+    return due_in is not None and due_in <= 0

@@ -13,6 +13,7 @@ the previous snapshot (a new pod) contributes its whole value.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,6 +119,26 @@ def build_interval(previous: Snapshot, current: Snapshot) -> IntervalSample:
     error = f"no series for the {' and '.join(missing)} arm" if missing else None
     return IntervalSample(start=previous.at, end=current.at, control=arms[Arm.CONTROL],
                           treatment=arms[Arm.TREATMENT], error=error)
+
+
+# ---- errors as data ----------------------------------------------------------------------------------
+
+ERROR_MESSAGE_LIMIT = 120
+"""Characters of a metric source's error that reach the status and Events."""
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def clean_error_message(text: str, limit: int = ERROR_MESSAGE_LIMIT) -> str:
+    """An error from a metric source, fit for the status and Events: control characters (a
+    server's newlines, terminal escapes) become one space, and the text is cut to `limit`
+    characters (an error page's body can be anything, of any length)."""
+    flat = _CONTROL.sub(" ", text).strip()
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def failed_interval(start: float, end: float, error: str) -> IntervalSample:
+    """The error sample of a measurement that failed: the one way a failure becomes data."""
+    return IntervalSample(start=start, end=end, error=clean_error_message(error) or "measurement failed")
 
 
 # ---- which pods and series belong to an arm -----------------------------------------------------------

@@ -18,11 +18,17 @@ over its intervals, with the cluster (linearisation / delta-method) standard err
 i.e. the interval-to-interval variation of the residuals. TTFT comes from histogram bucket
 deltas: the quantile of the pooled buckets (interpolated like PromQL's histogram_quantile), with
 a batch-means standard error from the spread of the per-interval quantiles. Custom metrics are
-one value per interval: mean and standard error of the mean. A condition compares
-treatment - control (signed so that positive is better) with the combined standard error
-sqrt(se_t^2 + se_c^2) times a Student-t critical value at the configured confidence, with
-min(n_t, n_c) - 1 degrees of freedom: a standard error estimated from a handful of intervals is
-itself uncertain, and a normal z would decide too early (t(3) at 95 % two-sided is 3.18, not 1.96).
+one value per interval: mean and standard error of the mean.
+
+Decision. The operator looks after every interval and stops at the first decision, so a
+fixed-level test would err far more often than its level (issue 17: 19 % instead of 5 %). Each
+condition's effect = treatment - control (signed so that positive is better) is tested with an
+always-valid p-value from the normal-mixture confidence sequence (Robbins 1970; Howard et al.
+2021), studentised through Student's t with min(n_t, n_c) - 1 degrees of freedom, and Holm's
+step-down across the conditions keeps the family-wise error at 1 - confidence for Success and
+Failure together, however many looks (`core.sequential` has the method and its references).
+Limit: intervals are taken as independent; positively autocorrelated intervals (a slowly
+drifting load) make every standard error here too small.
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from moonlease_operator.api.abtest import BuiltinMetric, MetricDirection
+from moonlease_operator.core.sequential import (
+    HolmStep,
+    always_valid_critical,
+    always_valid_p,
+    holm,
+    tuned_mixture,
+)
 
 
 class Arm(str, enum.Enum):
@@ -52,7 +65,8 @@ class Outcome(str, enum.Enum):
     NO_DATA = "NoData"
     """A metric a condition needs is missing from every interval: no decision is possible."""
     ERROR = "Error"
-    """More consecutive failed measurements than the limit allows."""
+    """More consecutive failed measurements than the limit allows (never final: measuring goes on
+    and resumes with the next good measurement)."""
 
 
 TTFT_QUANTILES: Mapping[str, float] = {
@@ -228,6 +242,13 @@ class ConditionResult:
     stderr: float | None
     outcome: Outcome
     reason: str
+    lower: float | None = None
+    """Lower bound of the effect's always-valid confidence sequence at `level` (None: no data)."""
+    upper: float | None = None
+    p_value: float | None = None
+    """Always-valid two-sided p-value of "no difference"."""
+    level: float | None = None
+    """The level Holm's step-down tested this condition at."""
 
 
 @dataclass(frozen=True)
@@ -416,86 +437,86 @@ def estimate_metric(metric: str, samples: Sequence[ArmSample]) -> Estimate | Non
     return totals.estimate(metric)
 
 
-# ---- Student's t (no SciPy in the operator image) -------------------------------------------------
-
-def _incomplete_beta(x: float, a: float, b: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (modified
-    Lentz), on the side where it converges fast."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _incomplete_beta(1.0 - x, b, a)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    fraction = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            fraction *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return front * fraction / a
-
-
-def t_cdf(value: float, df: float) -> float:
-    """P(T <= value) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / (df + value * value), df / 2.0, 0.5)
-    return 1.0 - tail if value >= 0 else tail
-
-
-def t_critical(confidence: float, df: int) -> float:
-    """The two-sided critical value t such that P(|T| <= t) = confidence; inf without a degree
-    of freedom (one interval says nothing about its own spread)."""
-    if df < 1:
-        return math.inf
-    target = (1.0 + confidence) / 2.0
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < target:
-        high *= 2.0
-    for _ in range(200):
-        middle = (low + high) / 2.0
-        if t_cdf(middle, df) < target:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2.0
-
-
 # ---- the decision -------------------------------------------------------------------------------
 
-def evaluate_condition(condition: Condition, control: ArmTotals, treatment: ArmTotals, *,
-                       confidence: float) -> ConditionResult:
+def tuning_look(config: AnalysisConfig) -> int:
+    """The look at which the always-valid boundary is made tightest: the geometric middle of
+    the planned looks (minSamples..maxSamples), so early and late looks both stay usable."""
+    top = config.max_samples if config.max_samples is not None else 4 * config.min_samples
+    return max(config.min_samples, round(math.sqrt(config.min_samples * top)))
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """One condition's estimates before the family-wise step."""
+
+    condition: Condition
+    control: Estimate | None
+    treatment: Estimate | None
+    effect: float | None
+    stderr: float | None
+    samples: int
+    p_value: float
+
+
+def _compare(condition: Condition, control: ArmTotals, treatment: ArmTotals, r: float) -> _Comparison:
     c = control.estimate(condition.metric)
     t = treatment.estimate(condition.metric)
     if c is None or t is None:
-        missing = " and ".join(arm.value for arm, e in ((Arm.CONTROL, c), (Arm.TREATMENT, t)) if e is None)
-        return ConditionResult(condition.metric, c, t, None, None, Outcome.NO_DATA,
-                               f"{condition.metric}: no data for {missing}")
-    z = t_critical(confidence, min(c.samples, t.samples) - 1)
+        return _Comparison(condition, c, t, None, None, 0, 1.0)
     sign = 1.0 if condition.direction is MetricDirection.HIGHER_IS_BETTER else -1.0
     effect = sign * (t.value - c.value)
     stderr = math.sqrt(c.stderr ** 2 + t.stderr ** 2)
-    described = (f"{condition.metric}: treatment {t.value:.4g} vs control {c.value:.4g} "
-                 f"(effect {effect:+.4g} ± {z * stderr:.3g})")
-    if effect <= -condition.max_regression and effect + z * stderr < 0:
-        return ConditionResult(condition.metric, c, t, effect, stderr, Outcome.FAILURE,
-                               f"{described}: worse beyond tolerance {condition.max_regression:g}")
+    n = min(c.samples, t.samples)
+    return _Comparison(condition, c, t, effect, stderr, n, always_valid_p(effect, stderr, n, r))
+
+
+def evaluate_conditions(conditions: Sequence[Condition], control: ArmTotals, treatment: ArmTotals, *,
+                        confidence: float, tuned_at: int) -> tuple[ConditionResult, ...]:
+    """Every condition's result: always-valid p-values (`core.sequential`), Holm's step-down
+    across the conditions at alpha = 1 - confidence, and each condition's confidence sequence at
+    the level Holm tested it at. A condition decides only when Holm rejects "no difference":
+
+    * Failure: rejected, the treatment worse, and worse by at least `max_regression`;
+    * Success: rejected and the treatment better by at least `min_effect` (a guardrail that did
+      not fail is a Success: "within tolerance");
+    * NoData: an arm never measured it; Inconclusive otherwise.
+    """
+    alpha = 1.0 - confidence
+    r = tuned_mixture(tuned_at, alpha)
+    comparisons = [_compare(c, control, treatment, r) for c in conditions]
+    steps = holm([x.p_value for x in comparisons], alpha)
+    return tuple(_result(x, step, r) for x, step in zip(comparisons, steps))
+
+
+def _result(x: _Comparison, step: HolmStep, r: float) -> ConditionResult:
+    condition = x.condition
+    if x.effect is None or x.stderr is None or x.control is None or x.treatment is None:
+        missing = " and ".join(arm.value for arm, e in ((Arm.CONTROL, x.control), (Arm.TREATMENT, x.treatment))
+                               if e is None)
+        return ConditionResult(condition.metric, x.control, x.treatment, None, None, Outcome.NO_DATA,
+                               f"{condition.metric}: no data for {missing}")
+    critical = always_valid_critical(step.level, x.samples, r)
+    half = math.inf if math.isinf(critical) or math.isinf(x.stderr) else critical * x.stderr
+    lower, upper = x.effect - half, x.effect + half
+    described = (f"{condition.metric}: treatment {x.treatment.value:.4g} vs control {x.control.value:.4g} "
+                 f"(effect {x.effect:+.4g} ± {half:.3g}, p {x.p_value:.2g} vs {step.level:.2g})")
+
+    def result(outcome: Outcome, why: str) -> ConditionResult:
+        return ConditionResult(condition.metric, x.control, x.treatment, x.effect, x.stderr, outcome,
+                               f"{described}: {why}", lower=lower, upper=upper, p_value=x.p_value,
+                               level=step.level)
+
+    if step.rejected and x.effect < 0 and x.effect <= -condition.max_regression:
+        return result(Outcome.FAILURE, f"worse beyond tolerance {condition.max_regression:g}")
     if condition.guardrail:
-        return ConditionResult(condition.metric, c, t, effect, stderr, Outcome.SUCCESS,
-                               f"{described}: within tolerance")
-    if effect >= condition.min_effect and effect - z * stderr > 0:
-        return ConditionResult(condition.metric, c, t, effect, stderr, Outcome.SUCCESS,
-                               f"{described}: better by at least {condition.min_effect:g}")
-    return ConditionResult(condition.metric, c, t, effect, stderr, Outcome.INCONCLUSIVE,
-                           f"{described}: not significant")
+        return result(Outcome.SUCCESS, "within tolerance")
+    if step.rejected and x.effect > 0 and x.effect >= condition.min_effect:
+        return result(Outcome.SUCCESS, f"better by at least {condition.min_effect:g}")
+    if not step.rejected:
+        return result(Outcome.INCONCLUSIVE, "not significant")
+    return result(Outcome.INCONCLUSIVE, "significant, below its minimum effect" if x.effect > 0
+                  else "worse, within tolerance")
 
 
 GUARD_WINDOW = 20
@@ -586,13 +607,16 @@ def decide(state: AnalysisState, config: AnalysisConfig) -> Verdict:
     """
     n, errors = state.samples, state.consecutive_errors
     if errors > config.consecutive_error_limit:
+        # Not final: the source may come back (Prometheus restarting), and the next good
+        # measurement resumes the test where it stopped; nothing is decided meanwhile.
         return Verdict(Outcome.ERROR, f"{errors} consecutive failed measurements (limit "
-                       f"{config.consecutive_error_limit}); last: {state.last_error}", True, n, errors)
+                       f"{config.consecutive_error_limit}; measuring resumes when the metric source answers); "
+                       f"last: {state.last_error}", False, n, errors)
     abort = evaluate_guard(config.guard, state.recent)
     if abort is not None:
         return Verdict(Outcome.ABORT, abort, True, n, errors)
-    results = tuple(evaluate_condition(c, state.control, state.treatment, confidence=config.confidence)
-                    for c in config.conditions)
+    results = evaluate_conditions(config.conditions, state.control, state.treatment,
+                                  confidence=config.confidence, tuned_at=tuning_look(config))
     out_of_samples = config.max_samples is not None and n >= config.max_samples
     if n < config.min_samples:
         note = f"; last measurement failed: {state.last_error}" if errors else ""

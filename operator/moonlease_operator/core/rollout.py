@@ -46,11 +46,13 @@ from moonlease_operator.api import (
     WorkloadKind,
     parse_spec,
 )
+from moonlease_operator.api.policy import policy_name_problems
 from moonlease_operator.core.ab_plan import (
     ABReading,
     apply_decision_annotation,
     begin_test,
     decision_hint,
+    evaluate_arm_roles,
     measurement_due,
     record_measurement,
     start_measuring,
@@ -82,6 +84,7 @@ from moonlease_operator.core.desired_state import (
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
+from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -160,12 +163,27 @@ def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetim
 # --------------------------------------------------------------------------------------------
 
 def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
-                   observed: Observed, now: datetime.datetime) -> ReconcilePlan:
-    """Decide one reconcile of one policy (see the module docstring)."""
+                   observed: Observed, now: datetime.datetime,
+                   prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
+    """Decide one reconcile of one policy (see the module docstring).
+
+    `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
+    callers that never fetch)."""
+    name_problems = policy_name_problems(policy.name)
     try:
         spec = parse_spec(raw_spec)
     except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, exc.problems, now)
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems + exc.problems, now)
+    if name_problems:
+        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems, now)
+    mismatched = evaluate_arm_roles(spec)
+    if mismatched is not None:
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now, spec)
+    ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
+    if prometheus_allowlist is not None and ab_source is not None:
+        refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
+        if refused is not None:
+            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now, spec)
 
     fleet = resolve_fleet(spec, observed.workloads)
     if fleet.missing:

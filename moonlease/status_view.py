@@ -1,0 +1,124 @@
+"""`moonlease status NAME`: one screen about a MooncakeLeasePolicy. Pure.
+
+`build_status_view` reads a policy object (as the API server returns it) into a `StatusView`:
+phase, stages, a targets summary, the A/B arms with their values, effects and bounds, and what
+the operator is waiting for with the command that unblocks it; `render_status` prints it for a
+terminal, `StatusView.as_json` for scripts. The command (moonlease.cli) only fetches the object.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, APPROVE_MASTER_RESTART_ANNOTATION
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What the operator waits for, and the command that unblocks it (None: nothing to do)."""
+
+    on: str
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    name: str
+    namespace: str
+    phase: str
+    message: str
+    stages: list[dict[str, str]] = field(default_factory=list)
+    targets: dict[str, int] = field(default_factory=dict)
+    ab_test: dict[str, Any] | None = None
+    waiting: Waiting | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def _waiting(name: str, namespace: str, status: Mapping[str, Any]) -> Waiting | None:
+    """The one place a phase becomes "waiting for ... / run ..."."""
+    phase = status.get("phase") or "Pending"
+    ab = status.get("abTest") or {}
+    target = f"kubectl -n {namespace} annotate mlp {name} --overwrite"
+    if phase == "AwaitingApproval":
+        return Waiting("approval of a master restart (it empties the store)",
+                       f"{target} {APPROVE_MASTER_RESTART_ANNOTATION}={status.get('pendingApproval', '')}")
+    if phase == "AwaitingDecision":
+        config_hash = ab.get("configHash", "")
+        return Waiting(f"a decision on the held A/B test ({ab.get('finalVerdict') or ab.get('verdict')})",
+                       f"{target} {AB_DECISION_ANNOTATION}=promote:{config_hash}   # or rollback:{config_hash}")
+    if phase == "Analyzing":
+        what = f"A/B measurements ({ab.get('progress') or ab.get('samples', 0)} samples)"
+        if ab.get("verdict") == "Error":
+            what += "; the metric source is failing, measuring resumes when it answers"
+        return Waiting(what)
+    if phase == "Paused":
+        return Waiting("spec.rollout.paused", f"kubectl -n {namespace} patch mlp {name} --type=merge "
+                       "-p '{\"spec\":{\"rollout\":{\"paused\":false}}}'")
+    if phase in ("Degraded", "Invalid"):
+        return Waiting("a change of the spec (see the message)", f"kubectl -n {namespace} edit mlp {name}")
+    if phase in ("Pending", "Progressing", "RollingBack"):
+        return Waiting(_condition(status, "Progressing").get("message") or "the workloads")
+    return None
+
+
+def build_status_view(policy: Mapping[str, Any]) -> StatusView:
+    meta = policy.get("metadata") or {}
+    status = policy.get("status") or {}
+    name, namespace = meta.get("name", ""), meta.get("namespace", "")
+    phase = status.get("phase") or "Pending"
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    headline = next((conditions[k] for k in ("Invalid", "Degraded", "Progressing", "Ready")
+                     if k in conditions and (k in ("Progressing", "Ready") or conditions[k].get("status") == "True")),
+                    {})
+    ab = status.get("abTest")
+    ab_view = None
+    if ab:
+        ab_view = {
+            "phase": ab.get("phase"), "verdict": ab.get("verdict"), "finalVerdict": ab.get("finalVerdict"),
+            "progress": ab.get("progress"), "configHash": ab.get("configHash"),
+            "conditions": [{k: c.get(k) for k in ("metric", "control", "treatment", "effect", "lower", "upper",
+                                                  "outcome")} for c in ab.get("conditions") or []],
+            "reason": ab.get("reason", ""),
+        }
+    return StatusView(
+        name=name, namespace=namespace, phase=phase, message=headline.get("message", ""),
+        stages=[{"name": s.get("name", ""), "phase": s.get("phase", "")} for s in status.get("stages") or []],
+        targets=dict(Counter(t.get("phase", "Unknown") for t in status.get("targets") or [])),
+        ab_test=ab_view, waiting=_waiting(name, namespace, status),
+    )
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None else f"{value + 0.0:.4g}"  # + 0.0: no "-0"
+
+
+def render_status(view: StatusView) -> str:
+    lines = [f"{view.namespace}/{view.name}: {view.phase}" + (f" — {view.message}" if view.message else "")]
+    if view.stages:
+        lines.append("stages:  " + "  ".join(f"{s['name']} {s['phase']}" for s in view.stages))
+    if view.targets:
+        lines.append("targets: " + ", ".join(f"{n} {state}" for state, n in sorted(view.targets.items())))
+    if view.ab_test is not None:
+        ab = view.ab_test
+        verdict = ab.get("finalVerdict") or f"(so far {ab.get('verdict') or '-'})"
+        lines.append(f"A/B:     {ab.get('phase')}, verdict {verdict}, samples {ab.get('progress') or '-'}")
+        if ab["conditions"]:
+            lines.append(f"  {'metric':<20}{'control':>10}{'treatment':>11}{'effect':>10}  {'bounds':<22}outcome")
+            for c in ab["conditions"]:
+                bounds = f"[{_number(c.get('lower'))}, {_number(c.get('upper'))}]"
+                lines.append(f"  {c.get('metric', ''):<20}{_number(c.get('control')):>10}{_number(c.get('treatment')):>11}"
+                             f"{_number(c.get('effect')):>10}  {bounds:<22}{c.get('outcome', '')}")
+    if view.waiting is not None:
+        lines.append(f"waiting: {view.waiting.on}")
+        if view.waiting.command:
+            lines.append(f"run:     {view.waiting.command}")
+    return "\n".join(lines) + "\n"
