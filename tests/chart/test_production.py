@@ -344,3 +344,9 @@ def test_the_grafana_dashboard_is_opt_in_and_every_query_parses(chart: helm.Char
     ours = set(re.findall(r"\bmoonlease_operator_[a-z_]+", text)) | \
         {f"vllm:{m}" for m in re.findall(r"vllm\[:_\]([a-z_]+)", text)} | set(re.findall(r"\bmaster_[a-z_]+", text))
     assert ours and ours <= known, ours - known
+    # The panels the issue asks for, by what they read.
+    for metric in ("external_prefix_cache_hits_total", "moonlease_lookups_total", "moonlease_lookup_keys_total",
+                   "time_to_first_token_seconds_bucket", "master_evicted_key_count",
+                   "master_put_start_alloc_failures_total", "moonlease_operator_policy_phase",
+                   "moonlease_operator_ab_test_effect"):
+        assert metric in text, metric
