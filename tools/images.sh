@@ -134,6 +134,13 @@ for dir in "${dirs[@]}"; do
     say "local wheel folder for the build: $dir (as $target)"
 done
 
+# What the Dockerfile's RUN --mount steps bring in, as build arguments: podman's builder keys a
+# RUN's cache on its text and arguments, not on mounted content.
+wheel_digest=$({ cat pyproject.toml README.md
+                 find moonlease connector operator -type f -not -path '*/__pycache__/*' -not -name '*.pyc' \
+                     -not -path '*.egg-info/*' -print0 | LC_ALL=C sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)
+lock_digest=$(sha256sum requirements/lock.txt | cut -c1-16)
+
 for target in "${TARGETS[@]}"; do
     name=$(image_name "$target")
     say "building $target as $name"
@@ -141,6 +148,8 @@ for target in "${TARGETS[@]}"; do
     podman build --pull=never --target "$target" --tag "$name" --layers \
         --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg PYTHON_BUILD_IMAGE="$BUILD_BASE_IMAGE" \
         --build-arg MOONLEASE_VERSION="$VERSION" --build-arg PIP_FIND_LINKS="${find_links[*]}" \
+        --build-arg WHEEL_DIGEST="$wheel_digest" --build-arg LOCK_DIGEST="$lock_digest" \
+        --build-arg WHEEL_BUILD_ID="$(date +%s%N)" \
         "${volumes[@]}" --file Dockerfile . >"$CACHE/build-$target.log" 2>&1 || {
         tail -n 40 "$CACHE/build-$target.log" >&2
         say "building $target failed; the whole log: $CACHE/build-$target.log"
