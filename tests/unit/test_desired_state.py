@@ -14,25 +14,24 @@ from hypothesis import strategies as st
 from moonlease.testbed.kube import merge_patch
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
 from moonlease_operator.api import ConnectorSpec, LeaseMode, MasterConfigMapSpec, MasterSpec
-from moonlease_operator.core.desired_state import (
-    CONFIG_HASH_ANNOTATION,
-    ORIGINAL_ANNOTATION,
-    POLICY_LABEL,
-    ROLLBACK_ANNOTATION,
-    ChangeAction,
-    ProblemKind,
-    WorkloadChange,
+from moonlease_operator.api import Reason
+from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
+from moonlease_operator.core.settings import (
     build_config_map_desired,
     build_connector_settings,
     build_master_desired,
     build_master_settings,
-    build_merge_patch,
     build_target_desired,
+)
+from moonlease_operator.core.slots import (
+    CONFIG_HASH_ANNOTATION,
+    ORIGINAL_ANNOTATION,
+    POLICY_LABEL,
+    ROLLBACK_ANNOTATION,
+    build_merge_patch,
     build_update,
     describe_update,
-    evaluate_config_map,
-    evaluate_master,
-    evaluate_target,
 )
 
 pytestmark = pytest.mark.unit
@@ -203,17 +202,17 @@ def test_release_keeps_what_the_user_changed_meanwhile() -> None:
 
 
 @pytest.mark.parametrize(("args", "kind", "needle"), [
-    (["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})], ProblemKind.FOREIGN_CONNECTOR,
+    (["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})], Reason.FOREIGN_CONNECTOR,
      "LMCacheConnectorV1"),
-    (["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeStoreConnector"})], ProblemKind.FOREIGN_CONNECTOR,
+    (["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeStoreConnector"})], Reason.FOREIGN_CONNECTOR,
      "vLLM itself"),
-    (["--kv-transfer-config", "{not json"], ProblemKind.UNMANAGEABLE, "not valid JSON"),
-    (["--kv-transfer-config", '{"kv_connector_extra_config": 3}'], ProblemKind.UNMANAGEABLE, "JSON object"),
-    (["--kv-transfer-config"], ProblemKind.UNMANAGEABLE, "no value"),
+    (["--kv-transfer-config", "{not json"], Reason.UNMANAGEABLE_WORKLOAD, "not valid JSON"),
+    (["--kv-transfer-config", '{"kv_connector_extra_config": 3}'], Reason.UNMANAGEABLE_WORKLOAD, "JSON object"),
+    (["--kv-transfer-config"], Reason.UNMANAGEABLE_WORKLOAD, "no value"),
 ])
-def test_targets_the_policy_must_not_touch(args: list[str], kind: ProblemKind, needle: str) -> None:
+def test_targets_the_policy_must_not_touch(args: list[str], kind: Reason, needle: str) -> None:
     problem = evaluate_target(workload(vllm(*args)), "vllm")
-    assert problem is not None and problem.kind is kind and needle in problem.message
+    assert problem is not None and problem.reason is kind and needle in problem.message
 
 
 def test_a_missing_container_is_a_problem() -> None:
@@ -365,7 +364,7 @@ def test_merge_patch_of_a_target_change_is_small() -> None:
 
 
 def test_needs_update_agrees_with_build_update() -> None:
-    from moonlease_operator.core.desired_state import needs_update
+    from moonlease_operator.core.slots import needs_update
 
     base = workload(vllm("serve", "--kv-transfer-config", json.dumps({"kv_role": "kv_producer"})))
     states = [base]
@@ -382,3 +381,20 @@ def test_needs_update_agrees_with_build_update() -> None:
                 for obj in states for change in changes]
     assert all(a == b for a, b in verdicts)
     assert {a for a, _ in verdicts} == {True, False}
+
+
+def test_the_policy_label_value_is_always_a_valid_label_value() -> None:
+    import re
+
+    from moonlease_operator.core.slots import managed_by, policy_label_value
+
+    assert policy_label_value("fleet") == "fleet"
+    long = "a-very-long-policy-name-for-the-llama-fleet-in-the-inference-namespace.example.org"
+    value = policy_label_value(long)
+    assert len(long) > 63 and len(value) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", value)
+    assert value != policy_label_value(long + "x")  # distinct names stay distinct
+    change = WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy=long,
+                            place="vllm", desired=build_target_desired(workload(vllm("serve")), "vllm", LEASE_ALL),
+                            config_hash=LEASE_ALL.config_hash)
+    new = build_update(workload(vllm("serve")), change)
+    assert new is not None and managed_by(new) == value

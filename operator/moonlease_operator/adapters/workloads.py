@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
-from moonlease_operator.core.desired_state import POLICY_LABEL, WorkloadChange, build_merge_patch, build_update
+from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.slots import POLICY_LABEL, build_merge_patch, build_update, policy_label_value
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
+from moonlease_operator.core.write_failures import WriteFailure
 
 _PREFIXES: Mapping[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
@@ -78,7 +80,7 @@ def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 async def fetch_managed(client: KubeClient, namespace: str, policy: str) -> list[dict[str, Any]]:
     """Every workload and ConfigMap of the namespace that carries this policy's label."""
-    selector = f"{POLICY_LABEL}={policy}"
+    selector = f"{POLICY_LABEL}={policy_label_value(policy)}"
     kinds = (*WORKLOAD_KINDS, "ConfigMap")
     answers = await asyncio.gather(*(client.list(object_path(k, namespace), label_selector=selector) for k in kinds))
     return [_with_kind(obj, kind) for kind, items in zip(kinds, answers, strict=True) for obj in items]
@@ -92,6 +94,8 @@ class ApplyReport:
     unchanged: int = 0
     vanished: int = 0
     conflicts: int = 0
+    failures: list[WriteFailure] = field(default_factory=list)
+    """Changes the API server refused (a 4xx other than 404/409): reported, never retried blindly."""
 
 
 async def apply_change(client: KubeClient, namespace: str, change: WorkloadChange,
@@ -136,13 +140,17 @@ async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[Wo
     """Apply the planner's changes: ConfigMaps first (a master's file before its restart), then
     the workloads, up to `concurrency` at a time. The first error is raised after the rest ran."""
     report = ApplyReport()
+    refused_maps = set()
     for change in (c for c in changes if c.kind == "ConfigMap"):
-        await apply_change(client, namespace, change, lookup(change), report)
+        if not await _apply_or_record(client, namespace, change, lookup(change), report):
+            refused_maps.add(change.name)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(change: WorkloadChange) -> None:
+        if refused_maps and change.require_annotation:
+            return  # a master restart without the config file it was meant to read
         async with gate:
-            await apply_change(client, namespace, change, lookup(change), report)
+            await _apply_or_record(client, namespace, change, lookup(change), report)
 
     results = await asyncio.gather(*(one(c) for c in changes if c.kind != "ConfigMap"), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -151,9 +159,30 @@ async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[Wo
     return report
 
 
-async def apply_status(client: KubeClient, namespace: str, name: str, status: PolicyStatus) -> None:
-    """Merge-patch the policy's status subresource with the whole status (stale fields nulled)."""
-    await client.merge_patch(object_path(KIND, namespace, name, "status"), {"status": dump_status(status)})
+async def _apply_or_record(client: KubeClient, namespace: str, change: WorkloadChange,
+                           current: Mapping[str, Any] | None, report: ApplyReport) -> bool:
+    """`apply_change`, with a refusal (4xx) recorded in the report instead of raised."""
+    try:
+        await apply_change(client, namespace, change, current, report)
+    except ApiError as exc:
+        if not 400 <= exc.status < 500 or exc.status in (401, 404, 409):
+            raise
+        report.failures.append(WriteFailure(change.kind, change.name, exc.status, exc.reason, exc.message))
+        return False
+    return True
+
+
+async def apply_status(client: KubeClient, namespace: str, name: str, status: PolicyStatus,
+                       resource_version: str | None) -> str | None:
+    """Merge-patch the policy's status subresource with the whole status (stale fields nulled),
+    guarded by the resourceVersion the plan was made from: a 409 means another writer (a second
+    replica, a spec edit) got there first, and the caller re-reads and re-plans. Returns the new
+    resourceVersion."""
+    patch: dict[str, Any] = {"status": dump_status(status)}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    answer = await client.merge_patch(object_path(KIND, namespace, name, "status"), patch)
+    return ((answer or {}).get("metadata") or {}).get("resourceVersion")
 
 
 async def post_event(client: KubeClient, policy: Mapping[str, Any], note: EventNote, *,

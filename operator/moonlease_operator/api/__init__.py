@@ -23,6 +23,7 @@ from moonlease_operator.api.policy import (
     FailurePolicy,
     LeaseMode,
     MasterConfigMapSpec,
+    MasterDeletionPolicy,
     MasterSpec,
     Phase,
     PolicySpec,
@@ -41,13 +42,14 @@ from moonlease_operator.api.policy import (
     WorkloadKind,
     build_master_flags,
     parse_spec,
+    read_spec,
 )
 
 __all__ = [
-    "AB_DECISION_ANNOTATION", "ABTestPhase", "ABTestSpec", "ABTestStatus", "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
+    "AB_DECISION_ANNOTATION", "ABTestPhase", "ABTestSpec", "ABTestStatus", "API_VERSION", "APPROVE_MASTER_RESTART_ANNOTATION", "MasterConfigMapSpec", "MasterDeletionPolicy", "DEFAULT_STAGES", "GROUP", "KIND", "PLURAL", "VERSION",
     "CelRule", "Condition", "ConditionStatus", "ConditionType", "ConnectorSpec", "FailurePolicy",
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",
     "SelectorOperator", "StageName", "StagePhase", "StageStatus", "TargetPhase", "TargetSpec",
-    "TargetStatus", "WorkloadKind", "build_master_flags", "parse_spec",
+    "TargetStatus", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
 ]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import LabelSelector
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, template_config_hash
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, template_config_hash
 
 FAILING_REASONS = frozenset({
     "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",

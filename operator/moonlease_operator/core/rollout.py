@@ -27,12 +27,12 @@ from typing import Any
 
 from moonlease_operator.api import (
     AB_DECISION_ANNOTATION,
-    APPROVE_MASTER_RESTART_ANNOTATION,
     ABTestPhase,
     ABTestStatus,
     ConditionStatus,
     ConditionType,
     FailurePolicy,
+    MasterDeletionPolicy,
     Phase,
     PolicySpec,
     PolicySpecError,
@@ -46,7 +46,6 @@ from moonlease_operator.api import (
     WorkloadKind,
     parse_spec,
 )
-from moonlease_operator.api.policy import policy_name_problems
 from moonlease_operator.core.ab_plan import (
     ABReading,
     apply_decision_annotation,
@@ -60,24 +59,26 @@ from moonlease_operator.core.ab_plan import (
 from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.desired_state import (
-    ORIGINAL_ANNOTATION,
-    ChangeAction,
+from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
+from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
+from moonlease_operator.core.settings import (
     ConnectorSettings,
     MasterSettings,
-    WorkloadChange,
     build_config_map_desired,
     build_connector_settings,
     build_master_desired,
     build_master_settings,
     build_target_desired,
+)
+from moonlease_operator.core.write_failures import set_write_condition
+from moonlease_operator.core.slots import (
+    ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
-    evaluate_config_map,
-    evaluate_master,
-    evaluate_target,
     managed_by,
     needs_update,
+    policy_label_value,
     rollback_revision,
     template_config_hash,
 )
@@ -141,13 +142,12 @@ class ReconcilePlan:
     status: PolicyStatus
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
-    spec: PolicySpec | None = None
 
 
-def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetime.datetime | None = None) -> FetchPlan:
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError:
+def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
+               now: datetime.datetime | None = None) -> FetchPlan:
+    """What to read for this reconcile (`spec` as `read_spec` returned it)."""
+    if isinstance(spec, PolicySpecError):
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
     verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
@@ -162,66 +162,81 @@ def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetim
 # The decision
 # --------------------------------------------------------------------------------------------
 
-def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
+def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime,
                    prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
-    """Decide one reconcile of one policy (see the module docstring).
+    """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
+    returned it, read once for the whole reconcile.
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch)."""
-    name_problems = policy_name_problems(policy.name)
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems + exc.problems, now)
-    if name_problems:
-        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems, now)
+    if isinstance(spec, PolicySpecError):
+        return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
     mismatched = evaluate_arm_roles(spec)
     if mismatched is not None:
-        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now, spec)
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
     ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
     if prometheus_allowlist is not None and ab_source is not None:
         refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
         if refused is not None:
-            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now, spec)
+            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now)
 
+    # Before the first rollout a problem refuses the whole policy (nothing changes); once it has
+    # rolled out, a problem with one target is reported on that target and the rollout,
+    # rollback or drift repair goes on for the rest (issue 15). The master is never optional.
+    started = previous.revision is not None
     fleet = resolve_fleet(spec, observed.workloads)
-    if fleet.missing:
-        return _waiting_for_workloads(previous, policy, fleet.missing, now, spec)
+    if fleet.missing and (not started or fleet.master.obj is None):
+        return _waiting_for_workloads(previous, policy, fleet.missing, now)
     claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
                              others=_other_claims(policy, observed), workloads=observed.workloads)
-    if claims:
-        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now, spec)
+    master_key = fleet.master.key
+    if claims and (not started or master_key in claims):
+        return _refused(previous, policy, Reason.CONFLICTING_POLICY, list(claims.values()), now)
 
     connector = build_connector_settings(spec.connector)
     master = build_master_settings(spec.master)
+    excluded: dict[WorkloadKey, str] = {m.key: "not found" for m in fleet.members if m.obj is None}
+    excluded.update(claims)
+    members = {m.key: m for m in fleet.members}
     problems: dict[Reason, list[str]] = {}
     for member in fleet.members:
-        assert member.obj is not None  # missing workloads were handled above
+        if member.obj is None or member.key in excluded:
+            continue
         problem = (evaluate_master(member.obj, member.container, master) if member.stage is StageName.MASTER
-                   else evaluate_target(member.obj, member.container))
-        if problem is not None:
-            problems.setdefault(Reason(problem.kind.value), []).append(problem.message)
+                   else evaluate_target(member.obj, member.container,
+                                        field=f"spec.targets[{member.target}].container"))
+        if problem is None:
+            continue
+        if started and member.key != master_key:
+            excluded[member.key] = f"{problem.reason.value}: {problem.message}"
+        else:
+            problems.setdefault(problem.reason, []).append(problem.message)
     if master.config_map is not None:
         config_map = observed.config_maps.get(master.config_map.name)
         if config_map is None:
             return _waiting_for_workloads(previous, policy, [f"ConfigMap/{master.config_map.name} (master) not found"],
-                                          now, spec)
+                                          now)
         problem = evaluate_config_map(config_map, master.config_map.key)
         if problem is not None:
             problems.setdefault(Reason.UNMANAGEABLE_WORKLOAD, []).append(problem.message)
     sources = [VersionSource(m.stage, m.kind, m.name,
                              spec.master.version if m.target is None else spec.targets[m.target].mooncake_version,
-                             container_image(m.obj or {}, m.container)) for m in fleet.members]
+                             container_image(m.obj or {}, m.container)) for m in fleet.members if m.key not in excluded]
     incompatible = evaluate_compatibility(spec, sources)
     if incompatible:
         problems.setdefault(Reason.INCOMPATIBLE, []).extend(incompatible)
-    for reason in (Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE, Reason.UNMANAGEABLE_WORKLOAD):
+    # A workload that is not what the policy says (wrong program, ambiguous container) first:
+    # whether its connector or version would do is moot until the right workload is named.
+    for reason in (Reason.UNMANAGEABLE_WORKLOAD, Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE):
         if reason in problems:
-            return _refused(previous, policy, reason, problems[reason], now, spec)
+            return _refused(previous, policy, reason, problems[reason], now)
+    if excluded:
+        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing, fleet.unmatched)
+    left_out = {key: (members[key], why) for key, why in excluded.items()}
 
     planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
-                       fleet=fleet, connector=connector, master=master)
+                       fleet=fleet, connector=connector, master=master, excluded=left_out)
     return planner.plan()
 
 
@@ -260,11 +275,15 @@ class _Planner:
     applied_hash: str | None = None
     failed_stage: StageName | None = None
     pending_approval: str | None = None
+    master_kept: str | None = None  # why the master was not rolled back with the targets
     order: list[StageName] = field(default_factory=list)
     stages: dict[StageName, StageStatus] = field(default_factory=dict)
     health: dict[WorkloadKey, WorkloadHealth] = field(default_factory=dict)
     ab: ABTestStatus | None = None  # the A/B test, with strategy ABTest
     held: frozenset[WorkloadKey] = frozenset()  # the control while an A/B test runs: covered, not changed
+    excluded: Mapping[WorkloadKey, tuple[Member, str]] = field(default_factory=dict)
+    """Targets left out of this plan, each with why (deleted, claimed, unmanageable): reported on
+    the target; the rest carries on, and the policy cannot be Ready meanwhile."""
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -276,7 +295,10 @@ class _Planner:
         self._begin_ab_test(desired_hash)
         self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
-        drifted = prev.phase in _AT_REST and bool(out_of_sync)
+        # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
+        # target that comes back is brought in by a new attempt.
+        at_rest = prev.phase in _AT_REST or (prev.phase is Phase.DEGRADED and prev.failed_stage is None)
+        drifted = at_rest and bool(out_of_sync)
         if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
@@ -306,11 +328,13 @@ class _Planner:
             outcome = self._advance()
         if self.ab is not None:
             outcome = self._ab_outcome(outcome)
+        if self.excluded or self.fleet.unmatched:
+            outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
         events = (*self.notes, *_phase_events(prev, status))
-        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes), spec=self.spec)
+        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes))
 
     # ---- A/B test ----------------------------------------------------------------------------
 
@@ -331,7 +355,8 @@ class _Planner:
         if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
             control = set(spec.control.workloads)
             self.held = frozenset(m.key for m in self.fleet.members if m.target is not None and m.name in control)
-            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing)
+            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing,
+                               self.fleet.unmatched)
 
     def _arm_names(self) -> tuple[list[str], list[str]]:
         spec = self.spec.rollout.ab_test
@@ -417,6 +442,15 @@ class _Planner:
                                  config_hash=self.master.config_hash, require_annotation=owned, **common)
         return [file_change, restart]
 
+    def _master_restart(self, direction: RestartDirection, settings_hash: str,
+                        lines: Sequence[str]) -> MasterRestart:
+        master = self.fleet.master
+        return build_master_restart(f"{master.kind}/{master.name}", direction, self.revision, settings_hash, lines)
+
+    def _describe(self, changes: Sequence[WorkloadChange]) -> list[str]:
+        """Human lines for what `changes` alter (`--eviction_ratio: 0.05 -> 0.1`)."""
+        return [line for c in changes for line in describe_update(self._object(c), c)]
+
     def _object(self, change: WorkloadChange) -> Mapping[str, Any]:
         if change.kind == "ConfigMap":
             return self.observed.config_maps.get(change.name) or {}
@@ -440,13 +474,24 @@ class _Planner:
                                              revision=self.revision))
         return changes
 
+    def _write_error(self, member: Member) -> str | None:
+        """The refusal recorded for `member`'s last write, while that write is still to be done."""
+        previous = next((t for t in self.previous.targets if (t.kind.value, t.name) == member.key), None)
+        if previous is None or not previous.write_error:
+            return None
+        stage = self.stages.get(member.stage)
+        rolling_back = stage is not None and stage.phase in _UNWINDING
+        pending = self._pending(self._rollback_changes(member)) if rolling_back else not self._in_sync(member)
+        return previous.write_error if pending else None
+
     def _changed_in_attempt(self, member: Member) -> bool:
         return rollback_revision(member.obj or {}) == self.revision
 
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""
         for key, obj in sorted(self.observed.workloads.items()):
-            if managed_by(obj) == self.policy.name and key not in self.fleet.keys and key not in self.held:
+            if managed_by(obj) == policy_label_value(self.policy.name) and key not in self.fleet.keys \
+                    and key not in self.held and key not in self.excluded:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
                 if needs_update(obj, change):
                     self.changes.append(change)
@@ -479,23 +524,21 @@ class _Planner:
                 if rollout.paused:
                     return _Outcome(Phase.PAUSED, name, Reason.PAUSED,
                                     f"Paused by spec.rollout.paused before stage {name.value}")
-                lines = [line for m in pending for c in self._pending(self._apply_changes(m))
-                         for line in describe_update(self._object(c), c)]
+                lines = self._describe([c for m in pending for c in self._pending(self._apply_changes(m))])
+                restart = None
                 if name is StageName.MASTER:
-                    approval = self.policy.annotations.get(APPROVE_MASTER_RESTART_ANNOTATION)
-                    restart = (f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply "
-                               + "; ".join(sorted(set(lines))) + ": restarting the master empties the Mooncake store")
-                    if self.spec.master.require_approval_for_restart and approval != self.master.config_hash:
-                        self.pending_approval = self.master.config_hash
-                        message = (f"{restart}. Approve with: kubectl annotate mlp {self.policy.name}"
-                                   f" {APPROVE_MASTER_RESTART_ANNOTATION}={self.master.config_hash} --overwrite")
+                    restart = self._master_restart(RestartDirection.FORWARD, self.master.config_hash, lines)
+                    if self.spec.master.require_approval_for_restart and not restart.approved_by(
+                            self.policy.annotations):
+                        self.pending_approval = restart.approval_key
+                        message = restart.approval_request(self.policy.name)
                         self._set_stage(name, StagePhase.AWAITING_APPROVAL, message)
                         return _Outcome(Phase.AWAITING_APPROVAL, name, Reason.AWAITING_APPROVAL, message)
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value, restart))
+                    self.notes.append(restart.note())
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
                 # The status says what is about to happen (a master restart in so many words).
-                doing = restart if name is StageName.MASTER else f"updating {len(pending)} workload(s)"
+                doing = restart.describe() if restart is not None else f"updating {len(pending)} workload(s)"
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify. A master
@@ -503,17 +546,16 @@ class _Planner:
             for member in members:
                 again = self._pending(self._apply_changes(member))
                 if again and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply"
-                                                " its new settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.FORWARD, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(again)
             failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
+            refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
             started = stage.started_at or self.now
-            if failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
-                why = (_describe_health(failed) if failed else
+            if refused or failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+                why = (_join(refused) if refused else _describe_health(failed) if failed else
                        f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
                 self.failed_stage = name
                 self._set_stage(name, StagePhase.FAILED, why, finished=True)
@@ -555,9 +597,14 @@ class _Planner:
                                     finished=True)
                     continue
                 if name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings: restarting the master empties the Mooncake store"))
+                    restart = self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                   self._describe(changes))
+                    held = self._hold_master_rollback(restart, failed, failure)
+                    if held is not None:
+                        return held
+                    if self.master_kept is not None:
+                        continue
+                    self.notes.append(restart.note())
                 self.changes.extend(changes)
                 self._set_stage(name, StagePhase.ROLLING_BACK, self._rolled_back_message(name, "rolling back"),
                                 started=True)
@@ -566,20 +613,21 @@ class _Planner:
             if stage.phase is StagePhase.ROLLING_BACK:
                 changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
                 if changes and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(changes)
                 health = [(m, self.health[m.key]) for m in members]
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
+                refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
                 waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
                 started = stage.started_at or self.now
                 timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
-                if broken or self.now - started > timeout:
+                if refused or broken or self.now - started > timeout:
+                    self.changes = [c for c in self.changes if not refused or c.ref not in {m.key for m in members}]
                     self._set_stage(name, StagePhase.ROLLBACK_FAILED,
                                     self._rolled_back_message(name, "rollback did not complete: "
-                                                              + _describe_health(broken or waiting)), finished=True)
+                                                              + (_join(refused) or _describe_health(broken or waiting))),
+                                    finished=True)
                     continue
                 if changes or waiting:
                     return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
@@ -589,12 +637,57 @@ class _Planner:
                                 finished=True)
         incomplete = [n.value for n in self.order if self.stages[n].phase is StagePhase.ROLLBACK_FAILED]
         name = failed or self.order[-1]
+        if self.master_kept is not None:
+            return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
+                            f"Stage {name.value} failed ({failure}); the targets were rolled back; "
+                            + self.master_kept)
         if incomplete:
             return _Outcome(Phase.DEGRADED, name, Reason.ROLLBACK_INCOMPLETE,
                             f"Stage {name.value} failed ({failure}); rollback incomplete for stage(s)"
                             f" {', '.join(incomplete)}")
         return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
                         f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _with_excluded(self, outcome: _Outcome) -> _Outcome:
+        """Targets left out are reported on themselves and announced once; the rest carried on.
+        What would be Ready is Degraded (`MembersExcluded`) while any is left out."""
+        before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
+        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()] + list(self.fleet.unmatched)
+        for key, (member, why) in sorted(self.excluded.items()):
+            if key not in before:
+                self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
+                                            f"{member.kind}/{member.name} left out, the others carry on: {why}"))
+        if outcome.phase is not Phase.READY:
+            return outcome
+        return _Outcome(Phase.DEGRADED, outcome.stage, Reason.MEMBER_EXCLUDED,
+                        f"Every other workload runs configuration {self.desired_hash}; left out: {_join(lines)}")
+
+    def _hold_master_rollback(self, restart: MasterRestart, failed: StageName | None,
+                              failure: str) -> _Outcome | None:
+        """Whether rolling the master back must wait (issue 15): a failure in a target stage
+        leaves the master's new settings in place unless that rollback is approved; a failure of
+        the master's own stage rolls it back, approved first if `requireApprovalForRestart`.
+        Sets `pending_approval` (and `master_kept`) when it holds; returns the outcome when the
+        rollback stops here."""
+        own_failure = failed is StageName.MASTER
+        if restart.approved_by(self.policy.annotations) or (
+                own_failure and not self.spec.master.require_approval_for_restart):
+            return None
+        self.pending_approval = restart.approval_key
+        request = restart.approval_request(self.policy.name)
+        if own_failure:
+            self._set_stage(StageName.MASTER, self.stages[StageName.MASTER].phase,
+                            f"{_failure_of(self.stages[StageName.MASTER].message)}; rollback waits for approval:"
+                            f" {request}")
+            return _Outcome(Phase.AWAITING_APPROVAL, StageName.MASTER, Reason.AWAITING_APPROVAL,
+                            f"Stage master failed ({failure}); rolling it back waits for approval: {request}")
+        self.master_kept = ("the master keeps its new settings (its own stage succeeded) unless you approve"
+                            f" rolling it back: {request}")
+        if self.previous.pending_approval != restart.approval_key:
+            self.notes.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value, self.master_kept))
+        stage = self.stages[StageName.MASTER]
+        self.stages[StageName.MASTER] = stage.model_copy(update={"message": self.master_kept})
+        return None
 
     def _rolled_back_message(self, name: StageName, what: str) -> str:
         if name is self.failed_stage:
@@ -632,6 +725,8 @@ class _Planner:
                                    reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
                                    message=outcome.message if degraded else "", generation=generation, now=self.now)
         conditions = self._ab_condition(conditions)
+        targets = self._targets() + self._excluded_targets()
+        conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
         return prev.model_copy(update={
             "ab_test": self.ab,
             "phase": outcome.phase,
@@ -639,7 +734,7 @@ class _Planner:
             "conditions": _ordered(conditions),
             "current_stage": outcome.stage,
             "stages": [self.stages[name] for name in self.order],
-            "targets": self._targets(),
+            "targets": targets,
             "desired_config_hash": desired_hash,
             "applied_config_hash": self.applied_hash,
             "revision": self.revision,
@@ -682,7 +777,20 @@ class _Planner:
                 kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=phase,
                 observed_generation=health.generation, replicas=health.replicas, updated_replicas=health.updated,
                 ready_replicas=health.ready, config_hash=template_config_hash(member.obj or {}),
-                message=health.message))
+                message=health.message, write_error=self._write_error(member)))
+        return result
+
+    def _excluded_targets(self) -> list[TargetStatus]:
+        result = []
+        for member, why in self.excluded.values():
+            health = evaluate_health(member.obj, self.observed.pods) if member.obj is not None else None
+            result.append(TargetStatus(
+                kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=TargetPhase.EXCLUDED,
+                observed_generation=health.generation if health else None,
+                replicas=health.replicas if health else None, updated_replicas=health.updated if health else None,
+                ready_replicas=health.ready if health else None,
+                config_hash=template_config_hash(member.obj) if member.obj is not None else None,
+                message=f"left out: {why}"[:32768]))
         return result
 
     def _target_phase(self, member: Member, stage: StageStatus | None, health: WorkloadHealth) -> TargetPhase:
@@ -714,7 +822,7 @@ class _Outcome:
 # --------------------------------------------------------------------------------------------
 
 def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems: Sequence[str],
-             now: datetime.datetime, spec: PolicySpec | None = None) -> ReconcilePlan:
+             now: datetime.datetime) -> ReconcilePlan:
     """Phase Invalid: nothing changes in the cluster; the rollout state is kept for later."""
     message = _join(problems)
     conditions = list(previous.conditions)
@@ -723,11 +831,11 @@ def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.INVALID, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.INVALID, conditions, now, "Warning", reason, message)
 
 
 def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: Sequence[str],
-                           now: datetime.datetime, spec: PolicySpec) -> ReconcilePlan:
+                           now: datetime.datetime) -> ReconcilePlan:
     """Phase Pending: the spec is fine, the workloads are not there (yet)."""
     message = "Waiting for " + _join(missing)
     reason = Reason.WORKLOAD_NOT_FOUND
@@ -738,11 +846,11 @@ def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: S
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.PENDING, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.PENDING, conditions, now, "Warning", reason, message)
 
 
 def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: list[Any], now: datetime.datetime,
-          spec: PolicySpec | None, event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+          event_type: str, reason: Reason, message: str) -> ReconcilePlan:
     status = previous.model_copy(update={
         "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
         "last_transition_time": previous.last_transition_time if previous.phase == phase else now,
@@ -751,7 +859,7 @@ def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: l
     repeated = (previous.phase == phase and previous.observed_generation == policy.generation
                 and old is not None and old.reason == reason.value and old.message == message)
     events = () if repeated else (EventNote(event_type, reason.value, message),)
-    return ReconcilePlan(status=status, events=events, changes=(), spec=spec)
+    return ReconcilePlan(status=status, events=events, changes=())
 
 
 # --------------------------------------------------------------------------------------------
@@ -804,7 +912,7 @@ def _describe_health(items: Sequence[tuple[Member, WorkloadHealth]]) -> str:
 
 def _failure_of(message: str) -> str:
     """A failed stage's message without what the rollback appended to it."""
-    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete"):
+    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete", "; rollback waits for approval"):
         message = message.split(suffix)[0]
     return message
 
@@ -819,43 +927,81 @@ def _ts(moment: datetime.datetime) -> str:
 
 @dataclass(frozen=True)
 class ReleasePlan:
-    """What deleting the policy does: restore every object it changed, announced first."""
+    """What deleting the policy does: restore what it changed (the master per
+    `spec.master.onDelete`), announced first; `pending_approval` is set while restoring the
+    master waits for approval (the handler keeps the finalizer and retries)."""
 
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
+    pending_approval: str | None = None
+    status: PolicyStatus | None = None
+    """The status to write (only while waiting for approval: pendingApproval and the phase)."""
 
 
-def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
+def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
                  managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
-    """Restore every object carrying this policy's label to its state before the policy.
+    """Give back every object carrying this policy's label.
 
-    All at once: each workload's own rolling update paces its restart (maxUnavailable holds),
-    and a deletion is an explicit request to undo. A master whose pod template changes back
-    restarts, which empties the store: a warning event says so first.
+    Targets get their state from before the policy, all at once: each workload's own rolling
+    update paces its restart (maxUnavailable holds), and a deletion is an explicit request to
+    undo. The master (and its ConfigMap) follow `spec.master.onDelete`: `keep` drops only our
+    bookkeeping, so nothing restarts; `restore` brings its settings back, which restarts it and
+    empties the store: announced, and approved first when `requireApprovalForRestart`.
     """
-    try:
-        master = parse_spec(raw_spec).master
-        master_key: tuple[str, str] | None = (master.kind.value, master.name)
-    except PolicySpecError:
-        master_key = None
-    changes, restarts = [], []
+    masters = _master_objects(spec, previous)
+    restore_master = not isinstance(spec, PolicySpecError) and spec.master.on_delete is MasterDeletionPolicy.RESTORE
+    needs_approval = isinstance(spec, PolicySpecError) or spec.master.require_approval_for_restart
+    settings_hash = "" if isinstance(spec, PolicySpecError) else build_master_settings(spec.master).config_hash
+    changes: list[WorkloadChange] = []
+    held: list[WorkloadChange] = []
+    restart: MasterRestart | None = None
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
-        change = WorkloadChange(kind=str(obj.get("kind")), name=str(meta.get("name")), action=ChangeAction.RELEASE,
-                                policy=policy.name)
+        ref = (str(obj.get("kind")), str(meta.get("name")))
+        is_master = ref in masters or ref[0] == "ConfigMap"
+        action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
+        change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
         if new is None:
             continue
+        if is_master and action is ChangeAction.RELEASE:
+            held.append(change)
+            if ref[0] != "ConfigMap" and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+                restart = build_master_restart(f"{ref[0]}/{ref[1]}", RestartDirection.RESTORE, previous.revision or 0,
+                                               settings_hash, describe_update(obj, change))
+            continue
         changes.append(change)
-        if change.ref == master_key and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
-            restarts.append(f"{change.kind}/{change.name}")
-    events = []
-    if restarts:
-        events.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                f"{restarts[0]} restarts to get its settings back from before the policy:"
-                                " restarting the master empties the Mooncake store"))
-    if changes:
+    events: list[EventNote] = []
+    pending = None
+    if restart is not None and needs_approval and not restart.approved_by(policy.annotations):
+        pending = restart.approval_key
+        if previous.pending_approval != pending:
+            events.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value,
+                                    f"Policy deleted (master.onDelete: restore): {restart.approval_request(policy.name)}"))
+    else:
+        changes = held + changes  # the ConfigMap before the master it restarts
+        if restart is not None:
+            events.append(restart.note())
+    restored = [c for c in changes if c.action is ChangeAction.RELEASE]
+    if restored:
         events.append(EventNote("Normal", Reason.RESTORED.value,
-                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in changes])
+                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in restored])
                                 + " to their configuration before the policy"))
-    return ReleasePlan(events=tuple(events), changes=tuple(changes))
+    if any(c.action is ChangeAction.FORGET for c in changes):
+        events.append(EventNote("Normal", Reason.RELEASED.value,
+                                "Policy deleted: the master keeps its settings (master.onDelete: keep)"))
+    status = None
+    if pending is not None and previous.pending_approval != pending:
+        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
+    return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
+
+
+def _master_objects(spec: PolicySpec | PolicySpecError, previous: PolicyStatus) -> set[tuple[str, str]]:
+    """The master workload and its ConfigMap: from the spec, or (a spec no longer valid) from
+    the last status."""
+    if isinstance(spec, PolicySpecError):
+        return {(t.kind.value, t.name) for t in previous.targets if t.role is StageName.MASTER}
+    refs = {(spec.master.kind.value, spec.master.name)}
+    if spec.master.config_map is not None:
+        refs.add(("ConfigMap", spec.master.config_map.name))
+    return refs

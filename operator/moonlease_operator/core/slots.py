@@ -1,4 +1,5 @@
-"""What a policy wants in each workload, and the edits that get it there. Pure.
+"""Owned slots and snapshots: reading what a workload holds, writing what the policy wants, and
+undoing it exactly. Pure.
 
 Called by the rollout planner (`core.rollout`) to decide what is in sync, and by the workload
 adapter, which hands every freshly read object to `build_update` and patches the difference.
@@ -31,220 +32,37 @@ patch as the change itself, so no crash can separate a change from the means to 
 from __future__ import annotations
 
 import copy
-import enum
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
-from moonlease_connector.config import LeaseMode as ConnectorLeaseMode
-from moonlease_operator.api import GROUP, ConnectorSpec, MasterConfigMapSpec, MasterSpec, build_master_flags
-from moonlease_operator.api.policy import MASTER_FLAGS
-from moonlease_operator.core.config_hash import build_config_hash
+from moonlease_operator.api import GROUP
+from moonlease_operator.core.changes import ChangeAction, JsonObj, WorkloadChange, Wrapped
+from moonlease_operator.core.workload_args import (
+    EXTRA_CONFIG_KEY,
+    KV_TRANSFER_CONFIG_OPTIONS,
+    find_container,
+    find_flag,
+    find_option,
+    flag_value,
+    format_doc,
+    kv_doc,
+    option_tokens,
+    parse_doc,
+    replace_tokens,
+    set_kv_doc,
+)
 
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 POLICY_LABEL = f"{GROUP}/policy"
 ORIGINAL_ANNOTATION = f"{GROUP}/original"
 ROLLBACK_ANNOTATION = f"{GROUP}/rollback"
 
-KV_TRANSFER_CONFIG_OPTIONS = ("--kv-transfer-config", "--kv_transfer_config")
-CONNECTOR_CLASS = "MooncakeStoreConnector"
-CONNECTOR_MODULE = "moonlease_connector"
-DEFAULT_KV_ROLE = "kv_both"
-EXTRA_CONFIG_KEY = "kv_connector_extra_config"
-BOOLEAN_MASTER_FLAGS = frozenset({"allow_evict_soft_pinned_objects"})
-
-Wrapped = dict[str, Any] | None
-JsonObj = dict[str, Any]
-
 _WORKLOAD_SHAPE = ("has:args", "has:env", "has:annotations", "has:kvextra", "kvarg")
 _CONFIG_MAP_SHAPE = ("doctext", "has:data")
 _METADATA_SHAPE = ("has:metaannotations", "has:metalabels")
 _TRUTHY = {"true": True, "1": True, "yes": True, "t": True, "false": False, "0": False, "no": False, "f": False}
-
-
-# --------------------------------------------------------------------------------------------
-# Rendering the spec
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConnectorSettings:
-    """The connector configuration every target gets, rendered once from `spec.connector`."""
-
-    env: Mapping[str, str]
-    """Env vars of the vLLM container (the selective-lease switch, kept consistent with the
-    config key: the connector refuses to start when the two disagree)."""
-    extra_config: Mapping[str, Any]
-    """Our keys in `kv_connector_extra_config`: exactly those the spec decides."""
-    config_hash: str
-
-
-def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
-    """Render `spec.connector` through the connector's own config model (decide once).
-
-    `for_mode` sets the switches the policy decides; only those keys are owned, so settings the
-    policy does not expose (e.g. `mooncake_max_lease_rounds`) stay as the user wrote them.
-    """
-    config = MoonleaseConnectorConfig.for_mode(ConnectorLeaseMode(connector.lease_mode.value),
-                                               junction_retention=connector.junction_retention)
-    extra = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
-    env = {SELECTIVE_LEASE_ENV: "1" if config.mooncake_selective_lease else "0"}
-    digest = build_config_hash({"connector": CONNECTOR_CLASS, "env": env, "extra": extra})
-    return ConnectorSettings(env=env, extra_config=extra, config_hash=digest)
-
-
-@dataclass(frozen=True)
-class MasterSettings:
-    """The master settings the policy declares, rendered once from `spec.master`."""
-
-    values: Mapping[str, bool | int | float]
-    """Flag name -> typed value (what a config file gets)."""
-    flags: Mapping[str, str]
-    """Flag name -> gflags spelling of the value (what the args get)."""
-    config_map: MasterConfigMapSpec | None
-    config_hash: str
-
-
-def build_master_settings(master: MasterSpec) -> MasterSettings:
-    values = {flag: getattr(master, name) for name, flag in MASTER_FLAGS.items() if getattr(master, name) is not None}
-    flags = build_master_flags(master)
-    config_map = master.config_map
-    digest = build_config_hash({"flags": flags,
-                                "configMap": None if config_map is None else config_map.model_dump()})
-    return MasterSettings(values=values, flags=flags, config_map=config_map, config_hash=digest)
-
-
-def build_target_desired(obj: Mapping[str, Any], container: str | None,
-                         settings: ConnectorSettings) -> dict[str, Wrapped]:
-    """The owned slots of a vLLM workload and what the policy wants in them.
-
-    The connector keys are set only where the user has not set them (`evaluate_target` refuses
-    a workload that names another connector); a module path of ours that the user chose, and
-    any `kv_role` already there, are kept.
-    """
-    doc = _kv_doc(_find_container(obj, container)) or {}
-    module = doc.get("kv_connector_module_path")
-    desired: dict[str, Wrapped] = {
-        "kv:kv_connector": {"v": CONNECTOR_CLASS},
-        "kv:kv_connector_module_path": {"v": module if _is_our_module(module) else CONNECTOR_MODULE},
-        "kv:kv_role": {"v": doc["kv_role"] if doc.get("kv_role") is not None else DEFAULT_KV_ROLE},
-    }
-    for key, value in settings.extra_config.items():
-        desired[f"kv:{EXTRA_CONFIG_KEY}.{key}"] = {"v": value}
-    for name, value in settings.env.items():
-        desired[f"env:{name}"] = {"v": {"name": name, "value": value}}
-    return desired
-
-
-def build_master_desired(settings: MasterSettings) -> dict[str, Wrapped]:
-    """The master's owned slots: its flags in the container args (`--name=value`)."""
-    return {f"flag:{name}": {"v": [f"--{name}={value}"]} for name, value in settings.flags.items()}
-
-
-def build_config_map_desired(settings: MasterSettings) -> dict[str, Wrapped]:
-    """The owned keys of the master's config file (typed values, Mooncake's flag names)."""
-    return {f"doc:{name}": {"v": value} for name, value in settings.values.items()}
-
-
-# --------------------------------------------------------------------------------------------
-# Whether a workload can be managed at all
-# --------------------------------------------------------------------------------------------
-
-class ProblemKind(str, enum.Enum):
-    """Why a workload cannot be managed (condition reasons of the same name)."""
-
-    FOREIGN_CONNECTOR = "ForeignConnector"
-    UNMANAGEABLE = "UnmanageableWorkload"
-
-
-@dataclass(frozen=True)
-class WorkloadProblem:
-    kind: ProblemKind
-    message: str
-
-
-def evaluate_target(obj: Mapping[str, Any], container: str | None) -> WorkloadProblem | None:
-    """Refuse a vLLM workload whose connector is not ours, or whose arguments we cannot edit."""
-    name = _describe(obj)
-    found = _find_container(obj, container)
-    if found is None:
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE, f"{name}: container {container or '(first)'} not found")
-    hit = _find_option(found, KV_TRANSFER_CONFIG_OPTIONS)
-    if hit is None:
-        return None
-    if hit.value is None:
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE, f"{name}: {hit.spelled} has no value")
-    try:
-        doc = json.loads(hit.value)
-    except ValueError:
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE, f"{name}: {hit.spelled} is not valid JSON")
-    if not isinstance(doc, dict) or not isinstance(doc.get(EXTRA_CONFIG_KEY, {}), dict):
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE,
-                               f"{name}: {hit.spelled} must be a JSON object with an object {EXTRA_CONFIG_KEY}")
-    connector, module = doc.get("kv_connector"), doc.get("kv_connector_module_path")
-    if connector is not None and connector != CONNECTOR_CLASS:
-        return WorkloadProblem(ProblemKind.FOREIGN_CONNECTOR,
-                               f"{name} uses kv_connector {connector!r}; the policy manages only Moonlease's"
-                               f" {CONNECTOR_CLASS} and will not replace another connector")
-    if (connector is not None or module is not None) and not _is_our_module(module):
-        return WorkloadProblem(ProblemKind.FOREIGN_CONNECTOR,
-                               f"{name} uses {CONNECTOR_CLASS} from {module or 'vLLM itself'!r}, which ignores"
-                               f" lease modes: set kv_connector_module_path to {CONNECTOR_MODULE!r}")
-    return None
-
-
-def evaluate_master(obj: Mapping[str, Any], container: str | None, settings: MasterSettings) -> WorkloadProblem | None:
-    """Refuse a master whose container is missing, or whose args set a flag the policy writes to
-    its config file (which of the two would win is Mooncake's business, not ours to guess)."""
-    name = _describe(obj)
-    found = _find_container(obj, container)
-    if found is None:
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE, f"{name}: container {container or '(first)'} not found")
-    if settings.config_map is not None:
-        in_args = sorted(flag for flag in settings.flags if _find_flag(found, flag) is not None)
-        if in_args:
-            return WorkloadProblem(ProblemKind.UNMANAGEABLE,
-                                   f"{name} sets {', '.join('--' + f for f in in_args)} in its args, but the policy"
-                                   f" writes them to ConfigMap {settings.config_map.name}: remove them from the args")
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Changes
-# --------------------------------------------------------------------------------------------
-
-class ChangeAction(str, enum.Enum):
-    APPLY = "apply"  # write the desired slots (recording original and rollback snapshots)
-    ROLLBACK = "rollback"  # restore the rollback snapshot of this attempt
-    RELEASE = "release"  # restore the original snapshot and drop our bookkeeping
-
-
-@dataclass(frozen=True)
-class WorkloadChange:
-    """One object to change and how; `build_update` turns it into the new object.
-
-    `place` is the container (workloads) or data key (ConfigMaps) the slots live in.
-    `require_annotation`: the pod template must carry `config_hash` even when every other slot
-    is in sync (the master whose settings live in a ConfigMap restarts through it).
-    """
-
-    kind: str
-    name: str
-    action: ChangeAction
-    policy: str
-    place: str | None = None
-    desired: Mapping[str, Wrapped] = field(default_factory=dict)
-    config_hash: str | None = None
-    require_annotation: bool = False
-    revision: int = 0
-    applied_revision: int | None = None
-
-    @property
-    def ref(self) -> tuple[str, str]:
-        return (self.kind, self.name)
 
 
 def build_update(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
@@ -260,6 +78,8 @@ def build_update(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | No
             return _rollback(obj, change)
         case ChangeAction.RELEASE:
             return _release(obj)
+        case ChangeAction.FORGET:
+            return _release(obj, restore=False)
 
 
 def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
@@ -272,6 +92,8 @@ def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
             return _rollback_snapshot(obj, change) is not None
         case ChangeAction.RELEASE:
             return _release(obj) is not None
+        case ChangeAction.FORGET:
+            return _release(obj, restore=False) is not None
 
 
 def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]:
@@ -286,6 +108,8 @@ def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]
 
 
 def _targets_of(obj: Mapping[str, Any], change: WorkloadChange) -> dict[str, Wrapped]:
+    if change.action is ChangeAction.FORGET:
+        return {}
     if change.action is ChangeAction.APPLY:
         return _apply_targets(obj, change)
     snapshot = _load(obj, ROLLBACK_ANNOTATION if change.action is ChangeAction.ROLLBACK else ORIGINAL_ANNOTATION)
@@ -338,7 +162,7 @@ def _apply(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     if "annotation" in touched:
         _write_slot(new, place, "annotation", {"v": change.config_hash})
     meta = new.setdefault("metadata", {})
-    meta.setdefault("labels", {})[POLICY_LABEL] = change.policy
+    meta.setdefault("labels", {})[POLICY_LABEL] = policy_label_value(change.policy)
     annotations = meta.setdefault("annotations", {})
     annotations[ORIGINAL_ANNOTATION] = _dump(original)
     annotations[ROLLBACK_ANNOTATION] = _dump(rollback)
@@ -365,10 +189,11 @@ def _rollback(obj: Mapping[str, Any], change: WorkloadChange) -> JsonObj | None:
     return new
 
 
-def _release(obj: Mapping[str, Any]) -> JsonObj | None:
+def _release(obj: Mapping[str, Any], *, restore: bool = True) -> JsonObj | None:
+    """Our bookkeeping dropped and, with `restore`, the original snapshot back."""
     original = _load(obj, ORIGINAL_ANNOTATION)
     new = copy.deepcopy(dict(obj))
-    if original is not None:
+    if original is not None and restore:
         _restore(new, original)
     meta = new.setdefault("metadata", {})
     for key in (ORIGINAL_ANNOTATION, ROLLBACK_ANNOTATION):
@@ -410,8 +235,18 @@ def _dump(snapshot: Mapping[str, Any]) -> str:
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":"))
 
 
+def policy_label_value(policy: str) -> str:
+    """The `moonlease.io/policy` label value naming a policy: always a valid label value (at most
+    63 characters, alphanumeric at both ends). A policy name is a DNS subdomain of up to 253
+    characters: a longer one becomes a prefix plus 8 hex digits of its SHA-256."""
+    if len(policy) <= 63:
+        return policy
+    prefix = policy[:54].rstrip("-.")
+    return f"{prefix}-{hashlib.sha256(policy.encode()).hexdigest()[:8]}"
+
+
 def managed_by(obj: Mapping[str, Any]) -> str | None:
-    """The policy (name) whose label the workload carries, if any."""
+    """The policy label value the workload carries, if any (`policy_label_value` of its policy)."""
     return ((obj.get("metadata") or {}).get("labels") or {}).get(POLICY_LABEL)
 
 
@@ -449,10 +284,10 @@ def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
                 return {"v": data is not None}
             case "has:metaannotations" | "has:metalabels":
                 return _read_meta_shape(obj, slot)
-        doc = _parse_doc(place, text)
+        doc = parse_doc(place, text)
         return {"v": doc[key]} if kind == "doc" and isinstance(doc, dict) and key in doc else None
     template = (obj.get("spec") or {}).get("template") or {}
-    container = _find_container(obj, place) or {}
+    container = find_container(obj, place) or {}
     match kind:
         case "annotation":
             annotations = (template.get("metadata") or {}).get("annotations") or {}
@@ -461,18 +296,18 @@ def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
             entry = next((e for e in container.get("env") or [] if e.get("name") == key), None)
             return None if entry is None else {"v": entry}
         case "kv":
-            doc = _kv_doc(container)
+            doc = kv_doc(container)
             if doc is None:
                 return None
             parent, _, leaf = key.rpartition(".")
             node = doc.get(parent) if parent else doc
             return {"v": node[leaf]} if isinstance(node, dict) and leaf in node else None
         case "flag":
-            hit = _find_flag(container, key)
-            return None if hit is None else {"v": list(_tokens(container, hit))}
+            hit = find_flag(container, key)
+            return None if hit is None else {"v": list(option_tokens(container, hit))}
         case "kvarg":
-            hit = _find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
-            return None if hit is None else {"v": list(_tokens(container, hit))}
+            hit = find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
+            return None if hit is None else {"v": list(option_tokens(container, hit))}
         case "has":
             match key:
                 case "args" | "env":
@@ -480,7 +315,7 @@ def read_slot(obj: Mapping[str, Any], place: str | None, slot: str) -> Wrapped:
                 case "annotations":
                     return {"v": "annotations" in (template.get("metadata") or {})}
                 case "kvextra":
-                    return {"v": EXTRA_CONFIG_KEY in (_kv_doc(container) or {})}
+                    return {"v": EXTRA_CONFIG_KEY in (kv_doc(container) or {})}
                 case "metaannotations" | "metalabels":
                     return _read_meta_shape(obj, slot)
     raise ValueError(f"unknown slot {slot!r}")
@@ -495,13 +330,13 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
     kind, _, key = slot.partition(":")
     if obj.get("kind") == "ConfigMap":
         data = obj.setdefault("data", {})
-        doc = _parse_doc(place, data.get(place or ""))
+        doc = parse_doc(place, data.get(place or ""))
         doc = doc if isinstance(doc, dict) else {}
         if value is None:
             doc.pop(key, None)
         else:
             doc[key] = value["v"]
-        data[place or ""] = _format_doc(place, doc)
+        data[place or ""] = format_doc(place, doc)
         return
     template = obj.setdefault("spec", {}).setdefault("template", {})
     if kind == "annotation":
@@ -511,7 +346,7 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
         else:
             annotations[CONFIG_HASH_ANNOTATION] = value["v"]
         return
-    container = _find_container(obj, place)
+    container = find_container(obj, place)
     if container is None:
         raise ValueError(f"container {place!r} not found")
     match kind:
@@ -526,7 +361,7 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
             else:
                 env[index] = copy.deepcopy(value["v"])
         case "kv":
-            doc = _kv_doc(container) or {}
+            doc = kv_doc(container) or {}
             parent, _, leaf = key.rpartition(".")
             if parent:
                 if value is None and not isinstance(doc.get(parent), dict):
@@ -538,10 +373,10 @@ def _write_slot(obj: JsonObj, place: str | None, slot: str, value: Wrapped) -> N
                 node.pop(leaf, None)
             else:
                 node[leaf] = copy.deepcopy(value["v"])
-            _set_kv_doc(container, doc)
+            set_kv_doc(container, doc)
         case "flag":
-            hit = _find_flag(container, key)
-            _replace_tokens(container, hit, None if value is None else list(value["v"]))
+            hit = find_flag(container, key)
+            replace_tokens(container, hit, None if value is None else list(value["v"]))
         case _:
             raise ValueError(f"not a value slot: {slot!r}")
 
@@ -551,31 +386,31 @@ def _finish_shape(obj: JsonObj, place: str | None, slot: str, original: Wrapped)
     if obj.get("kind") == "ConfigMap":
         data = obj.get("data") or {}
         if slot == "doctext":
-            current = _parse_doc(place, data.get(place or ""))
+            current = parse_doc(place, data.get(place or ""))
             if original is None and current in ({}, None):
                 data.pop(place or "", None)
-            elif original is not None and _parse_doc(place, original["v"]) == current:
+            elif original is not None and parse_doc(place, original["v"]) == current:
                 data[place or ""] = original["v"]
         elif slot == "has:data" and original == {"v": False} and "data" in obj and not obj["data"]:
             del obj["data"]
         return
-    container = _find_container(obj, place)
+    container = find_container(obj, place)
     template = obj.get("spec", {}).get("template", {})
     match slot:
         case "has:kvextra" if container is not None:
-            doc = _kv_doc(container)
+            doc = kv_doc(container)
             if original == {"v": False} and doc is not None and doc.get(EXTRA_CONFIG_KEY) == {}:
                 del doc[EXTRA_CONFIG_KEY]
-                _set_kv_doc(container, doc)
+                set_kv_doc(container, doc)
         case "kvarg" if container is not None:
-            hit = _find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
-            doc = _kv_doc(container)
+            hit = find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
+            doc = kv_doc(container)
             if hit is None:
                 return
             if original is None and doc == {}:
-                _replace_tokens(container, hit, None)
-            elif original is not None and _kv_doc({"args": original["v"]}) == doc:
-                _replace_tokens(container, hit, list(original["v"]))
+                replace_tokens(container, hit, None)
+            elif original is not None and kv_doc({"args": original["v"]}) == doc:
+                replace_tokens(container, hit, list(original["v"]))
         case "has:args" | "has:env" if container is not None:
             key = slot.split(":")[1]
             if original == {"v": False} and key in container and not container[key]:
@@ -591,7 +426,7 @@ def _slot_equal(slot: str, a: Wrapped, b: Wrapped) -> bool:
         return a is b
     kind = slot.split(":", 1)[0]
     if kind == "flag":
-        return _same_scalar(_flag_value(a["v"], slot[5:]), _flag_value(b["v"], slot[5:]))
+        return _same_scalar(flag_value(a["v"], slot[5:]), flag_value(b["v"], slot[5:]))
     if kind == "doc":
         return _same_scalar(a["v"], b["v"])
     return bool(a["v"] == b["v"])
@@ -620,7 +455,7 @@ def _render(slot: str, value: Wrapped) -> str:
     if value is None:
         return "(unset)"
     if slot.startswith("flag:"):
-        return str(_flag_value(value["v"], slot[5:]))
+        return str(flag_value(value["v"], slot[5:]))
     if slot.startswith("env:"):
         entry = value["v"]
         return str(entry.get("value", "(valueFrom)"))
@@ -628,132 +463,6 @@ def _render(slot: str, value: Wrapped) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Containers, args and documents
-# --------------------------------------------------------------------------------------------
-
-def _describe(obj: Mapping[str, Any]) -> str:
-    return f"{obj.get('kind', 'Workload')}/{(obj.get('metadata') or {}).get('name', '?')}"
-
-
-def _find_container(obj: Mapping[str, Any], name: str | None) -> dict[str, Any] | None:
-    containers = ((obj.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
-    if name is None:
-        return containers[0] if containers else None
-    return next((c for c in containers if c.get("name") == name), None)
-
-
-@dataclass(frozen=True)
-class _Hit:
-    """Where an option sits in a container's args or command."""
-
-    field: str
-    index: int
-    length: int
-    spelled: str
-    value: str | None
-
-
-def _find_option(container: Mapping[str, Any], names: tuple[str, ...], *, boolean: bool = False) -> _Hit | None:
-    # args come after command on the command line, and argparse keeps the last occurrence.
-    for where in ("args", "command"):
-        tokens = container.get(where) or []
-        for i in range(len(tokens) - 1, -1, -1):
-            token = tokens[i]
-            if not isinstance(token, str):
-                continue
-            for name in names:
-                if token == name:
-                    if boolean or i + 1 >= len(tokens):
-                        return _Hit(where, i, 1, name, "true" if boolean else None)
-                    return _Hit(where, i, 2, name, tokens[i + 1])
-                if token.startswith(name + "="):
-                    return _Hit(where, i, 1, name, token[len(name) + 1:])
-    return None
-
-
-def _find_flag(container: Mapping[str, Any], flag: str) -> _Hit | None:
-    """A gflags flag: `--f=v`, `-f=v`, `--f v`, and for booleans `--f` and `--nof`."""
-    boolean = flag in BOOLEAN_MASTER_FLAGS
-    hit = _find_option(container, (f"--{flag}", f"-{flag}"), boolean=boolean)
-    if hit is None and boolean:
-        negated = _find_option(container, (f"--no{flag}", f"-no{flag}"), boolean=True)
-        if negated is not None:
-            return _Hit(negated.field, negated.index, 1, negated.spelled, "false")
-    return hit
-
-
-def _flag_value(tokens: list[str], flag: str) -> str | None:
-    hit = _find_flag({"args": tokens}, flag)
-    return None if hit is None else hit.value
-
-
-def _tokens(container: Mapping[str, Any], hit: _Hit) -> list[str]:
-    return list(container[hit.field][hit.index:hit.index + hit.length])
-
-
-def _replace_tokens(container: dict[str, Any], hit: _Hit | None, tokens: list[str] | None) -> None:
-    if hit is None:
-        if tokens is not None:
-            container.setdefault("args", []).extend(tokens)
-        return
-    container[hit.field][hit.index:hit.index + hit.length] = tokens or []
-
-
-def _kv_doc(container: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    hit = None if container is None else _find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
-    if hit is None or hit.value is None:
-        return None
-    try:
-        doc = json.loads(hit.value)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _set_kv_doc(container: dict[str, Any], doc: Mapping[str, Any]) -> None:
-    text = json.dumps(doc, separators=(",", ":"))
-    hit = _find_option(container, KV_TRANSFER_CONFIG_OPTIONS)
-    if hit is None:
-        container.setdefault("args", []).extend([KV_TRANSFER_CONFIG_OPTIONS[0], text])
-    elif hit.length == 2:
-        container[hit.field][hit.index + 1] = text
-    else:
-        container[hit.field][hit.index] = f"{hit.spelled}={text}"
-
-
-def _is_our_module(module: Any) -> bool:
-    return isinstance(module, str) and (module == CONNECTOR_MODULE or module.startswith(CONNECTOR_MODULE + "."))
-
-
-def _is_yaml(key: str | None) -> bool:
-    return bool(key) and str(key).endswith((".yaml", ".yml"))
-
-
-def _parse_doc(key: str | None, text: str | None) -> Any:
-    if text is None:
-        return {}
-    try:
-        return yaml.safe_load(text) if _is_yaml(key) else json.loads(text)
-    except (ValueError, yaml.YAMLError):
-        return None
-
-
-def _format_doc(key: str | None, doc: Mapping[str, Any]) -> str:
-    if _is_yaml(key):
-        return yaml.safe_dump(dict(doc), sort_keys=False)
-    return json.dumps(doc, indent=2) + "\n"
-
-
-def evaluate_config_map(obj: Mapping[str, Any], key: str) -> WorkloadProblem | None:
-    """Refuse a master ConfigMap whose config file we cannot parse as a mapping."""
-    doc = _parse_doc(key, (obj.get("data") or {}).get(key))
-    if not isinstance(doc, dict):
-        return WorkloadProblem(ProblemKind.UNMANAGEABLE,
-                               f"ConfigMap/{(obj.get('metadata') or {}).get('name')}: {key} is not a"
-                               f" {'YAML' if _is_yaml(key) else 'JSON'} mapping")
-    return None
-
-
 def build_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonObj:
     """The RFC 7386 merge patch that turns `old` into `new` (removed keys become null; lists
     are sent whole, which is safe because callers add a resourceVersion precondition).
