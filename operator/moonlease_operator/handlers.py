@@ -5,7 +5,7 @@ so two operators in one process, such as tests, share nothing):
 
 * a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds (sooner when an
   A/B measurement falls due), and at once when any watch event of the policy arrives (spec edit,
-  approval or decision annotation, our own status write), so a change is acted on without
+  approval, decision or verb annotation, our own status write), so a change is acted on without
   waiting for the next tick;
 * `release_policy` runs on deletion (kopf holds the policy with the `moonlease.io/finalizer`
   until it succeeds) and restores every workload the policy changed.
@@ -261,6 +261,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_status(namespace, name, final)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
+    if plan.status.paused_at is not None:
+        return None  # paused: no measurement falls due
     return seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock())
 
 

@@ -214,8 +214,8 @@ async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServ
     # Rolled back last stage first, each announced; the master only once approved, announced.
     tail = reasons(kube)[reasons(kube).index("StageFailed"):]
     assert tail == ["StageFailed", "StageRollingBack", "StageRolledBack", "StageRollingBack", "StageRolledBack",
-                    "AwaitingApproval", "RolledBack", "MasterRestart", "StageRollingBack", "StageRolledBack",
-                    "RolledBack"]
+                    "AwaitingApproval", "RolledBack", "VerbApplied", "MasterRestart", "StageRollingBack",
+                    "StageRolledBack", "RolledBack"]
     decode_back = first_rv(kube, "llama-decode", lambda v: v["metadata"]["generation"] == 3)
     prefill_back = first_rv(kube, "llama-prefill", lambda v: v["metadata"]["generation"] == 3)
     master_back = first_rv(kube, "mooncake-master", lambda v: v["metadata"]["generation"] == 3)

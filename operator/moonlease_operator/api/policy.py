@@ -102,6 +102,30 @@ APPROVE_MASTER_RESTART_ANNOTATION = f"{GROUP}/approve-master-restart"
 #: Annotation deciding an A/B test that awaits a human: `promote:<hash>` or `rollback:<hash>`,
 #: `<hash>` being `status.abTest.configHash` (so a stale annotation never decides a later test).
 AB_DECISION_ANNOTATION = f"{GROUP}/ab-decision"
+#: Annotation carrying one verb for the operator (`moonlease promote|abort|pause|resume|retry
+#: NAME` writes it): `<verb>:<revision>:<desiredConfigHash>`, the key being the rollout the
+#: person saw in the status, so a verb written for an earlier attempt or spec is ignored (with an
+#: event). Each value is acted on once: `status.lastVerb` records it.
+VERB_ANNOTATION = f"{GROUP}/verb"
+
+
+class Verb(str, enum.Enum):
+    """What a person can tell the operator at any time (issue 17). `approve` is not written to
+    the verb annotation: it sets the approval annotation to `status.pendingApproval`."""
+
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETRY = "retry"
+    APPROVE = "approve"
+
+
+class VerbOutcome(str, enum.Enum):
+    """What the operator did with a verb."""
+
+    APPLIED = "Applied"
+    IGNORED = "Ignored"
 
 ConfigMapKey = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
 
@@ -448,6 +472,10 @@ class Reason(str, enum.Enum):
     AB_TEST_ROLLING_BACK = "ABTestRollingBack"
     AB_TEST_ROLLED_BACK = "ABTestRolledBack"
     AB_TEST_AWAITING_DECISION = "ABTestAwaitingDecision"
+    # Verbs (events; the Paused and Degraded conditions)
+    VERB_APPLIED = "VerbApplied"
+    VERB_IGNORED = "VerbIgnored"
+    PAUSED_BY_VERB = "PausedByVerb"
 
 
 class StagePhase(str, enum.Enum):
@@ -523,6 +551,21 @@ class TargetStatus(StatusModel):
     HTTP status, reason and message; cleared once the change is written."""
 
 
+class VerbRecord(StatusModel):
+    """The last value of a verb (or approval) annotation the operator handled, and what it did."""
+
+    verb: Verb | None = None
+    """promote, abort, pause, resume, retry or approve; unset when the value named no verb."""
+    value: Annotated[str, Field(max_length=256)]
+    """The annotation's value as handled; the same value is never acted on twice."""
+    outcome: VerbOutcome
+    """Applied, or Ignored (the message says why)."""
+    message: Annotated[str, Field(max_length=1024)] = ""
+    """What the verb did, or why it was ignored."""
+    handled_at: datetime
+    """When the operator handled it."""
+
+
 class PolicyStatus(StatusModel):
     """Observed state of the policy, written only by the operator."""
 
@@ -564,6 +607,13 @@ class PolicyStatus(StatusModel):
     """When `phase` last changed."""
     ab_test: ABTestStatus | None = None
     """The A/B test of the current configuration (strategy ABTest only)."""
+    paused_at: datetime | None = None
+    """Set by the `pause` verb (until `resume`): the operator starts no stage, verifies and times
+    out none, takes no A/B measurement and acts on no verdict; a rollback is never paused."""
+    last_verb: VerbRecord | None = None
+    """The last `moonlease.io/verb` annotation handled."""
+    last_approval: VerbRecord | None = None
+    """The last `moonlease.io/approve-master-restart` value handled."""
 
     def condition(self, type_: ConditionType | str) -> Condition | None:
         """The condition of this type, if set."""

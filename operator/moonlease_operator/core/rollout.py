@@ -27,6 +27,7 @@ from typing import Any
 
 from moonlease_operator.api import (
     AB_DECISION_ANNOTATION,
+    APPROVE_MASTER_RESTART_ANNOTATION,
     ABTestPhase,
     ABTestStatus,
     ConditionStatus,
@@ -43,8 +44,10 @@ from moonlease_operator.api import (
     StageStatus,
     TargetPhase,
     TargetStatus,
+    VERB_ANNOTATION,
     WorkloadKind,
     parse_spec,
+    read_spec,
 )
 from moonlease_operator.core.ab_plan import (
     ABReading,
@@ -86,6 +89,14 @@ from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
+from moonlease_operator.core.verbs import (
+    VerbDecision,
+    VerbEffect,
+    VerbSituation,
+    plan_approval,
+    plan_verb,
+    read_new_value,
+)
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -152,7 +163,7 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
     config_map = spec.master.config_map
     verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
     ab = spec.rollout.ab_test
-    due = now is not None and measurement_due(previous.ab_test, ab, now)
+    due = now is not None and previous.paused_at is None and measurement_due(previous.ab_test, ab, now)
     scraping = due and ab is not None and ab.prometheus is None
     return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
                      ab_due=due)
@@ -170,6 +181,14 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch)."""
+    prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    return prepared.plan() if isinstance(prepared, _Planner) else prepared
+
+
+def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+             now: datetime.datetime, prometheus_allowlist: Sequence[str] | None) -> ReconcilePlan | _Planner:
+    """The refusals and waits (a finished plan), or the planner of a policy the fleet can run."""
     if isinstance(spec, PolicySpecError):
         return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
     mismatched = evaluate_arm_roles(spec)
@@ -235,9 +254,90 @@ def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, pre
         fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing, fleet.unmatched)
     left_out = {key: (members[key], why) for key, why in excluded.items()}
 
-    planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
-                       fleet=fleet, connector=connector, master=master, excluded=left_out)
-    return planner.plan()
+    return _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                    fleet=fleet, connector=connector, master=master, excluded=left_out)
+
+
+# --------------------------------------------------------------------------------------------
+# Dry run (`moonlease plan -f`)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadPreview:
+    """What the policy would do to one workload, over the whole rollout."""
+
+    stage: StageName
+    kind: str
+    name: str
+    changes: tuple[str, ...]
+    """Human lines (`--eviction_ratio: 0.05 -> 0.1`); empty when the workload is in sync."""
+    restarts: bool
+    """Its pod template changes, so its pods are replaced (the master's restart empties the store)."""
+    arm: str = ""
+    """control / treatment with strategy ABTest (the control changes only when the test promotes)."""
+
+
+@dataclass(frozen=True)
+class PolicyPreview:
+    """A dry run of a policy against the cluster: the next reconcile's verdict, then every
+    workload the whole rollout would change, and how."""
+
+    phase: Phase
+    reason: str
+    message: str
+    refused: bool
+    """Invalid (refused: nothing would change) or Pending (workloads missing)."""
+    desired_config_hash: str | None
+    workloads: tuple[WorkloadPreview, ...] = ()
+    events: tuple[EventNote, ...] = ()
+    """What the first reconcile would announce."""
+
+    @property
+    def master_restarts(self) -> bool:
+        return any(w.restarts for w in self.workloads if w.stage is StageName.MASTER)
+
+    @property
+    def changes(self) -> bool:
+        return any(w.changes for w in self.workloads)
+
+
+def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+                 now: datetime.datetime, prometheus_allowlist: Sequence[str] | None = None) -> PolicyPreview:
+    """What applying `raw_spec` would do, decided by the operator's own planner: the next
+    reconcile (refused, waiting, which stage starts) and, per workload of every stage, the
+    settings that change and whether its pods restart. Pure; writes nothing."""
+    spec = read_spec(raw_spec)
+    first = plan_reconcile(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                           prometheus_allowlist=prometheus_allowlist)
+    ready = first.status.condition(ConditionType.READY)
+    invalid = first.status.condition(ConditionType.INVALID)
+    headline = invalid if first.status.phase is Phase.INVALID and invalid is not None else ready
+    reason, message = (headline.reason, headline.message) if headline is not None else ("", "")
+    prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    if not isinstance(prepared, _Planner):
+        return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=True,
+                             desired_config_hash=None, events=first.events)
+    ab = prepared.spec.rollout.ab_test
+    arms = {**({n: "control" for n in ab.control.workloads} if ab else {}),
+            **({n: "treatment" for n in ab.treatment.workloads} if ab else {})}
+    rank = {name: i for i, name in enumerate(prepared.spec.rollout.stages)}
+    workloads = []
+    for member in sorted(prepared.fleet.members, key=lambda m: (rank.get(m.stage, len(rank)), m.kind, m.name)):
+        pending = prepared._pending(prepared._apply_changes(member))
+        lines = tuple(line for change in pending for line in describe_update(prepared._object(change), change))
+        restarts = False
+        for change in pending:
+            if change.kind == "ConfigMap":
+                continue
+            current = prepared._object(change)
+            new = build_update(current, change) or current
+            restarts = restarts or (new.get("spec") or {}).get("template") != (current.get("spec") or {}).get("template")
+        workloads.append(WorkloadPreview(stage=member.stage, kind=member.kind, name=member.name, changes=lines,
+                                         restarts=restarts, arm=arms.get(member.name, "")))
+    return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=False,
+                         desired_config_hash=first.status.desired_config_hash, workloads=tuple(workloads),
+                         events=first.events)
 
 
 def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
@@ -284,6 +384,10 @@ class _Planner:
     excluded: Mapping[WorkloadKey, tuple[Member, str]] = field(default_factory=dict)
     """Targets left out of this plan, each with why (deleted, claimed, unmanageable): reported on
     the target; the rest carries on, and the policy cannot be Ready meanwhile."""
+    verb: VerbDecision | None = None  # a verb annotation handled in this reconcile
+    approval: VerbDecision | None = None  # an approval annotation handled in this reconcile
+    paused_at: datetime.datetime | None = None  # held by the pause verb
+    aborting: bool = False  # the abort verb failed the attempt in this reconcile
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -292,19 +396,25 @@ class _Planner:
         prev = self.previous
         self.revision = prev.revision or 0
         self.applied_revision = prev.applied_revision
-        self._begin_ab_test(desired_hash)
+        self.verb, self.approval = _plan_verbs(self.policy, prev, self._verb_situation(desired_hash))
+        effect = self.verb.effect if self.verb is not None else VerbEffect.NONE
+        self.paused_at = (self.now if effect is VerbEffect.PAUSE else
+                          None if effect in (VerbEffect.RESUME, VerbEffect.ABORT) else prev.paused_at)
+        self._begin_ab_test(desired_hash, effect)
         self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
         # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
         # target that comes back is brought in by a new attempt.
         at_rest = prev.phase in _AT_REST or (prev.phase is Phase.DEGRADED and prev.failed_stage is None)
         drifted = at_rest and bool(out_of_sync)
-        if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
+        retrying = effect in (VerbEffect.RETRY, VerbEffect.PROMOTE)
+        if prev.desired_config_hash != desired_hash or prev.revision is None or drifted or retrying:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
             self.failed_stage = None
             promoting = self.ab is not None and self.ab.phase is ABTestPhase.PROMOTING
-            what = ("promoting the A/B treatment's configuration to the control" if promoting and drifted else
+            what = ("promoting the A/B treatment's configuration to the control" if promoting and (drifted or retrying)
+                    else "retrying the same configuration" if retrying else
                     "re-applying to workloads that drifted or joined" if drifted and
                     prev.desired_config_hash == desired_hash else f"configuration {desired_hash}")
             self.notes.append(EventNote("Normal", Reason.ROLLOUT_STARTED.value,
@@ -318,39 +428,55 @@ class _Planner:
         self.pending_approval = None
         self.applied_hash = prev.applied_config_hash
         self._release_orphans()
+        if effect is VerbEffect.RESUME and prev.paused_at is not None:
+            self._shift_stage_clocks(self.now - prev.paused_at)
+        if effect is VerbEffect.ABORT:
+            self._abort()
 
         if self.ab is not None and self.ab.phase is ABTestPhase.ROLLING_BACK and \
-                not any(s.phase in _UNWINDING for s in stages):
+                not any(s.phase in _UNWINDING for s in self.stages.values()):
             self._fail_treatment()
         if any(s.phase in _UNWINDING for s in self.stages.values()):
-            outcome = self._unwind()
+            outcome = self._unwind()  # a rollback is never paused
+        elif self.paused_at is not None:
+            outcome = self._paused()
         else:
             outcome = self._advance()
-        if self.ab is not None:
+        if self.ab is not None and outcome.reason is not Reason.PAUSED_BY_VERB:
             outcome = self._ab_outcome(outcome)
         if self.excluded or self.fleet.unmatched:
             outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
-        events = (*self.notes, *_phase_events(prev, status))
+        verb_notes = [d.note() for d in (self.verb, self.approval) if d is not None]
+        events = (*verb_notes, *self.notes, *_phase_events(prev, status))
         return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes))
 
     # ---- A/B test ----------------------------------------------------------------------------
 
-    def _begin_ab_test(self, desired_hash: str) -> None:
-        """With strategy ABTest: carry the test on (a reading, a human's decision) and hold the
-        control out of the rollout until the test promotes."""
+    def _begin_ab_test(self, desired_hash: str, effect: VerbEffect) -> None:
+        """With strategy ABTest: carry the test on (a reading, a human's decision, a verb) and
+        hold the control out of the rollout until the test promotes. Paused: no reading counts,
+        no decision is taken."""
         spec = self.spec.rollout.ab_test
         if spec is None:
             return
-        ab = begin_test(self.previous.ab_test, desired_hash)
+        ab = begin_test(None if effect is VerbEffect.RETRY else self.previous.ab_test, desired_hash)
         reading = self.observed.ab_reading
-        if ab.phase is ABTestPhase.MEASURING and reading is not None:
-            ab, notes = record_measurement(ab, spec, reading, self.now)
+        if self.paused_at is None:
+            if ab.phase is ABTestPhase.MEASURING and reading is not None:
+                ab, notes = record_measurement(ab, spec, reading, self.now)
+                self.notes.extend(notes)
+            ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
             self.notes.extend(notes)
-        ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
-        self.notes.extend(notes)
+        if effect is VerbEffect.PROMOTE:
+            ab = ab.model_copy(update={"phase": ABTestPhase.PROMOTING, "action": "Promote", "decided_at": self.now,
+                                       "reason": f"promoted by a person after {ab.samples} samples; {ab.reason}"[:4096]})
+        elif effect is VerbEffect.ABORT and ab.phase is not ABTestPhase.PROMOTING:
+            # Aborting a promotion rolls back the control's stages instead (see _abort): the test stays promoting.
+            ab = ab.model_copy(update={"phase": ABTestPhase.ROLLING_BACK, "action": "RollBack", "decided_at": self.now,
+                                       "reason": f"aborted by a person after {ab.samples} samples; {ab.reason}"[:4096]})
         self.ab = ab
         if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
             control = set(spec.control.workloads)
@@ -376,6 +502,41 @@ class _Planner:
         self.stages[name] = self.stages[name].model_copy(update={
             "phase": StagePhase.FAILED, "finished_at": self.now,
             "message": f"A/B test {self.ab.verdict or 'decision'}: rolling the treatment back"})
+
+    # ---- verbs -------------------------------------------------------------------------------
+
+    def _verb_situation(self, desired_hash: str) -> VerbSituation:
+        prev, ab_spec = self.previous, self.spec.rollout.ab_test
+        ab_phase = None
+        if ab_spec is not None:
+            ab_phase = prev.ab_test.phase if prev.ab_test is not None and prev.ab_test.config_hash == desired_hash \
+                else ABTestPhase.DEPLOYING
+        return VerbSituation(phase=prev.phase, ab_phase=ab_phase, revision=prev.revision, config_hash=desired_hash,
+                             paused=prev.paused_at is not None, spec_paused=self.spec.rollout.paused,
+                             pending_approval=prev.pending_approval)
+
+    def _abort(self) -> None:
+        """The abort verb: the stage under way (else the last one done, else the first) fails,
+        so the rollback machinery restores what this attempt changed, whatever onFailure says."""
+        under_way = [n for n in self.order if self.stages[n].phase in (StagePhase.PROGRESSING,
+                                                                     StagePhase.AWAITING_APPROVAL)]
+        done = [n for n in self.order if self.stages[n].phase is StagePhase.SUCCEEDED]
+        name = (under_way or done[-1:] or self.order)[0]
+        self.failed_stage, self.aborting = name, True
+        self._set_stage(name, StagePhase.FAILED, "aborted by a person (moonlease abort)", finished=True)
+
+    def _shift_stage_clocks(self, paused_for: datetime.timedelta) -> None:
+        """On resume: a stage's timeout does not count the time the pause held it."""
+        for name, stage in self.stages.items():
+            if stage.phase is StagePhase.PROGRESSING and stage.started_at is not None:
+                self.stages[name] = stage.model_copy(update={"started_at": stage.started_at + paused_for})
+
+    def _paused(self) -> _Outcome:
+        assert self.paused_at is not None
+        stage = self.previous.current_stage or (self.order[0] if self.order else None)
+        return _Outcome(Phase.PAUSED, stage, Reason.PAUSED_BY_VERB,
+                        f"Paused by a person since {_ts(self.paused_at)}: nothing starts, times out or is measured;"
+                        f" resume with: moonlease resume {self.policy.name} -n {self.policy.namespace}")
 
     def _ab_outcome(self, outcome: _Outcome) -> _Outcome:
         """The rollout's outcome seen through the A/B test, which moves on when the rollout
@@ -580,7 +741,7 @@ class _Planner:
         failed = self.failed_stage
         failure = _failure_of(self.stages[failed].message) if failed is not None and failed in self.stages else ""
         ab_rollback = self.ab is not None and self.ab.phase in (ABTestPhase.ROLLING_BACK, ABTestPhase.ROLLED_BACK)
-        if not ab_rollback and self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
+        if not ab_rollback and not self.aborting and self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
                 s.phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK) for s in self.stages.values()):
             name = failed or self.order[-1]
             return _Outcome(Phase.DEGRADED, name, Reason.HALTED,
@@ -742,6 +903,8 @@ class _Planner:
             "failed_stage": self.failed_stage,
             "pending_approval": self.pending_approval,
             "last_transition_time": prev.last_transition_time if prev.phase == outcome.phase else self.now,
+            "paused_at": self.paused_at,
+            **_verb_records(self.verb, self.approval, self.now),
         })
 
     def _ab_condition(self, conditions: list[Any]) -> list[Any]:
@@ -851,15 +1014,46 @@ def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: S
 
 def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: list[Any], now: datetime.datetime,
           event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+    """Refused or waiting: nothing changes in the cluster; verbs are still heard (only pause and
+    resume can apply here: nothing is rolling out)."""
+    situation = VerbSituation(
+        phase=phase, ab_phase=previous.ab_test.phase if previous.ab_test is not None else None,
+        revision=previous.revision, config_hash=previous.desired_config_hash, paused=previous.paused_at is not None,
+        spec_paused=False, pending_approval=None)
+    verb, approval = _plan_verbs(policy, previous, situation)
+    effect = verb.effect if verb is not None else VerbEffect.NONE
     status = previous.model_copy(update={
         "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
         "last_transition_time": previous.last_transition_time if previous.phase == phase else now,
+        "paused_at": now if effect is VerbEffect.PAUSE else None if effect is VerbEffect.RESUME else previous.paused_at,
+        **_verb_records(verb, approval, now),
     })
     old = previous.condition(ConditionType.READY)
     repeated = (previous.phase == phase and previous.observed_generation == policy.generation
                 and old is not None and old.reason == reason.value and old.message == message)
     events = () if repeated else (EventNote(event_type, reason.value, message),)
-    return ReconcilePlan(status=status, events=events, changes=())
+    verb_notes = tuple(d.note() for d in (verb, approval) if d is not None)
+    return ReconcilePlan(status=status, events=verb_notes + events, changes=())
+
+
+def _plan_verbs(policy: PolicyRef, previous: PolicyStatus,
+                  situation: VerbSituation) -> tuple[VerbDecision | None, VerbDecision | None]:
+    """The verb and approval annotation values not handled yet, decided (None: nothing new)."""
+    verb_value = read_new_value(policy.annotations, VERB_ANNOTATION, previous.last_verb)
+    approval_value = read_new_value(policy.annotations, APPROVE_MASTER_RESTART_ANNOTATION, previous.last_approval)
+    return (plan_verb(verb_value, situation) if verb_value is not None else None,
+            plan_approval(approval_value, situation) if approval_value is not None else None)
+
+
+def _verb_records(verb: VerbDecision | None, approval: VerbDecision | None,
+                  now: datetime.datetime) -> dict[str, Any]:
+    """Status fields recording the annotation values handled now (each is acted on once)."""
+    records: dict[str, Any] = {}
+    if verb is not None:
+        records["last_verb"] = verb.record(now)
+    if approval is not None:
+        records["last_approval"] = approval.record(now)
+    return records
 
 
 # --------------------------------------------------------------------------------------------
