@@ -153,6 +153,16 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _version() -> str:
+    """The installed distribution's version (the image's wheel, or the editable install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moonlease")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 _VERB_HELP = {
     "promote": "end the A/B test now and roll the treatment's configuration out to everyone",
     "abort": "roll back what the rollout under way changed, now (the policy ends Degraded)",
@@ -205,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moonlease",
         description="Lease policies for vLLM's Mooncake KV store, rolled out across a fleet.")
+    parser.add_argument("--version", action="version", version=f"moonlease {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on this machine: an A/B test of "

@@ -36,6 +36,7 @@ import yaml
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.adapters.settings_scrape import scrape_settings
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
+from moonlease.terminal import bold
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "moonlease"
@@ -74,7 +75,7 @@ class DemoFailure(RuntimeError):
 
 
 def say(message: str) -> None:
-    print(f"\033[1m==>\033[0m {message}", flush=True)
+    print(f"{bold('==>')} {message}", flush=True)
 
 
 def detail(message: str) -> None:
@@ -561,7 +562,7 @@ def run_demo(options: DemoOptions) -> int:
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
     except DemoFailure as failure:
-        print(f"\n\033[1mdemo failed:\033[0m {failure}", file=sys.stderr)
+        print(f"\n{bold('demo failed:', sys.stderr)} {failure}", file=sys.stderr)
         return 1
     say(f"Done in {time.monotonic() - started:.0f} s. What happened: the operator rolled selective lease "
         "out to one arm stage by stage, measured both arms' real vLLM metrics on one shared Mooncake store, "

@@ -85,8 +85,9 @@ def test_every_manifest_passes_kubernetes_validate_strict(chart: helm.Chart, nam
     assert result.returncode == 0, result.stdout + result.stderr
     for obj in objects:
         line = f"{obj['kind'].lower()}/{obj['metadata']['name']} against version"
-        if obj["apiVersion"].startswith(("moonlease.io/", "kopf.dev/")):
-            continue  # a custom resource: validated against its CRD's schema instead (kopf's: free-form)
+        if obj["apiVersion"].startswith(("moonlease.io/", "monitoring.coreos.com/", "kopf.dev/")):
+            continue  # a custom resource: validated against its schema instead (test_policy_schema.py,
+            # test_production.py; kopf's peering CRDs are free-form)
         assert f"passed for resource {line}" in result.stdout, (line, result.stdout)
 
 
@@ -134,15 +135,18 @@ def test_every_pod_runs_unprivileged_probed_and_sized(chart: helm.Chart, name: s
 def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
     objects = render_objects(chart, SETS["default"])
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted([
-        ("ServiceAccount", "moonlease-operator"), ("ClusterRole", "moonlease-operator"),
-        ("ClusterRoleBinding", "moonlease-operator"), ("Deployment", "moonlease-operator"),
-        ("Service", "moonlease-operator-metrics"), ("ClusterKopfPeering", "moonlease-operator"),
+        ("ServiceAccount", "moonlease-operator"), ("Role", "moonlease-operator"),
+        ("RoleBinding", "moonlease-operator"), ("ClusterRole", "moonlease-operator-cluster"),
+        ("ClusterRoleBinding", "moonlease-operator-cluster"), ("Deployment", "moonlease-operator"),
+        ("Service", "moonlease-operator-metrics"), ("KopfPeering", "moonlease-operator"),
         ("Deployment", "moonlease-mooncake-master"), ("Service", "moonlease-mooncake-master"),
         ("Deployment", "moonlease-store-pool"), ("ConfigMap", "moonlease-store-config"),
         ("Deployment", "moonlease-prefill"), ("Service", "moonlease-prefill"),
         ("ConfigMap", "moonlease-prefill-moonlease"), ("ConfigMap", "moonlease-decode-moonlease"),
         ("Deployment", "moonlease-decode"), ("Service", "moonlease-decode"),
         ("MooncakeLeasePolicy", "moonlease"),
+        ("PodDisruptionBudget", "moonlease-mooncake-master"), ("PodDisruptionBudget", "moonlease-store-pool"),
+        ("PodDisruptionBudget", "moonlease-prefill"), ("PodDisruptionBudget", "moonlease-decode"),
     ])
 
     # The master: Mooncake's flag names; whole numbers never in exponent form.
@@ -196,13 +200,23 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         service = one(objects, "Service", f"moonlease-{role}")
         assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
 
-    # The operator: arguments the `moonlease` command accepts, cluster-wide, peering through the
-    # chart's ClusterKopfPeering (any number of replicas: one acts).
+    # The operator: arguments the `moonlease` command accepts, the release namespace only, peering
+    # through the chart's KopfPeering there (any number of replicas: one acts).
     operator = one(objects, "Deployment", "moonlease-operator")
     assert container(operator)["command"] == ["moonlease"]
     parsed = build_parser().parse_args(container(operator)["args"])
     assert (parsed.command, parsed.standalone, parsed.peering, parsed.all_namespaces, parsed.namespace) == \
-        ("operator", False, "moonlease-operator", True, [])
+        ("operator", False, "moonlease-operator", False, [NAMESPACE])
+    assert one(objects, "KopfPeering", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
+    # Least privilege: Deployments and ConfigMaps only in that namespace.
+    assert one(objects, "Role", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
+    cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
+    assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    everywhere = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
+    assert build_parser().parse_args(container(one(everywhere, "Deployment", "moonlease-operator"))["args"]
+                                     ).all_namespaces is True
+    assert not find(everywhere, "Role") and one(everywhere, "ClusterRole", "moonlease-operator")
+    assert one(everywhere, "ClusterKopfPeering", "moonlease-operator")
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
     assert parsed.prometheus_url_allow == []  # no Prometheus allowed unless the values name it

@@ -163,3 +163,87 @@ capabilities:
   add: ["IPC_LOCK"]
   {{- end }}
 {{- end -}}
+
+{{/*
+Labels of pod templates; pass (dict "ctx" $ "component" "..." ["arm" "..."]). The selector labels
+and the release's constant ones, never the chart or app version: a `helm upgrade` that changes only
+the chart version must leave every pod template as it is (a new master pod empties the store).
+*/}}
+{{- define "moonlease.podLabels" -}}
+{{ include "moonlease.selectorLabels" . }}
+app.kubernetes.io/part-of: moonlease
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* An image reference; pass (dict "ctx" $ "image" $values.image): `global.imageRegistry` (if
+set) before the repository, then `@digest` when a digest is set (it overrides the tag), else `:tag`. */}}
+{{- define "moonlease.image" -}}
+{{- $registry := (.ctx.Values.global).imageRegistry | default "" | trimSuffix "/" -}}
+{{- $repository := ternary (printf "%s/%s" $registry .image.repository) .image.repository (ne $registry "") -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository .image.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Annotations for annotation-based Prometheus scraping; pass the metrics port. */}}
+{{- define "moonlease.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ . | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/*
+Where a component's pods may run; pass (dict "ctx" $ "values" $componentValues "selector"
+(dict "ctx" $ "component" "..." ["arm" "..."])): priorityClassName, nodeSelector, tolerations,
+affinity and topologySpreadConstraints (a constraint without a labelSelector gets the
+component's selector labels, so it spreads this component's pods and nothing else).
+*/}}
+{{- define "moonlease.podScheduling" -}}
+{{- $c := .values -}}
+{{- with $c.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $c.topologySpreadConstraints }}
+{{- $selector := dict "matchLabels" (include "moonlease.selectorLabels" .selector | fromYaml) }}
+{{- $constraints := list }}
+{{- range $c.topologySpreadConstraints }}
+{{- if hasKey . "labelSelector" }}
+{{- $constraints = append $constraints . }}
+{{- else }}
+{{- $constraints = append $constraints (merge (dict "labelSelector" (deepCopy $selector)) .) }}
+{{- end }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The namespaces the operator watches, as JSON {"all": bool, "names": [...]}: the release namespace
+unless operator.watchNamespaces names others, every namespace only for ["*"] (the one case that
+needs cluster-wide rules on Deployments and ConfigMaps).
+*/}}
+{{- define "moonlease.watchedNamespaces" -}}
+{{- $asked := .Values.operator.watchNamespaces | default list -}}
+{{- if has "*" $asked -}}
+{{- dict "all" true "names" list | toJson -}}
+{{- else -}}
+{{- dict "all" false "names" ($asked | default (list .Release.Namespace)) | toJson -}}
+{{- end -}}
+{{- end -}}
