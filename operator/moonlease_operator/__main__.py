@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-n", "--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable; default: all namespaces)")
     parser.add_argument("--standalone", action="store_true", help="no peering: the only replica")
+    parser.add_argument("--peering", metavar="NAME", default=None,
+                        help="kopf peering object shared by the replicas: one acts at a time")
     parser.add_argument("--liveness", metavar="URL", default=None,
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
-    run_operator(namespaces=args.namespace, standalone=args.standalone,
+    run_operator(namespaces=args.namespace, standalone=args.standalone, peering=args.peering,
                  liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
                  options=OperatorOptions(
                      reconcile_interval=args.reconcile_interval,

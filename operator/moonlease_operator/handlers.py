@@ -5,7 +5,7 @@ so two operators in one process, such as tests, share nothing):
 
 * a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds (sooner when an
   A/B measurement falls due), and at once when any watch event of the policy arrives (spec edit,
-  approval or decision annotation, our own status write), so a change is acted on without
+  approval, decision or verb annotation, our own status write), so a change is acted on without
   waiting for the next tick;
 * `release_policy` runs on deletion (kopf holds the policy with the `moonlease.io/finalizer`
   until it succeeds) and restores every workload the policy changed.
@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from moonlease_operator.adapters.ab_metrics import build_metric_source, measure_arms
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.adapters.metrics import OperatorMetrics
+from moonlease_operator.adapters.settings_scrape import fetch_settings_reports
 from moonlease_operator.adapters.workloads import (
     apply_changes,
     apply_status,
@@ -39,13 +40,25 @@ from moonlease_operator.adapters.workloads import (
     object_path,
     post_event,
 )
-from moonlease_operator.api import GROUP, KIND, PLURAL, VERSION, Phase, parse_spec
+from moonlease_operator.api import (
+    APPROVE_MASTER_RESTART_ANNOTATION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    Phase,
+    PolicySpec,
+    Reason,
+    read_spec,
+)
 from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
-from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
-from moonlease_operator.core.desired_state import WorkloadChange
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
+from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.write_failures import record_write_failures
 from moonlease_operator.options import OperatorOptions
 
 Clock = Callable[[], datetime.datetime]
@@ -140,20 +153,35 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         async with _lock(memo):
             try:
                 managed = await fetch_managed(client, namespace, name)
-                plan = plan_release(policy=_ref(body), raw_spec=spec, managed=managed)
+                policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
+                plan = plan_release(policy=_ref(policy), spec=read_spec(spec), previous=read_status(body.get("status")),
+                                    managed=managed)
+                if plan.status is not None:
+                    await apply_status(client, namespace, name, plan.status, policy["metadata"].get("resourceVersion"))
                 for note in plan.events:
                     await post_event(client, body, note, component=COMPONENT, now=context.clock())
                 by_ref = {(o.get("kind"), o["metadata"]["name"]): o for o in managed}
-                await apply_changes(client, namespace, plan.changes, lambda c: by_ref.get(c.ref),
-                                    concurrency=context.options.write_concurrency)
+                report = await apply_changes(client, namespace, plan.changes, lambda c: by_ref.get(c.ref),
+                                             concurrency=context.options.write_concurrency)
+                for failure in report.failures:  # the others were given back; keep the finalizer for these
+                    await post_event(client, body, EventNote("Warning", Reason.WRITE_REFUSED.value, failure.describe()),
+                                     component=COMPONENT, now=context.clock())
             except ApiError as exc:
                 context.metrics.observe_error(f"api_{exc.status}")
                 if exc.status == 401:
                     await context.refresh_credentials()
                 raise kopf.TemporaryError(f"restoring the workloads failed: {exc}",
                                           delay=context.options.error_delay) from exc
+        if report.failures:
+            raise kopf.TemporaryError("giving back the workloads was refused: "
+                                      + "; ".join(f.describe() for f in report.failures),
+                                      delay=context.options.error_delay)
+        if plan.pending_approval is not None:
+            raise kopf.TemporaryError(f"restoring the master waits for approval: annotate the policy with"
+                                      f" {APPROVE_MASTER_RESTART_ANNOTATION}={plan.pending_approval}",
+                                      delay=context.options.reconcile_interval)
         context.metrics.forget(namespace, name)
-        logger.info("Restored %d object(s) changed by the policy.", len(plan.changes))
+        logger.info("Released %d object(s) changed by the policy.", len(plan.changes))
 
     async def close_client(**_: Any) -> None:
         await context.close()
@@ -182,22 +210,37 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         return None  # gone, or being deleted: release_policy owns it now
     previous = read_status(policy.get("status"))
     now = context.clock()
-    raw_spec = policy.get("spec") or {}
-    fetch = plan_fetch(raw_spec, previous, now)
+    spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
+    fetch = plan_fetch(spec, previous, now)
     observed = await fetch_observed(client, namespace, fetch, policies=policies)
+    if observed.pods is not None:  # verifying a stage: what do the connectors run?
+        observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(observed.pods))
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
-    if fetch.ab_due and previous.ab_test is not None and evaluate_prometheus_url(
-            _prometheus_url(raw_spec), context.options.prometheus_url_allowlist) is None:
+    ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None
+    prometheus_url = ab_spec.prometheus.url if ab_spec is not None and ab_spec.prometheus is not None else None
+    if fetch.ab_due and previous.ab_test is not None and isinstance(spec, PolicySpec) and evaluate_prometheus_url(
+            prometheus_url, context.options.prometheus_url_allowlist) is None:
         tested = previous.ab_test.config_hash
-        reading, kept = await measure_arms(lambda: build_metric_source(parse_spec(raw_spec), namespace, observed),
+        parsed = spec
+        reading, kept = await measure_arms(lambda: build_metric_source(parsed, namespace, observed),
                                            baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
-    plan = plan_reconcile(raw_spec=raw_spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
+    plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
                           prometheus_allowlist=context.options.prometheus_url_allowlist)
+    version = policy["metadata"].get("resourceVersion")
     if dump_status(plan.status) != dump_status(previous):
-        await apply_status(client, namespace, name, plan.status)
+        try:
+            version = await apply_status(client, namespace, name, plan.status, version)
+        except ApiError as exc:
+            if not exc.conflict:
+                raise
+            # The policy changed since it was read (another replica, a spec edit, an approval):
+            # this plan is stale. Nothing was announced or changed yet; read again and re-plan.
+            context.metrics.observe_retry("conflict")
+            logger.info("The policy changed while planning; planning again.")
+            return 0.0
     ab = plan.status.ab_test
     if kept is not None and ab is not None:
         baselines.clear()
@@ -209,18 +252,21 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
                                  concurrency=context.options.write_concurrency)
     for _ in range(report.conflicts):
         context.metrics.observe_retry("conflict")
-    context.metrics.observe_status(namespace, name, plan.status)
+    final = plan.status
+    if report.failures:  # refused writes show at once, on the workload, in a condition and an event
+        final, notes = record_write_failures(plan.status, report.failures, generation=policy["metadata"].get("generation"),
+                                             now=context.clock())
+        await apply_status(client, namespace, name, final, version)
+        for note in notes:
+            await post_event(client, policy, note, component=COMPONENT, now=context.clock())
+            logger.warning("%s: %s", note.reason, note.message)
+        context.metrics.observe_error("write_refused")
+    context.metrics.observe_status(namespace, name, final)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
-    spec = plan.spec.rollout.ab_test if plan.spec is not None else None
-    return seconds_until_measurement(ab, spec, context.clock())
-
-
-def _prometheus_url(raw_spec: Mapping[str, Any]) -> str | None:
-    """The A/B test's Prometheus URL as the spec says it (nothing is fetched unless allowed)."""
-    prometheus = ((raw_spec.get("rollout") or {}).get("abTest") or {}).get("prometheus") or {}
-    url = prometheus.get("url") if isinstance(prometheus, Mapping) else None
-    return url if isinstance(url, str) else None
+    if plan.status.paused_at is not None:
+        return None  # paused: no measurement falls due
+    return seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock())
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 from collections.abc import Collection
 from types import TracebackType
@@ -24,6 +25,16 @@ from moonlease_operator.api import GROUP
 from moonlease_operator.options import OperatorOptions
 
 OPERATOR_NAME = "moonlease-operator"
+#: The kopf peering object the chart installs for the operator's replicas.
+DEFAULT_PEERING = "moonlease"
+
+
+def choose_priority() -> int:
+    """A random kopf peering priority for one replica: with distinct priorities exactly one
+    replica (the highest) acts and the others pause, until its keep-alive stops (a replica that
+    died is presumed dead after kopf's peering lifetime) — leader election through kopf's
+    peering. Equal priorities would make kopf pause every replica."""
+    return random.SystemRandom().randint(1, 2**31 - 1)
 
 
 def build_settings() -> kopf.OperatorSettings:
@@ -68,6 +79,8 @@ async def operate(
     connection: kopf.ConnectionInfo | None = None,
     namespaces: Collection[str] = (),
     standalone: bool = True,
+    peering: str | None = None,
+    priority: int | None = None,
     stop_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
     ready_flag: asyncio.Event | threading.Event | asyncio.Future[Any] | None = None,
     liveness_endpoint: str | None = None,
@@ -77,18 +90,27 @@ async def operate(
 ) -> None:
     """Run the operator in the current loop until `stop_flag` is set (or the task is cancelled).
 
-    Cluster-wide unless `namespaces` are given. `standalone` skips kopf's peering (one replica);
-    otherwise kopf peers if its peering CRDs are installed. kopf cancels every task created in
-    this loop after it started, so give it a loop of its own (see `OperatorThread`) when the
-    same program serves other things.
+    Cluster-wide unless `namespaces` are given. `standalone` skips kopf's peering (one replica).
+    `peering`: the name of a kopf peering object (KopfPeering in each watched namespace, or a
+    ClusterKopfPeering cluster-wide) that the replicas share; peering is then mandatory (the
+    operator waits for it before acting) and each replica gets `priority` (default: a random
+    one, see `choose_priority`), so one acts at a time. Neither: kopf peers if a peering object
+    named "default" exists. kopf cancels every task created in this loop after it started, so
+    give it a loop of its own (see `OperatorThread`) when the same program serves other things.
     """
     context = handlers.OperatorContext(clock=clock, options=options, metrics=metrics)
+    if standalone:
+        peering_args: dict[str, Any] = {"standalone": True}
+    elif peering is not None:
+        peering_args = {"peering_name": peering, "priority": choose_priority() if priority is None else priority}
+    else:
+        peering_args = {"standalone": None}
     await kopf.operator(
         registry=build_registry(connection, context=context),
         settings=build_settings(),
         clusterwide=not namespaces,
         namespaces=list(namespaces),
-        standalone=True if standalone else None,
+        **peering_args,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,
@@ -100,6 +122,7 @@ def run_operator(
     namespaces: Collection[str] = (),
     all_namespaces: bool = False,
     standalone: bool = False,
+    peering: str | None = None,
     liveness_endpoint: str | None = None,
     metrics_port: int | None = None,
     connection: kopf.ConnectionInfo | None = None,
@@ -118,7 +141,8 @@ def run_operator(
 
         prometheus_client.start_http_server(metrics_port)
     asyncio.run(operate(connection=connection, namespaces=() if all_namespaces else namespaces,
-                        standalone=standalone, liveness_endpoint=liveness_endpoint, options=options,
+                        standalone=standalone, peering=peering, liveness_endpoint=liveness_endpoint,
+                        options=options,
                         metrics=metrics))
 
 
@@ -136,9 +160,11 @@ class OperatorThread:
     def __init__(self, *, connection: kopf.ConnectionInfo | None = None, namespaces: Collection[str] = (),
                  startup_timeout: float = 15.0, stop_timeout: float = 15.0,
                  clock: handlers.Clock = handlers.utc_now, options: OperatorOptions | None = None,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, peering: str | None = None,
+                 priority: int | None = None) -> None:
         """`metrics`: where the operator counts (default: a private registry, so that several
-        operators can live in one process)."""
+        operators can live in one process). `peering`/`priority`: kopf peering (see `operate`);
+        without `peering` the operator runs standalone."""
         import prometheus_client
 
         self.options = options
@@ -148,6 +174,7 @@ class OperatorThread:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.clock = clock
+        self.peering, self.priority = peering, priority
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._finished = threading.Event()
@@ -186,6 +213,7 @@ class OperatorThread:
     def _main(self) -> None:
         try:
             asyncio.run(operate(connection=self.connection, namespaces=self.namespaces,
+                                standalone=self.peering is None, peering=self.peering, priority=self.priority,
                                 stop_flag=self._stop, ready_flag=self._ready, clock=self.clock,
                                 options=self.options, metrics=self.metrics))
         except BaseException as exc:  # re-raised in the caller's thread by stop()

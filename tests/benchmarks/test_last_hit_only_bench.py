@@ -33,10 +33,17 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
         assert paths["upstream"]["hit"] == paths["leaseAll"]["hit"] == paths["lastHitOnly"]["hit"] > 0
         assert paths["upstream"]["keys_sent"] == paths["leaseAll"]["keys_sent"] == 128 + 4 * 128
         assert paths["upstream"]["rpcs"] == paths["leaseAll"]["rpcs"] == 1
+        assert paths["leaseAll"]["coordinator_passes"] == paths["upstream"]["coordinator_passes"] > 0
         assert paths["leaseAll"]["keys_leased"] == kv + 4 * 128
         # Last-hit-only: the KV keys as upstream, then one probe over the legal checkpoints.
         assert paths["lastHitOnly"]["rpcs"] == 2
         assert paths["lastHitOnly"]["keys_sent"] <= 128 + 4 * kv
         assert paths["lastHitOnly"]["keys_leased"] == kv + 4, "the KV hit and one checkpoint"
+        # Selective: a lease-free probe of lease-all's candidates, then a lease of the load set.
+        assert paths["selective"]["hit"] == paths["upstream"]["hit"]
+        assert paths["selective"]["rpcs"] == 2
+        assert paths["selective"]["keys_leased"] == paths["selective"]["hit"] // 64 + 4, \
+            "the KV blocks the load reads and the one checkpoint it resumes from"
     report = out.read_text()
     assert report.count("seed ×") == 4 and "| tcp | 16 | lastHitOnly |" in report
+    assert report.count("target ≤") == 4

@@ -9,6 +9,7 @@ import kmock
 import pytest
 import pytest_asyncio
 
+from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import LocalApiServer, local_api_server
 from tests.chart.operator_scenario import OTHER_NAMESPACE
 from tests.chart.rendering import NAMESPACE, load_chart
@@ -22,11 +23,17 @@ def chart() -> Iterator[helm.Chart]:
 
 
 @pytest_asyncio.fixture
-async def release_kube() -> AsyncIterator[LocalApiServer]:
-    """The local API server with the release's namespace (and a second one), the CRD, and the
-    rollout simulator ticking every 20 ms."""
+async def release_kube(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalApiServer]:
+    """The local API server with the release's namespace (and a second one), the CRD, the
+    rollout simulator ticking every 20 ms, and running connectors (settings watcher and
+    endpoint) for the vLLM pods that mount a settings ConfigMap."""
     async with local_api_server(tick_interval=0.02, namespaces=(NAMESPACE, OTHER_NAMESPACE)) as api:
-        yield api
+        pods = ConnectorPods(api, tmp_path_factory.mktemp("connector-pods"))
+        pods.start()
+        try:
+            yield api
+        finally:
+            await pods.stop()
         bugs = [e for e in api.emulator.errors if not isinstance(e, kmock.KubernetesError)]
         assert not bugs, f"the local API server failed internally: {bugs!r}"
 

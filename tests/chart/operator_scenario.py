@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moonlease.testbed.kube import (
+    CONFIGMAPS,
     DEPLOYMENTS,
     STATEFULSETS,
     LocalApiServer,
@@ -23,6 +24,7 @@ from moonlease.testbed.kube import (
     statefulset_manifest,
 )
 from moonlease_operator.options import OperatorOptions
+from moonlease_operator.peering import build_peering_crds
 from moonlease_operator.runner import OperatorThread
 from tests.chart.rendering import NAMESPACE, RELEASE, JsonObj
 
@@ -84,14 +86,15 @@ def config_map_fleet(namespace: str) -> tuple[list[JsonObj], JsonObj]:
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "master-config", "namespace": namespace},
               "data": {"master.yaml": "rpc_port: 50051\n"}}
     master = deployment_manifest("mooncake-master", namespace=namespace, replicas=1, containers=[
-        {"name": "master", "image": "registry.local/moonlease/mooncake:0.3.14",
+        {"name": "master", "image": "registry.local/moonlease/mooncake:0.3.14", "command": ["mooncake_master"],
          "args": ["--config_path=/etc/mooncake/master.yaml"]}])
     decode = deployment_manifest("decode", namespace=namespace, replicas=1, containers=[
         {"name": "vllm", "image": "registry.local/moonlease/vllm-connector:0.1.0", "args": ["serve", "/models/m"]}])
     policy = {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
               "metadata": {"name": "config-map-fleet", "namespace": namespace},
               "spec": {"master": {"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.1,
-                                  "configMap": {"name": "master-config", "key": "master.yaml"}},
+                                  "configMap": {"name": "master-config", "key": "master.yaml"},
+                                  "requireApprovalForRestart": False},
                        "targets": [{"name": "decode", "role": "decode", "mooncakeVersion": "0.3.14"}],
                        "rollout": {"stages": ["master", "decode"], "stageTimeoutSeconds": 30}}}
     return [config, master, decode], policy
@@ -103,9 +106,12 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
 
     1. the chart's release plus a StatefulSet target: the first patch of the StatefulSet meets
        a 409, so the operator reads it again (get);
-    2. the policy switches to selective leasing: prefill and decode are patched, the prefill's
-       first patch meets a 409 (get, patch Deployments; list pods while verifying);
-    3. another namespace's policy keeps the master's settings in a ConfigMap (get, patch);
+    2. the policy switches to selective leasing: prefill's and decode's settings ConfigMaps are
+       patched (the workloads are adopted already), the prefill's first patch meets a 409 (get,
+       patch ConfigMaps; list pods while verifying);
+    3. another namespace's policy keeps the master's settings in a ConfigMap (get, patch), its
+       decode is adopted (its settings ConfigMap created) and its master's first patch meets a
+       409 (get Deployments);
     4. the release's policy is deleted: the operator restores what it changed (label-selected
        lists of workloads and ConfigMaps, patches) and kopf releases its finalizer.
     """
@@ -114,18 +120,29 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
     policy = next(o for o in objects if o["kind"] == "MooncakeLeasePolicy")
     policy["spec"]["targets"].append(target)
     await kube.create(statefulset)
-    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=list(namespaces)):
+    for crd in build_peering_crds():  # the chart's crds/ (helm installs them before the templates)
+        if kube.get("customresourcedefinitions", None, crd["metadata"]["name"]) is None:
+            await kube.create(crd)
+    for obj in objects:
+        if obj["kind"] in ("ClusterKopfPeering", "KopfPeering"):
+            await kube.create(copy.deepcopy(obj))
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    peering = next(a.split("=", 1)[1] for a in args if a.startswith("--peering="))
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=list(namespaces),
+                              peering=peering):
         kube.inject_failures(STATEFULSETS, NAMESPACE, "extra-decode", status=409, count=1)
         await load_release(kube, objects)
         await wait_ready(kube)
 
-        kube.inject_failures(DEPLOYMENTS, NAMESPACE, f"{RELEASE}-prefill", status=409, count=1)
+        kube.inject_failures(CONFIGMAPS, NAMESPACE, f"{RELEASE}-prefill-moonlease", status=409, count=1)
         await kube.patch("mlp", NAMESPACE, RELEASE, {"spec": {"connector": {"leaseMode": "selective"}}})
         await wait_ready(kube, revision=2)
 
         others, other_policy = config_map_fleet(OTHER_NAMESPACE)
         for obj in others:
             await kube.create(obj)
+        kube.inject_failures(DEPLOYMENTS, OTHER_NAMESPACE, "mooncake-master", status=409, count=1)
         await kube.create(other_policy)
         await wait_ready(kube, name="config-map-fleet", namespace=OTHER_NAMESPACE)
 

@@ -70,6 +70,12 @@ async def test_a_policy_change_rolls_out_what_the_chart_renders_for_the_same_val
         await wait_ready(kube)
         await kube.patch("mlp", NAMESPACE, "moonlease", {"spec": {
             "connector": {"leaseMode": "selective"}, "master": {"evictionRatio": 0.1, "defaultKvLeaseTtlMs": 5000}}})
+        # The chart asks for approval of master restarts by default: approve exactly this one.
+        pending = await kube.wait_for(lambda: (kube.get("mlp", NAMESPACE, "moonlease") or {}).get(
+            "status", {}).get("pendingApproval"), timeout=30, what="the master restart to wait for approval")
+        assert str(pending).startswith("forward:2:")
+        await kube.patch("mlp", NAMESPACE, "moonlease",
+                         {"metadata": {"annotations": {"moonlease.io/approve-master-restart": pending}}})
         status = await wait_ready(kube, revision=2)
     assert [s["phase"] for s in status["stages"]] == ["Succeeded", "Succeeded", "Succeeded"]
 

@@ -8,7 +8,7 @@ namespace) from two sources:
   (tests/chart/conftest.py);
 * a scenario run here, so that the test means the same when it runs alone: the chart's release
   plus the operator driven through every request it makes (operator_scenario.drive_every_call),
-  cluster-wide and with `operator.watchNamespaces`.
+  cluster-wide (`operator.watchNamespaces: ["*"]`) and with named namespaces.
 
 The chart's Roles and ClusterRoles are evaluated as the API server's RBAC authorizer would for
 the operator's ServiceAccount: a ClusterRoleBinding grants everywhere, a RoleBinding only in its
@@ -126,7 +126,7 @@ def report(missing: list[str], unused: list[str], origin: dict[Need, str] | None
 
 async def test_cluster_wide_rules_are_exactly_the_operators_calls(
         chart: helm.Chart, release_kube: LocalApiServer) -> None:
-    objects = render_objects(chart, {})
+    objects = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
     assert not find(objects, "Role") and not find(objects, "RoleBinding")
     chart_grants = grants(objects, *operator_identity(objects))
     calls = await scenario_calls(release_kube, objects, namespaces=())
@@ -158,7 +158,7 @@ async def test_namespaced_rules_are_exactly_the_operators_calls(
 
 def test_the_comparison_finds_missing_and_unused_rules(chart: helm.Chart) -> None:
     """The check can fail both ways: a call no rule allows, a rule no call uses."""
-    objects = render_objects(chart, {})
+    objects = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
     chart_grants = grants(objects, *operator_identity(objects))
     everything_needed = {Need(g.verb, g.group, g.resource, "inference") for g in chart_grants}
     assert compare(chart_grants, everything_needed) == ([], [])

@@ -21,6 +21,7 @@ import yaml
 
 from moonlease.cli import build_parser
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from tests.chart.rendering import (
     CHART_DIR,
     KUBE_VERSION,
@@ -43,6 +44,22 @@ pytestmark = pytest.mark.chart
 SETS = values_sets()
 KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
 MASTER_ADDRESS = f"moonlease-mooncake-master.{NAMESPACE}.svc:50051"
+
+
+def running_settings(objects: list[dict[str, Any]], engine: dict[str, Any]) -> MoonleaseConnectorConfig:
+    """What the engine's connector runs: its start-up defaults (extra config + env) with its
+    settings file — the ConfigMap its settings volume mounts — over them, as the connector reads it."""
+    startup = MoonleaseConnectorConfig.from_sources(kv_transfer_config(engine)["kv_connector_extra_config"],
+                                                    {k: v for k, v in env(engine, "vllm").items()
+                                                     if isinstance(v, str)})
+    assert kv_transfer_config(engine)["kv_connector_extra_config"]["mooncake_settings_file"] == SETTINGS_FILE_PATH
+    mounts = {m["name"]: m["mountPath"] for m in container(engine, "vllm")["volumeMounts"]}
+    assert mounts["moonlease-connector-settings"] + "/" + SETTINGS_FILE_NAME == SETTINGS_FILE_PATH
+    volume = next(v for v in engine["spec"]["template"]["spec"]["volumes"] if v["name"] == "moonlease-connector-settings")
+    config_map = one(objects, "ConfigMap", volume["configMap"]["name"])
+    assert config_map["metadata"]["labels"]["moonlease.io/connector-settings"] == "true"
+    return parse_settings_file(config_map["data"][SETTINGS_FILE_NAME], startup)
+
 
 
 def test_the_values_sets_are_the_ones_the_issue_names() -> None:
@@ -68,8 +85,9 @@ def test_every_manifest_passes_kubernetes_validate_strict(chart: helm.Chart, nam
     assert result.returncode == 0, result.stdout + result.stderr
     for obj in objects:
         line = f"{obj['kind'].lower()}/{obj['metadata']['name']} against version"
-        if obj["apiVersion"].startswith("moonlease.io/"):
-            continue  # a custom resource: validated against the CRD's schema instead
+        if obj["apiVersion"].startswith(("moonlease.io/", "monitoring.coreos.com/", "kopf.dev/")):
+            continue  # a custom resource: validated against its schema instead (test_policy_schema.py,
+            # test_production.py; kopf's peering CRDs are free-form)
         assert f"passed for resource {line}" in result.stdout, (line, result.stdout)
 
 
@@ -117,14 +135,18 @@ def test_every_pod_runs_unprivileged_probed_and_sized(chart: helm.Chart, name: s
 def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
     objects = render_objects(chart, SETS["default"])
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted([
-        ("ServiceAccount", "moonlease-operator"), ("ClusterRole", "moonlease-operator"),
-        ("ClusterRoleBinding", "moonlease-operator"), ("Deployment", "moonlease-operator"),
-        ("Service", "moonlease-operator-metrics"),
+        ("ServiceAccount", "moonlease-operator"), ("Role", "moonlease-operator"),
+        ("RoleBinding", "moonlease-operator"), ("ClusterRole", "moonlease-operator-cluster"),
+        ("ClusterRoleBinding", "moonlease-operator-cluster"), ("Deployment", "moonlease-operator"),
+        ("Service", "moonlease-operator-metrics"), ("KopfPeering", "moonlease-operator"),
         ("Deployment", "moonlease-mooncake-master"), ("Service", "moonlease-mooncake-master"),
         ("Deployment", "moonlease-store-pool"), ("ConfigMap", "moonlease-store-config"),
         ("Deployment", "moonlease-prefill"), ("Service", "moonlease-prefill"),
+        ("ConfigMap", "moonlease-prefill-moonlease"), ("ConfigMap", "moonlease-decode-moonlease"),
         ("Deployment", "moonlease-decode"), ("Service", "moonlease-decode"),
         ("MooncakeLeasePolicy", "moonlease"),
+        ("PodDisruptionBudget", "moonlease-mooncake-master"), ("PodDisruptionBudget", "moonlease-store-pool"),
+        ("PodDisruptionBudget", "moonlease-prefill"), ("PodDisruptionBudget", "moonlease-decode"),
     ])
 
     # The master: Mooncake's flag names; whole numbers never in exponent form.
@@ -162,11 +184,11 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         assert container(vllm, "vllm")["args"][:3] == ["serve", "Qwen/Qwen3-0.6B", "--port=8000"]
         assert kv_transfer_config(vllm) == {
             "kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": {
-                "mooncake_selective_lease": False, "mooncake_kda_last_hit_only": False,
-                "mooncake_junction_retention": False}}
+            "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH}}
+        assert running_settings(objects, vllm) == MoonleaseConnectorConfig.for_mode(
+            MoonleaseConnectorConfig().lease_mode)
         variables = env(vllm, "vllm")
-        assert variables[SELECTIVE_LEASE_ENV] == "0"
+        assert SELECTIVE_LEASE_ENV not in variables  # the lease mode lives in the settings file
         assert variables["MOONCAKE_CONFIG_PATH"] == "/etc/mooncake/mooncake.json"
         assert variables["VLLM_HOST_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
         mounts = {m["mountPath"]: m["name"] for m in container(vllm, "vllm")["volumeMounts"]}
@@ -178,19 +200,33 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         service = one(objects, "Service", f"moonlease-{role}")
         assert service["spec"]["selector"].items() <= vllm["spec"]["template"]["metadata"]["labels"].items()
 
-    # The operator: arguments the `moonlease` command accepts, cluster-wide, standalone.
+    # The operator: arguments the `moonlease` command accepts, the release namespace only, peering
+    # through the chart's KopfPeering there (any number of replicas: one acts).
     operator = one(objects, "Deployment", "moonlease-operator")
     assert container(operator)["command"] == ["moonlease"]
     parsed = build_parser().parse_args(container(operator)["args"])
-    assert (parsed.command, parsed.standalone, parsed.all_namespaces, parsed.namespace) == \
-        ("operator", True, True, [])
+    assert (parsed.command, parsed.standalone, parsed.peering, parsed.all_namespaces, parsed.namespace) == \
+        ("operator", False, "moonlease-operator", False, [NAMESPACE])
+    assert one(objects, "KopfPeering", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
+    # Least privilege: Deployments and ConfigMaps only in that namespace.
+    assert one(objects, "Role", "moonlease-operator")["metadata"]["namespace"] == NAMESPACE
+    cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
+    assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    everywhere = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
+    assert build_parser().parse_args(container(one(everywhere, "Deployment", "moonlease-operator"))["args"]
+                                     ).all_namespaces is True
+    assert not find(everywhere, "Role") and one(everywhere, "ClusterRole", "moonlease-operator")
+    assert one(everywhere, "ClusterKopfPeering", "moonlease-operator")
     assert parsed.metrics_port == 9090 and parsed.reconcile_interval == 5.0
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
     assert parsed.prometheus_url_allow == []  # no Prometheus allowed unless the values name it
     allowing = render_objects(chart, {"operator": {"prometheusUrlAllowlist": ["http://prometheus-operated.monitoring:9090"]}})
     assert build_parser().parse_args(container(one(allowing, "Deployment", "moonlease-operator"))["args"]) \
         .prometheus_url_allow == ["http://prometheus-operated.monitoring:9090"]
-    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "Recreate"}
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"] == {"type": "RollingUpdate"}
+    assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container(operator)["env"]
+    two = one(render_objects(chart, {"operator": {"replicas": 2}}), "Deployment", "moonlease-operator")
+    assert two["spec"]["replicas"] == 2
     assert operator["spec"]["template"]["spec"]["serviceAccountName"] == "moonlease-operator"
     metrics = one(objects, "Service", "moonlease-operator-metrics")
     assert metrics["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
@@ -198,8 +234,8 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
 
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.Chart, name: str) -> None:
-    """What the connector itself reads at start-up (extra config + env) is the lease mode the
-    values asked for, and the two sources agree (the connector refuses a disagreement)."""
+    """What the connector itself reads (start-up config, then its settings file) is the lease
+    mode the values asked for."""
     values = SETS[name]
     objects = render_objects(chart, values)
     vllm = values.get("vllm", {})
@@ -211,9 +247,7 @@ def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.C
     assert len(engines) == (2 * len(arms) if vllm.get("enabled", True) else 0)
     for engine in engines:
         arm = engine["metadata"]["labels"].get("moonlease.io/arm", "")
-        config = MoonleaseConnectorConfig.from_sources(kv_transfer_config(engine)["kv_connector_extra_config"],
-                                                       {k: v for k, v in env(engine, "vllm").items()
-                                                        if isinstance(v, str)})
+        config = running_settings(objects, engine)
         assert (config.lease_mode.value, config.mooncake_junction_retention) == arms[arm], engine["metadata"]["name"]
 
 
@@ -224,10 +258,7 @@ def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
     engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
     assert len(engines) == 2
     for engine in engines:
-        config = MoonleaseConnectorConfig.from_sources(kv_transfer_config(engine)["kv_connector_extra_config"],
-                                                       {k: v for k, v in env(engine, "vllm").items()
-                                                        if isinstance(v, str)})
-        assert config.lease_mode.value == "lastHitOnly"
+        assert running_settings(objects, engine).lease_mode.value == "lastHitOnly"
     (policy,) = find(objects, "MooncakeLeasePolicy")
     assert policy["spec"]["connector"]["leaseMode"] == "lastHitOnly"
     assert all(target.get("hybrid") for target in policy["spec"]["targets"])
@@ -240,6 +271,12 @@ def test_no_vllm_set_renders_no_vllm_pods_and_a_policy_over_selected_workloads(c
     policy = one(objects, "MooncakeLeasePolicy", "moonlease")
     assert policy["spec"]["targets"] == SETS["no-vllm"]["policy"]["targets"]
     assert policy["spec"]["master"]["name"] == "moonlease-mooncake-master"
+    # The store is never emptied unasked: approvals on, deletion keeps the master's settings.
+    assert (policy["spec"]["master"]["requireApprovalForRestart"], policy["spec"]["master"]["onDelete"]) == (True, "keep")
+    restore = one(render_objects(chart, {**SETS["no-vllm"], "policy": {**SETS["no-vllm"]["policy"],
+                                                                         "masterOnDelete": "restore"}}),
+                  "MooncakeLeasePolicy", "moonlease")
+    assert restore["spec"]["master"]["onDelete"] == "restore"
 
 
 def test_external_master_set_renders_no_master_and_points_everything_at_it(chart: helm.Chart) -> None:
@@ -270,9 +307,8 @@ def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
         labels = engine["spec"]["template"]["metadata"]["labels"]
         assert (labels["moonlease.io/role"], labels["moonlease.io/arm"]) == (role, arm)
         extra = kv_transfer_config(engine)["kv_connector_extra_config"]
-        assert extra["mooncake_selective_lease"] is (arm == "treatment")
+        assert running_settings(objects, engine).mooncake_selective_lease is (arm == "treatment")
         assert extra["load_async"] is True  # upstream keys reach every arm
-        assert env(engine, "vllm")[SELECTIVE_LEASE_ENV] == ("1" if arm == "treatment" else "0")
         # Each arm's Service selects its own pods and no other arm's.
         service = one(objects, "Service", name)
         for other_name, other in engines.items():
@@ -309,8 +345,7 @@ def test_ab_test_set_renders_an_ab_test_policy_over_the_two_managed_arms(chart: 
     assert analysis == values["policy"]["abTest"]["analysis"]
     # Both arms run what the policy declares: the operator finds the release in sync.
     for name in deployments & {f"moonlease-{r}-{a}" for r in ("prefill", "decode") for a in ("control", "treatment")}:
-        assert kv_transfer_config(one(objects, "Deployment", name))["kv_connector_extra_config"][
-            "mooncake_selective_lease"] is False
+        assert running_settings(objects, one(objects, "Deployment", name)).mooncake_selective_lease is False
 
 
 def test_an_ab_test_with_defaults_renders_only_the_arms(chart: helm.Chart) -> None:
@@ -332,6 +367,8 @@ def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     assert [(o["kind"], o["metadata"].get("namespace")) for o in find(objects, "Role")] == [("Role", NAMESPACE)]
     cluster_rules = one(objects, "ClusterRole", "moonlease-operator-cluster")["rules"]
     assert sorted(r for rule in cluster_rules for r in rule["resources"]) == ["customresourcedefinitions", "namespaces"]
+    assert [(o["kind"], o["metadata"].get("namespace")) for o in find(objects, "KopfPeering")] == [
+        ("KopfPeering", NAMESPACE)]
     parsed = build_parser().parse_args(container(one(objects, "Deployment", "moonlease-operator"))["args"])
     assert (parsed.namespace, parsed.all_namespaces) == ([NAMESPACE], False)
     # RDMA devices reach the pool and the engines.
@@ -355,7 +392,8 @@ def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     prefill = one(objects, "Deployment", "moonlease-prefill")
     extra = kv_transfer_config(prefill)["kv_connector_extra_config"]
     assert extra["cache_prefix"] == "team's fleet" and extra["mooncake_max_lease_rounds"] == 5
-    assert extra["mooncake_junction_retention"] is True and extra["mooncake_selective_lease"] is True
+    running = running_settings(objects, prefill)
+    assert running.mooncake_junction_retention is True and running.mooncake_selective_lease is True
     assert policy["spec"]["connector"] == {"leaseMode": "selective", "junctionRetention": True}
     assert "--tensor-parallel-size=2" in container(prefill, "vllm")["args"]
     assert "--served-model-name=llama" in container(prefill, "vllm")["args"]

@@ -8,14 +8,13 @@ calls on the frozen connection, and once the master thaws lookups hit again.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
 
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.lookup import MissReason
+from tests.support.freeze import frozen
 from tests.support.lookup_workers import HASH_BLOCK, build_lookup, layout_by_name
 
 pytestmark = pytest.mark.store
@@ -37,20 +36,16 @@ def test_a_frozen_master_gives_timely_misses_and_hits_again_after_it_thaws(
     num_tokens = len(hashes) * HASH_BLOCK + 1
     assert lookup.lookup(num_tokens, hashes).hit_length == len(hashes) * HASH_BLOCK
 
-    pid = mooncake_master.process.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(mooncake_master.process.pid):
         started = time.monotonic()
-        frozen = lookup.lookup(num_tokens, hashes)
+        missed = lookup.lookup(num_tokens, hashes)
         waited = time.monotonic() - started
-        assert frozen.hit_length == 0 and frozen.outcome.miss_reason is MissReason.STORE_TIMEOUT
+        assert missed.hit_length == 0 and missed.outcome.miss_reason is MissReason.STORE_TIMEOUT
         started = time.monotonic()
         again = lookup.lookup(num_tokens, hashes)
         assert again.outcome.miss_reason is MissReason.STORE_TIMEOUT
         assert time.monotonic() - started < waited + 5, "a second lookup does not wait a deadline more"
         assert lookup.deadline.busy, "the frozen call is still out (and the only one)"
-    finally:
-        os.kill(pid, signal.SIGCONT)
     deadline = time.monotonic() + 60
     hit = 0
     while time.monotonic() < deadline:

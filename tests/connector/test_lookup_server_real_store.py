@@ -9,9 +9,7 @@ holds `remove_all`: upstream's server would wait forever and take every later lo
 
 from __future__ import annotations
 
-import os
 import queue
-import signal
 import time
 from types import SimpleNamespace
 
@@ -21,6 +19,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import g
 from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from tests.connector.test_scheduler_reset import LAYOUT, connector  # noqa: F401 - the fixture
+from tests.support.freeze import frozen
 from tests.support.lookup_workers import PatternStore, build_lookup
 
 pytestmark = pytest.mark.store
@@ -50,16 +49,12 @@ def test_a_reset_against_a_frozen_master_is_refused_in_time_and_lookups_keep_ans
     servers.append(server)
     assert scheduler.client.lookup("r1", 64, HASHES).hit_length == 48
 
-    pid = mooncake_master.process.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(mooncake_master.process.pid):
         started = time.monotonic()
         assert conn.reset_cache() is False, "remove_all did not finish: a NACK, not a hang"
         assert time.monotonic() - started < 30
         answered = scheduler.client.lookup("r2", 64, HASHES)
         assert answered is not None and answered.hit_length == 0, "a miss, answered"
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
     deadline = time.monotonic() + 60
     while (server._remover.busy or lookup.deadline.busy) and time.monotonic() < deadline:

@@ -9,8 +9,6 @@ and once the master is back lookups must hit again.
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -19,6 +17,7 @@ import pytest
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from tests.connector.test_connector_engine import token_prompt, worker_connector
+from tests.support.freeze import frozen
 from tests.support.engines import engine_counter, moonlease_transfer_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
@@ -51,19 +50,15 @@ def test_a_frozen_master_gives_misses_within_the_deadline_and_the_engine_keeps_s
     worker.kv_send_thread.request_queue.join()
     ve.reset_local_prefix_cache(engine)  # the next lookups go to the store
 
-    pid = mooncake_master.process.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(mooncake_master.process.pid):
         started = time.monotonic()
-        frozen = ve.generate_greedy(engine, batch, max_tokens=4)
+        served = ve.generate_greedy(engine, batch, max_tokens=4)
         served_in = time.monotonic() - started
-        assert [c.token_ids for c in frozen] == [c.token_ids for c in cold]
-        assert all(c.num_cached_tokens == 0 for c in frozen), "nothing loaded from a frozen store"
+        assert [c.token_ids for c in served] == [c.token_ids for c in cold]
+        assert all(c.num_cached_tokens == 0 for c in served), "nothing loaded from a frozen store"
         assert served_in < NO_HANG_S
         assert lookups(engine, "store_timeout") >= len(batch), "every lookup missed on the deadline"
         assert worker.lookup_deadline.busy, "one abandoned call, still held by the frozen master"
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
     wait_until(lambda: not worker.lookup_deadline.busy, what="the abandoned lookup returns")
     worker.kv_send_thread.request_queue.join()

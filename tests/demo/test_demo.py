@@ -20,11 +20,13 @@ def test_quick_demo_ab_tests_selective_against_lease_all_on_measured_metrics(tmp
                          capture_output=True, text=True, timeout=900)
     out = run.stdout
     assert run.returncode == 0, out[-6000:] + run.stderr[-4000:]
-    # The operator rolled selective out to the treatment only, and each engine runs what its
-    # Deployment holds.
-    assert re.search(r"treatment's kv_connector_extra_config now: .*\"mooncake_selective_lease\": true", out), out
-    assert re.search(r"control's, untouched: .*\"mooncake_selective_lease\": false", out), out
-    assert "treatment: lease mode selective" in out and "control: lease mode leaseAll" in out, out
+    # The operator rolled selective out to the treatment only, through its settings files, and
+    # each engine's running connector switched to it live (same process).
+    assert re.search(r"treatment's connector settings file now: .*\"mooncake_selective_lease\": true", out), out
+    assert re.search(r"control's, untouched: +\{\"mooncake_junction_retention\": false, .*\"mooncake_selective_lease\": false",
+                     out), out
+    assert re.search(r"treatment: lease mode selective \(its engine's connector, settings \w+, same process", out), out
+    assert re.search(r"control: lease mode leaseAll \(its engine's connector, settings \w+, same process", out), out
     # Intervals measured from the engines' real metrics: store hit rates and TTFT per arm.
     intervals = re.findall(r"interval +\d+: control store hits +([\d.]+)%, TTFT p90 (\d+) ms; "
                            r"treatment store hits +([\d.]+)%, TTFT p90 (\d+) ms", out)

@@ -18,12 +18,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease.testbed.prometheus import PrometheusServer
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import MASTER, NS, condition, phase, policy, reasons, status
 from tests.operator.test_ab_metric_sources import ArmExporter
+
+def settings_file(kube: LocalApiServer, name: str) -> str | None:
+    """The connector settings file a workload's pods read."""
+    return ((kube.get(CONFIGMAPS, NS, settings_config_map_name(name)) or {}).get("data") or {}).get(SETTINGS_FILE_NAME)
+
 
 pytestmark = pytest.mark.prometheus
 
@@ -125,8 +132,9 @@ async def test_prometheus_measured_win_promotes_the_treatment_to_the_control(
     assert ab["treatment"]["externalHitRate"] == pytest.approx(0.6, abs=0.03)
     assert ab["history"] and ab["analysis"]["samples"] == ab["samples"]
     assert "externalHitRate: treatment 0.6" in ab["reason"]
-    for a, b in zip(CONTROL, TREATMENT):
-        assert template(kube, a)["spec"] == template(kube, b)["spec"]
+    for a, b in zip(CONTROL, TREATMENT):  # the same settings file, each mounted from its own ConfigMap
+        assert settings_file(kube, a) == settings_file(kube, b) is not None
+        assert template(kube, a)["spec"]["containers"] == template(kube, b)["spec"]["containers"]
     got = reasons(kube, "ab")
     for reason in ("ABTestStarted", "ABTestVerdict", "ABTestPromoting", "ABTestPromoted", "RolloutComplete"):
         assert reason in got, (reason, got)

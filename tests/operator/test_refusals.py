@@ -11,8 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
-from moonlease_operator.core.desired_state import POLICY_LABEL
+from moonlease.testbed.kube import CONFIGMAPS, LocalApiServer, is_rollout_complete
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import settings_config_map_name
+from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread
 from tests.operator.fleet import (
     NS,
@@ -146,6 +148,65 @@ async def test_a_fleet_that_cannot_run_the_policy_is_refused_untouched(
         await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready once fixed")
 
 
+SHELL_VLLM = {"name": "vllm", "image": "registry.local/vllm:0.9.1", "command": ["sh", "-c"],
+              "args": ["huggingface-cli download /models/llama && vllm serve /models/llama"]}
+SIDECAR = {"name": "istio-proxy", "image": "istio/proxyv2:1.22", "args": ["proxy", "sidecar"]}
+VLLM = {"name": "vllm", "image": "registry.local/vllm:0.9.1", "args": ["serve", "/models/llama"]}
+REDIS = {"name": "redis", "image": "redis:7", "args": ["--appendonly", "yes"]}
+
+
+def _containers(kube: LocalApiServer, name: str) -> list[dict[str, Any]]:
+    return workload(kube, name)["spec"]["template"]["spec"]["containers"]
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("shell-wrapped vLLM", "runs its command through a shell script"),
+    ("sidecar first, no container", "has 2 containers (istio-proxy, vllm): set spec.targets[1].container"),
+    ("selector matches Redis", "container 'redis' does not run vLLM"),
+    ("master.name at a vLLM workload", "does not run mooncake_master"),
+    ("multi-container master, no container", "set spec.master.container"),
+])
+async def test_workloads_the_operator_cannot_manage_end_invalid_never_ready(
+        kube: LocalApiServer, running_operator: OperatorThread, case: str, needle: str) -> None:
+    """Issue 15: each shape used to end Ready while the pods ran the old settings."""
+    await create_fleet(kube)
+    body = policy()
+    if case == "shell-wrapped vLLM":
+        await kube.patch("statefulsets", NS, "llama-decode",
+                         {"spec": {"template": {"spec": {"containers": [{**SHELL_VLLM, "args": SHELL_VLLM["args"]}]}}}})
+    elif case == "sidecar first, no container":
+        await kube.patch("statefulsets", NS, "llama-decode",
+                         {"spec": {"template": {"spec": {"containers": [SIDECAR, VLLM]}}}})
+    elif case == "selector matches Redis":
+        await kube.create({"apiVersion": "apps/v1", "kind": "StatefulSet",
+                           "metadata": {"name": "cache", "namespace": NS, "labels": {"moonlease.io/role": "decode"}},
+                           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cache"}},
+                                    "template": {"metadata": {"labels": {"app": "cache"}},
+                                                 "spec": {"containers": [REDIS]}}}})
+    elif case == "master.name at a vLLM workload":
+        body["spec"]["master"].update(name="llama-prefill", container="vllm")  # named: still refused
+        body["spec"]["targets"] = body["spec"]["targets"][1:]
+        body["spec"]["rollout"]["stages"] = ["master", "decode"]
+    else:
+        await kube.patch("deployments", NS, "mooncake-master", {"spec": {"template": {"spec": {"containers": [
+            *_containers(kube, "mooncake-master"), SIDECAR]}}}})
+    await kube.wait_for(lambda: all(is_rollout_complete(workload(kube, n)) for n in WORKLOADS),
+                        timeout=10, what="the fleet to settle")
+    before = {n: workload(kube, n)["spec"] for n in WORKLOADS}
+    await kube.create(body)
+    await kube.wait_for(lambda: phase(kube) == "Invalid", timeout=WAIT, what=f"{case}: phase Invalid")
+    invalid = condition(kube, "Invalid")
+    assert invalid["status"] == "True" and invalid["reason"] == "UnmanageableWorkload", invalid
+    assert needle in invalid["message"], invalid["message"]
+    await kube.wait_for(lambda: "UnmanageableWorkload" in reasons(kube), what=f"{case}: a warning event")
+    event = next(e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "UnmanageableWorkload")
+    assert event["type"] == "Warning" and needle in event["message"]
+    mark = len(kube.api_calls())
+    await kube.wait_for(lambda: reconciles(kube, mark) >= 2, what="more reconciles")
+    assert phase(kube) == "Invalid"
+    assert {n: workload(kube, n)["spec"] for n in WORKLOADS} == before  # nothing delivered half-way
+
+
 async def test_overlapping_policies_the_later_one_is_refused(
         kube: LocalApiServer, running_operator: OperatorThread) -> None:
     await create_fleet(kube)
@@ -160,7 +221,8 @@ async def test_overlapping_policies_the_later_one_is_refused(
                        "metadata": {"name": "other-master", "namespace": NS},
                        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "m2"}},
                                 "template": {"metadata": {"labels": {"app": "m2"}},
-                                             "spec": {"containers": [{"name": "m", "image": "mooncake:0.3.14"}]}}}})
+                                             "spec": {"containers": [{"name": "m", "image": "mooncake:0.3.14",
+                                                                       "command": ["mooncake_master"]}]}}}})
     await kube.create(second)
     await kube.wait_for(lambda: phase(kube, "second") == "Invalid", timeout=WAIT, what="the second refused")
     invalid = condition(kube, "Invalid", "second")
@@ -173,8 +235,8 @@ async def test_overlapping_policies_the_later_one_is_refused(
     # Once the first policy is gone (and has restored its workloads), the second may proceed.
     await kube.delete("mlp", NS, "first")
     await kube.wait_for(lambda: phase(kube, "second") == "Ready", timeout=WAIT, what="the second Ready")
-    extra = json.loads(workload(kube, "llama-prefill")["spec"]["template"]["spec"]["containers"][0]["args"][3])
-    assert extra["kv_connector_extra_config"]["mooncake_selective_lease"] is False
+    settings = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-prefill"))["data"][SETTINGS_FILE_NAME]
+    assert json.loads(settings)["mooncake_selective_lease"] is False
 
 
 async def test_a_policy_waits_for_its_workloads(kube: LocalApiServer, running_operator: OperatorThread) -> None:

@@ -4,6 +4,7 @@ plays the Deployment and StatefulSet controllers (complete, stall or fail, as ea
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -15,15 +16,25 @@ import aiohttp
 import kopf
 import pytest
 
-from moonlease.testbed.kube import DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
+from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
+from moonlease_operator.core.connector_delivery import (
+    SETTINGS_PORT_ANNOTATION,
+    SETTINGS_VOLUME,
+    settings_config_map_name,
+)
+from tests.support.settings_volume import read_settings_endpoint
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
 from moonlease_operator.handlers import OperatorContext
+from moonlease_operator.peering import build_peering_crds, build_peering_object
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
+    DECODE,
     NS,
+    SPEC,
     USER_KV_CONFIG,
     WORKLOADS,
     ManualClock,
@@ -92,20 +103,28 @@ async def test_a_policy_rolls_out_stage_by_stage_verified_and_then_rests(kube: L
         master = workload(kube, "mooncake-master")
         assert master["spec"]["template"]["spec"]["containers"][0]["args"] == [
             "--rpc_port=50051", "--eviction_ratio=0.1", "--default_kv_lease_ttl=5000"]
-        # The targets: our keys merged into the user's JSON, the sidecar untouched, env set.
-        expected_extra = {**USER_KV_CONFIG["kv_connector_extra_config"], "mooncake_selective_lease": True,
-                          "mooncake_kda_last_hit_only": False, "mooncake_junction_retention": False}
+        # The targets are adopted: the settings file's path merged into the user's JSON, the
+        # volume and mount added, the sidecar and the env untouched; the settings themselves are
+        # in each workload's ConfigMap, which the running connectors read.
+        expected_extra = {**USER_KV_CONFIG["kv_connector_extra_config"], "mooncake_settings_file": SETTINGS_FILE_PATH}
         prefill = workload(kube, "llama-prefill")
         config = kv_config(vllm_container(prefill))
-        assert MoonleaseConnectorConfig.from_sources(config["kv_connector_extra_config"], {}).lease_mode.value == \
-            "selective"  # what the connector itself will read
         assert config == {"kv_connector_extra_config": expected_extra, "kv_connector": "MooncakeStoreConnector",
                           "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
         assert prefill["spec"]["template"]["spec"]["containers"][1] == \
             originals["llama-prefill"]["spec"]["template"]["spec"]["containers"][1]
         decode = vllm_container(workload(kube, "llama-decode"))
-        assert decode["env"] == [{"name": "HF_HOME", "value": "/cache"}, {"name": SELECTIVE_LEASE_ENV, "value": "1"}]
-        assert kv_config(decode)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+        assert decode["env"] == [{"name": "HF_HOME", "value": "/cache"}]
+        assert decode["volumeMounts"] == [{"name": SETTINGS_VOLUME, "mountPath": "/etc/moonlease/connector",
+                                           "readOnly": True}]
+        for name in ("llama-prefill", "llama-decode"):
+            text = kube.get(CONFIGMAPS, NS, settings_config_map_name(name))["data"][SETTINGS_FILE_NAME]
+            assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective"
+        # What the operator verified: every pod's running connector reports selective lease.
+        for pod in kube.list(PODS, NS):
+            if SETTINGS_PORT_ANNOTATION in pod["metadata"].get("annotations", {}):
+                report = read_settings_endpoint(int(pod["metadata"]["annotations"][SETTINGS_PORT_ANNOTATION]))
+                assert report.lease_mode == "selective", pod["metadata"]["name"]
         # Each workload restarted once, and its pods run what was rolled out.
         assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
         for name in WORKLOADS:
@@ -152,17 +171,28 @@ async def test_decode_first_and_a_connector_change_leaves_the_master_alone(
     await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
     assert first_rv(kube, "llama-decode", done_with_our_config) < \
         first_rv(kube, "llama-prefill", lambda v: configured(v["spec"]["template"]))
-    master_generation = workload(kube, "mooncake-master")["metadata"]["generation"]
+    generations = {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS}
+    pods_before = {p["metadata"]["name"] for p in kube.list(PODS, NS)}
 
-    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll", "junctionRetention": True}}})
-    await kube.wait_for(lambda: status(kube).get("appliedRevision") == 2 and phase(kube) == "Ready",
-                        timeout=WAIT, what="the second rollout")
-    assert workload(kube, "mooncake-master")["metadata"]["generation"] == master_generation
-    assert stage_phases(kube) == {"master": "Skipped", "decode": "Succeeded", "prefill": "Succeeded"}
+    # leaseAll + junction retention, then lastHitOnly: live, through the settings files only.
+    for connector, mode, junctions, revision in (({"leaseMode": "leaseAll", "junctionRetention": True},
+                                                   "leaseAll", "true", 2),
+                                                  ({"leaseMode": "lastHitOnly", "junctionRetention": False},
+                                                   "lastHitOnly", "false", 3)):
+        hybrid = [{**t, "hybrid": mode == "lastHitOnly"} for t in SPEC["targets"]]  # lastHitOnly needs it
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": connector, "targets": hybrid}})
+        await kube.wait_for(lambda: status(kube).get("appliedRevision") == revision and phase(kube) == "Ready",
+                            timeout=WAIT, what=f"rollout {revision} ({status(kube)})")
+        assert stage_phases(kube) == {"master": "Skipped", "decode": "Succeeded", "prefill": "Succeeded"}
+        for pod in kube.list(PODS, NS):
+            port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
+            if port is not None:
+                report = read_settings_endpoint(int(port))
+                assert (report.lease_mode, report.junction_retention) == (mode, junctions)
+    # No workload restarted: same generations, same pods (the master and every vLLM pod).
+    assert {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS} == generations
+    assert {p["metadata"]["name"] for p in kube.list(PODS, NS)} == pods_before
     assert reasons(kube).count("MasterRestart") == 1  # only for the first rollout
-    extra = kv_config(vllm_container(workload(kube, "llama-prefill")))["kv_connector_extra_config"]
-    assert (extra["mooncake_selective_lease"], extra["mooncake_junction_retention"]) == (False, True)
-    assert vllm_container(workload(kube, "llama-decode"))["env"][-1] == {"name": SELECTIVE_LEASE_ENV, "value": "0"}
 
 
 async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServer) -> None:
@@ -181,6 +211,21 @@ async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServ
         # The status is written first, the events right after it.
         await kube.wait_for(lambda: "RolledBack" in reasons(kube), what="the RolledBack event")
 
+        # A decode failure rolls the targets back and leaves the master alone (a second restart
+        # would empty the store again), offering its rollback for approval.
+        assert stage_phases(kube) == {"master": "Succeeded", "prefill": "RolledBack", "decode": "RolledBack"}
+        pending = status(kube)["pendingApproval"]
+        assert pending.startswith("rollback:1:") and pending in condition(kube, "Degraded")["message"]
+        assert "--eviction_ratio: 0.1 -> 0.05" in condition(kube, "Degraded")["message"]
+        assert workload(kube, "mooncake-master")["metadata"]["generation"] == 2
+        assert "MasterRestart" not in reasons(kube)[reasons(kube).index("StageFailed"):]
+        assert "AwaitingApproval" in reasons(kube)[reasons(kube).index("StageFailed"):]
+
+        await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: pending}}})
+        await kube.wait_for(lambda: stage_phases(kube).get("master") == "RolledBack", timeout=WAIT,
+                            what="the approved master rollback")
+        await kube.wait_for(lambda: reasons(kube)[-1] == "RolledBack", what="the RolledBack event again")
+
     result = status(kube)
     assert stage_phases(kube) == {"master": "RolledBack", "prefill": "RolledBack", "decode": "RolledBack"}
     assert result["failedStage"] == "decode" and result.get("appliedConfigHash") is None
@@ -193,10 +238,11 @@ async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServ
         now = workload(kube, name)
         assert now["spec"] == original["spec"], name
         assert is_rollout_complete(now) and now["metadata"]["generation"] == 3
-    # Rolled back last stage first, each announced; the master restart was announced again.
+    # Rolled back last stage first, each announced; the master only once approved, announced.
     tail = reasons(kube)[reasons(kube).index("StageFailed"):]
     assert tail == ["StageFailed", "StageRollingBack", "StageRolledBack", "StageRollingBack", "StageRolledBack",
-                    "MasterRestart", "StageRollingBack", "StageRolledBack", "RolledBack"]
+                    "AwaitingApproval", "RolledBack", "VerbApplied", "MasterRestart", "StageRollingBack",
+                    "StageRolledBack", "RolledBack"]
     decode_back = first_rv(kube, "llama-decode", lambda v: v["metadata"]["generation"] == 3)
     prefill_back = first_rv(kube, "llama-prefill", lambda v: v["metadata"]["generation"] == 3)
     master_back = first_rv(kube, "mooncake-master", lambda v: v["metadata"]["generation"] == 3)
@@ -219,7 +265,8 @@ async def test_failing_pods_roll_back_at_once_or_halt(kube: LocalApiServer, runn
     await kube.wait_for(lambda: condition(kube, "Degraded", "halting").get("reason") == "RolledBack",
                         timeout=WAIT, what="rolled back")
     assert not configured(workload(kube, "llama-prefill")["spec"]["template"])
-    assert not configured(workload(kube, "mooncake-master")["spec"]["template"])
+    assert configured(workload(kube, "mooncake-master")["spec"]["template"])  # its own stage succeeded: kept
+    assert status(kube, "halting")["pendingApproval"].startswith("rollback:")
     assert not configured(workload(kube, "llama-decode")["spec"]["template"])
 
 
@@ -263,13 +310,40 @@ async def test_conflicts_and_server_errors_are_retried_without_damage(
     for name in ("llama-prefill", "llama-decode"):
         container = vllm_container(workload(kube, name))
         assert container["args"].count("--kv-transfer-config") == 1
-        assert [e["name"] for e in container.get("env", [])].count(SELECTIVE_LEASE_ENV) == 1
-        assert kv_config(container)["kv_connector_extra_config"]["mooncake_selective_lease"] is True
+        assert [m["name"] for m in container["volumeMounts"]] == [SETTINGS_VOLUME]
+        assert kv_config(container)["kv_connector_extra_config"]["mooncake_settings_file"] == SETTINGS_FILE_PATH
     assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
     registry = running_operator.metrics.registry
     assert registry is not None
     assert registry.get_sample_value("moonlease_operator_api_retries_total", {"reason": "conflict"}) >= 4
     assert registry.get_sample_value("moonlease_operator_api_retries_total", {"reason": "status_500"}) >= 4
+
+
+async def test_a_refused_patch_shows_in_status_at_once_and_fails_its_stage(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Issue 15: a PATCH the API server refuses used to show only as "not ready within 60s"."""
+    originals = await create_fleet(kube)
+    refusal = kube.inject_failures(STATEFULSETS, NS, "llama-decode", status=422, count=1000, subresource=None)
+    await kube.create(policy(**{"rollout.stageTimeoutSeconds": 3600}))  # no timeout can explain it
+    await kube.wait_for(lambda: any("422" in (t.get("writeError") or "") for t in status(kube).get("targets", [])),
+                        timeout=WAIT, what="the refusal on the workload")
+    decode = next(t for t in status(kube)["targets"] if t["name"] == "llama-decode")
+    assert "PATCH StatefulSet/llama-decode refused: 422 Invalid: injected failure 422" in decode["writeError"]
+    written = condition(kube, "WriteFailed")
+    assert (written["status"], written["reason"]) == ("True", "WriteRefused") and "llama-decode" in written["message"]
+    await kube.wait_for(lambda: "WriteRefused" in reasons(kube), what="the WriteRefused event")
+    event = next(e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "WriteRefused")
+    assert event["type"] == "Warning" and "422" in event["message"]
+
+    # The stage fails on the refusal itself, and the changed targets roll back (the master stays).
+    await kube.wait_for(lambda: phase(kube) == "Degraded", timeout=WAIT, what="phase Degraded")
+    result = status(kube)
+    assert result["failedStage"] == "decode" and "refused: 422" in result["stages"][2]["message"]
+    assert "not ready within" not in result["stages"][2]["message"]
+    assert workload(kube, "llama-decode")["spec"] == originals["llama-decode"]["spec"]
+    await kube.wait_for(lambda: workload(kube, "llama-prefill")["spec"] == originals["llama-prefill"]["spec"],
+                        timeout=WAIT, what="prefill rolled back")
+    assert refusal.fired >= 1
 
 
 @pytest.mark.parametrize("when", ["after Ready", "mid-rollout"])
@@ -284,15 +358,47 @@ async def test_deleting_the_policy_restores_the_workloads_exactly(
                         if when == "mid-rollout" else phase(kube) == target, timeout=WAIT, what=f"the policy {target}")
     assert POLICY_LABEL in workload(kube, "llama-decode")["metadata"]["labels"]
 
+    configured_master = workload(kube, "mooncake-master")["spec"]
     await kube.delete("mlp", NS, "fleet")
     await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone")
     for name, original in originals.items():
-        assert as_left_by_users(workload(kube, name)) == as_left_by_users(original), name
+        left = as_left_by_users(workload(kube, name))
+        if name == "mooncake-master":  # master.onDelete: keep (the default): settings stay, no restart
+            assert left == {**as_left_by_users(original), "spec": configured_master}
+        else:
+            assert left == as_left_by_users(original), name
     await kube.wait_for(lambda: all(is_rollout_complete(workload(kube, n)) for n in WORKLOADS), timeout=WAIT,
                         what="the restored fleet to settle")
     restored = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "Restored"]
-    assert len(restored) == 1 and "Deployment/mooncake-master" in restored[0]["message"]
-    assert "MasterRestart" in reasons(kube)
+    assert len(restored) == 1 and "Deployment/mooncake-master" not in restored[0]["message"]
+    assert reasons(kube).count("MasterRestart") == 1  # the rollout's; none for the deletion
+
+
+async def test_deleting_with_restore_restarts_the_master_only_once_approved(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    await kube.create(policy(**{"master.onDelete": "restore"}))
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    # Approvals on (the default; the fleet's SPEC turns them off for the rollout tests).
+    await kube.patch("mlp", NS, "fleet", {"spec": {"master": {"requireApprovalForRestart": True}}})
+    await kube.wait_for(lambda: status(kube).get("observedGeneration") == 2, timeout=WAIT, what="the edit seen")
+    assert phase(kube) == "Ready"
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: (status(kube).get("pendingApproval") or "").startswith("restore:1:"), timeout=WAIT,
+                        what="the restore waiting for approval")
+    pending = status(kube)["pendingApproval"]
+    for name in ("llama-prefill", "llama-decode"):  # the targets are given back meanwhile
+        await kube.wait_for(lambda n=name: as_left_by_users(workload(kube, n)) == as_left_by_users(originals[n]),
+                            timeout=WAIT, what=f"{name} restored")
+    assert configured(workload(kube, "mooncake-master")["spec"]["template"])
+    assert kube.get("mlp", NS, "fleet") is not None and status(kube)["phase"] == "AwaitingApproval"
+    asked = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "AwaitingApproval"]
+    assert len(asked) == 1 and pending in asked[0]["message"] and "--eviction_ratio: 0.1 -> 0.05" in asked[0]["message"]
+
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: pending}}})
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone")
+    assert as_left_by_users(workload(kube, "mooncake-master")) == as_left_by_users(originals["mooncake-master"])
+    assert reasons(kube).count("MasterRestart") == 2  # the rollout's and the restore's
 
 
 async def test_a_master_restart_waits_for_approval(kube: LocalApiServer, running_operator: OperatorThread) -> None:
@@ -346,7 +452,8 @@ async def test_master_settings_in_a_config_map(kube: LocalApiServer, running_ope
     await kube.wait_for(lambda: is_rollout_complete(workload(kube, "mooncake-master")), what="the master settled")
     original = workload(kube, "mooncake-master")
     config_map = kube.get("configmaps", NS, "master-config")
-    await kube.create(policy(**{"master.configMap": {"name": "master-config", "key": "master.yaml"}}))
+    await kube.create(policy(**{"master.configMap": {"name": "master-config", "key": "master.yaml"},
+                                "master.onDelete": "restore"}))  # approvals off (fleet SPEC): restored at once
     await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
     data = kube.get("configmaps", NS, "master-config")["data"]["master.yaml"]
     assert data == "rpc_port: 50051\ndefault_kv_lease_ttl: 5000\neviction_ratio: 0.1\n"
@@ -438,3 +545,96 @@ async def test_the_context_builds_a_new_client_from_the_new_login() -> None:
     second = context.client()
     assert second is not first and second.server.endswith(":2")
     await context.close()
+
+
+def reconciles_by(operator: OperatorThread) -> float:
+    registry = operator.metrics.registry
+    assert registry is not None
+    return sum(registry.get_sample_value("moonlease_operator_reconciles_total", {"result": r}) or 0.0
+               for r in ("success", "invalid", "error"))
+
+
+async def test_two_replicas_one_acts_and_the_other_takes_over(kube: LocalApiServer) -> None:
+    """Issue 15: two replicas against one API server, peering through kopf (each with its own
+    priority, as `moonlease operator --peering` chooses at random): one acts, none of its
+    writes is lost or made twice; when it stops, the other carries on."""
+    for crd in build_peering_crds():
+        await kube.create(crd)
+    await kube.create(build_peering_object("moonlease"))
+    originals = await create_fleet(kube)
+    low = OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, peering="moonlease", priority=100)
+    high = OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, peering="moonlease", priority=200)
+    async with low:
+        async with high:
+            await kube.wait_for(lambda: len((kube.get("clusterkopfpeerings", None, "moonlease") or {})
+                                            .get("status") or {}) == 2, timeout=WAIT, what="both replicas peering")
+            await asyncio.sleep(0.5)  # the lower replica sees the higher one and pauses
+            await kube.create(policy())
+            await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+            await kube.wait_for(lambda: "RolloutComplete" in reasons(kube), what="the RolloutComplete event")
+            assert reconciles_by(low) == 0 and reconciles_by(high) > 0
+        # Every workload patched exactly once, every event posted once.
+        assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
+        assert reasons(kube) == [
+            "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+            "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
+
+        # The acting replica is gone: the other one resumes and rolls the next change out.
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+        await kube.wait_for(lambda: status(kube).get("revision") == 2 and phase(kube) == "Ready", timeout=WAIT,
+                            what="the other replica rolling out revision 2")
+        assert reconciles_by(low) > 0
+    # Revision 2 was live: only the settings files changed, no pod template (and no master).
+    assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
+    for name in ("llama-prefill", "llama-decode"):
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name(name))["data"][SETTINGS_FILE_NAME]
+        assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
+    assert originals  # the fleet as created
+
+
+async def test_deleted_targets_are_left_out_and_the_rest_carries_on(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Issue 15: one member's problem used to freeze the whole policy (Pending, no writes)."""
+    await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    await kube.delete(DEPLOYMENTS, NS, "llama-prefill")  # named: reported on its target entry
+    await kube.delete(STATEFULSETS, NS, "llama-decode")  # its selector now selects nothing
+    await kube.create(copy.deepcopy(DECODE) | {"metadata": {**DECODE["metadata"], "name": "llama-decode-2"}})
+    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+    try:
+        await kube.wait_for(lambda: phase(kube) == "Degraded" and status(kube).get("revision") == 2, timeout=WAIT,
+                            what="the rest rolled out, the deleted one reported")
+    except TimeoutError:
+        raise AssertionError(json.dumps(status(kube))[:3000]) from None
+    new_decode = kube.get(STATEFULSETS, NS, "llama-decode-2")  # adopted, its settings file written
+    assert kv_config(vllm_container(new_decode))["kv_connector_extra_config"]["mooncake_settings_file"] == \
+        SETTINGS_FILE_PATH
+    text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode-2"))["data"][SETTINGS_FILE_NAME]
+    assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "leaseAll"
+    degraded = condition(kube, "Degraded")
+    assert degraded["reason"] == "MemberExcluded" and "Deployment/llama-prefill: not found" in degraded["message"]
+    left = next(t for t in status(kube)["targets"] if t["name"] == "llama-prefill")
+    assert left["phase"] == "Excluded" and left["message"] == "left out: not found"
+    await kube.wait_for(lambda: "MemberExcluded" in reasons(kube), what="the MemberExcluded event")
+
+
+async def test_a_refused_restore_holds_the_policy_and_the_others_are_given_back(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    originals = await create_fleet(kube)
+    await kube.create(policy())
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    refusal = kube.inject_failures(DEPLOYMENTS, NS, "llama-prefill", status=403, count=2, subresource=None)
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone at last")
+    assert refusal.fired == 2
+    refused = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "WriteRefused"]
+    assert refused and all("PATCH Deployment/llama-prefill refused: 403 Forbidden" in e["message"] for e in refused)
+    for name in ("llama-prefill", "llama-decode"):
+        assert as_left_by_users(workload(kube, name)) == as_left_by_users(originals[name]), name
+    # decode was given back on the first attempt, prefill only once the server let it through
+    decode_back = first_rv(kube, "llama-decode", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                           and v["metadata"]["generation"] > 1)
+    prefill_back = first_rv(kube, "llama-prefill", lambda v: POLICY_LABEL not in (v["metadata"].get("labels") or {})
+                            and v["metadata"]["generation"] > 1)
+    assert decode_back < prefill_back

@@ -62,14 +62,15 @@ async def test_status_shows_the_held_test_and_the_command_that_decides_it(
         assert out.startswith(f"{NS}/ab: AwaitingDecision")
         assert re.search(r"A/B: +AwaitingDecision, verdict Success, samples \d+/6", out), out
         assert re.search(r"externalHitRate +0\.[23]\d* +0\.[56]\d* +0\.[23]\d* +\[0\.\d+, 0\.\d+\] +Success", out), out
-        assert f"moonlease.io/ab-decision=promote:{config_hash}" in out and "run:     kubectl -n" in out
+        assert f"run:     moonlease promote -n {NS} ab   # or: moonlease abort -n {NS} ab" in out
 
         code, out, _ = await run(sys.executable, "-m", "moonlease.cli", "status", "ab", "-o", "json",
                                  "--kubeconfig", str(kubeconfig))
         view = json.loads(out)
         assert view["phase"] == "AwaitingDecision" and view["ab_test"]["finalVerdict"] == "Success"
         [hit_rate] = [c for c in view["ab_test"]["conditions"] if c["metric"] == "externalHitRate"]
-        assert hit_rate["lower"] > 0 and view["waiting"]["command"].endswith(f"rollback:{config_hash}")
+        assert hit_rate["lower"] > 0 and view["waiting"]["command"].startswith("moonlease promote")
+        assert view["ab_test"]["configHash"] == config_hash
         assert sum(view["targets"].values()) == 3  # the master and the treatment's two (the control is held)
 
         # kubectl finds the plugin on PATH and passes `status ab` through.

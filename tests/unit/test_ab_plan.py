@@ -202,6 +202,10 @@ def test_measurement_is_due_once_per_interval_while_measuring() -> None:
     assert measurement_due(status, spec, T0 + datetime.timedelta(seconds=30))
     assert not measurement_due(status.model_copy(update={"phase": ABTestPhase.DEPLOYING}), spec, T0)
     assert not measurement_due(None, spec, T0)
+    # The handler's wake-up asks the same owner of the schedule.
+    assert seconds_until_measurement(status, spec, T0 + datetime.timedelta(seconds=12)) == 18
+    assert seconds_until_measurement(status.model_copy(update={"last_measured_at": None}), spec, T0) == 0
+    assert seconds_until_measurement(None, spec, T0) is None
 
 
 def test_the_baseline_waits_out_the_warm_up() -> None:

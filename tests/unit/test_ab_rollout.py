@@ -18,13 +18,15 @@ import pytest
 from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.analysis import ArmSample, IntervalSample
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import settings_config_map_name
 from tests.unit.test_rollout_plan import Cluster, deployment, master_deployment, template
 
 pytestmark = pytest.mark.unit
 
 CONTROL, TREATMENT = ["prefill-a", "decode-a"], ["prefill-b", "decode-b"]
 SPEC: dict[str, Any] = {
-    "master": {"name": "mooncake-master", "evictionRatio": 0.1},
+    "master": {"name": "mooncake-master", "evictionRatio": 0.1, "requireApprovalForRestart": False},
     "connector": {"leaseMode": "selective"},
     "targets": [{"name": n, "role": n.split("-")[0], "mooncakeVersion": "0.3.14"} for n in CONTROL + TREATMENT],
     "rollout": {"strategy": "ABTest", "stageTimeoutSeconds": 60, "abTest": {
@@ -56,9 +58,11 @@ def reading(cluster: Cluster, control_rate: float | None, treatment_rate: float,
 
 
 def runs(cluster: Cluster, name: str) -> tuple[Any, Any]:
-    """What a workload's pods run: its pod spec and template annotations (not its own labels)."""
-    pod = template(cluster, name)
-    return pod["spec"], pod["metadata"].get("annotations")
+    """What a workload's pods run: the settings file its connector reads (live settings), and
+    whether its pod template mounts it (not the workload's own labels or ConfigMap name)."""
+    data = (cluster.config_maps.get(settings_config_map_name(name)) or {}).get("data") or {}
+    volumes = template(cluster, name)["spec"].get("volumes") or []
+    return data.get(SETTINGS_FILE_NAME), [v["name"] for v in volumes]
 
 
 def deploy_treatment(cluster: Cluster, spec: dict[str, Any]) -> None:
@@ -113,7 +117,7 @@ def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> N
     assert decided.final_verdict == "Success" and decided.progress == "3/6"
     assert decided.conditions[0].outcome == "Success" and decided.conditions[0].lower > 0
     assert cluster.status.ab_test.phase is ABTestPhase.PROMOTING
-    assert [c.name for c in plan.changes] == ["prefill-a"]  # the control's first stage, at once
+    assert [c.name for c in plan.changes] == ["prefill-a-moonlease", "prefill-a"]  # the control's first stage
     assert any("promoting the A/B treatment's configuration" in m for _, _, m in cluster.events)
     status = cluster.run(SPEC)
     assert status.phase is Phase.READY and status.ab_test.phase is ABTestPhase.PROMOTED

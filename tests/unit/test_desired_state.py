@@ -13,32 +13,40 @@ from hypothesis import strategies as st
 
 from moonlease.testbed.kube import merge_patch
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from moonlease_operator.api import ConnectorSpec, LeaseMode, MasterConfigMapSpec, MasterSpec
-from moonlease_operator.core.desired_state import (
-    CONFIG_HASH_ANNOTATION,
-    ORIGINAL_ANNOTATION,
-    POLICY_LABEL,
-    ROLLBACK_ANNOTATION,
-    ChangeAction,
-    ProblemKind,
-    WorkloadChange,
+from moonlease_operator.api import Reason
+from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_operator.core.connector_delivery import (
+    SETTINGS_VOLUME,
+    adoption_hash,
+    build_settings_file_desired,
+    settings_config_map_stub,
+)
+from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
+from moonlease_operator.core.settings import (
     build_config_map_desired,
     build_connector_settings,
     build_master_desired,
     build_master_settings,
-    build_merge_patch,
     build_target_desired,
+)
+from moonlease_operator.core.slots import (
+    CONFIG_HASH_ANNOTATION,
+    ORIGINAL_ANNOTATION,
+    POLICY_LABEL,
+    ROLLBACK_ANNOTATION,
+    build_merge_patch,
     build_update,
     describe_update,
-    evaluate_config_map,
-    evaluate_master,
-    evaluate_target,
 )
 
 pytestmark = pytest.mark.unit
 
 SELECTIVE = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE))
 LEASE_ALL = build_connector_settings(ConnectorSpec())
+#: Settings ConfigMaps a workload can be adopted onto (different names: different adoptions).
+CM, OTHER_CM, THIRD_CM = "w-moonlease", "other-moonlease", "third-moonlease"
 
 
 def workload(*containers: dict[str, Any], kind: str = "Deployment", annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -59,12 +67,22 @@ def vllm(*args: str, env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
 SIDECAR = {"name": "proxy", "image": "envoy:1", "args": ["--kv-transfer-config", "{}"]}
 
 
-def apply(obj: dict[str, Any], settings: Any = SELECTIVE, *, revision: int = 1, applied: int | None = None,
+def apply(obj: dict[str, Any], config_map: str = CM, *, revision: int = 1, applied: int | None = None,
           container: str | None = "vllm") -> dict[str, Any] | None:
+    """Adopt the workload onto `config_map` (the pod-template side of the delivery)."""
     change = WorkloadChange(kind=obj["kind"], name="w", action=ChangeAction.APPLY, policy="fleet", place=container,
-                            desired=build_target_desired(obj, container, settings), config_hash=settings.config_hash,
-                            revision=revision, applied_revision=applied)
+                            desired=build_target_desired(obj, container, config_map),
+                            config_hash=adoption_hash(config_map), revision=revision, applied_revision=applied)
     return build_update(obj, change)
+
+
+def apply_file(obj: dict[str, Any] | None, settings: Any, *, revision: int = 1,
+               applied: int | None = None) -> dict[str, Any] | None:
+    """Write the policy's keys into a settings ConfigMap (created from the stub when absent)."""
+    current = obj if obj is not None else settings_config_map_stub(CM, "ns")
+    return build_update(current, WorkloadChange(
+        kind="ConfigMap", name=CM, action=ChangeAction.APPLY, policy="fleet", place=SETTINGS_FILE_NAME,
+        desired=build_settings_file_desired(settings.file), revision=revision, applied_revision=applied))
 
 
 def rollback(obj: dict[str, Any], revision: int) -> dict[str, Any] | None:
@@ -95,12 +113,13 @@ def kv_config(obj: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("mode", list(LeaseMode))
 def test_connector_settings_come_from_the_connector_config(mode: LeaseMode) -> None:
     settings = build_connector_settings(ConnectorSpec(lease_mode=mode, junction_retention=True))
-    config = MoonleaseConnectorConfig.from_sources(settings.extra_config, settings.env)
+    user = MoonleaseConnectorConfig(mooncake_max_lease_rounds=5)
+    config = parse_settings_file(json.dumps(settings.file), user)  # what the connector reads
     assert config.lease_mode.value == mode.value and config.mooncake_junction_retention is True
     # Only the switches the policy decides; mooncake_max_lease_rounds stays the user's.
-    assert set(settings.extra_config) == {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
-                                          "mooncake_junction_retention"}
-    assert settings.env == {SELECTIVE_LEASE_ENV: "1" if mode is LeaseMode.SELECTIVE else "0"}
+    assert set(settings.file) == {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
+                                  "mooncake_junction_retention"}
+    assert config.mooncake_max_lease_rounds == 5
 
 
 def test_each_connector_setting_has_its_own_hash() -> None:
@@ -138,15 +157,18 @@ def test_our_keys_merge_into_the_users_kv_transfer_config(form: str) -> None:
     assert config["kv_connector"] == "MooncakeStoreConnector"
     assert config["kv_connector_module_path"] == "moonlease_connector" and config["kv_role"] == "kv_both"
     assert config["kv_buffer_size"] == 1e9
+    # The settings themselves live in the ConfigMap: only the file's path is added.
     assert config["kv_connector_extra_config"] == {"lookup_rpc_port": 5557, "mooncake_max_lease_rounds": 5,
-                                                   "mooncake_selective_lease": True, "mooncake_kda_last_hit_only": False,
-                                                   "mooncake_junction_retention": False}
+                                                   "mooncake_settings_file": SETTINGS_FILE_PATH}
     vllm_args = container_of(new)["args"]
     assert vllm_args[:2] == ["serve", "m"] and vllm_args[-1] == "--port=8000"
     assert len(vllm_args) == len(obj["spec"]["template"]["spec"]["containers"][0]["args"])  # same form, same place
     assert container_of(new, "proxy") == SIDECAR  # another container, even with the same flag, untouched
-    assert container_of(new)["env"] == [{"name": SELECTIVE_LEASE_ENV, "value": "1"}]
-    assert new["spec"]["template"]["metadata"]["annotations"] == {CONFIG_HASH_ANNOTATION: SELECTIVE.config_hash}
+    assert "env" not in container_of(new)
+    assert container_of(new)["volumeMounts"] == [{"name": SETTINGS_VOLUME, "mountPath": "/etc/moonlease/connector",
+                                                  "readOnly": True}]
+    assert new["spec"]["template"]["spec"]["volumes"] == [{"name": SETTINGS_VOLUME, "configMap": {"name": CM}}]
+    assert new["spec"]["template"]["metadata"]["annotations"] == {CONFIG_HASH_ANNOTATION: adoption_hash(CM)}
     assert new["metadata"]["labels"][POLICY_LABEL] == "fleet"
     assert apply(new) is None  # in sync: nothing more to do
 
@@ -160,14 +182,22 @@ def test_users_connector_choices_are_kept() -> None:
     assert (config["kv_connector_module_path"], config["kv_role"]) == ("moonlease_connector.x", "kv_consumer")
 
 
-def test_an_env_var_from_elsewhere_is_replaced_and_restored() -> None:
-    original_env = [{"name": "A", "value": "1"},
-                    {"name": SELECTIVE_LEASE_ENV, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]
-    obj = workload(vllm("serve", env=copy.deepcopy(original_env)))
-    new = apply(obj)
-    assert new is not None
-    assert container_of(new)["env"] == [original_env[0], {"name": SELECTIVE_LEASE_ENV, "value": "1"}]
-    assert release(new) == obj
+def test_a_workload_managed_the_old_way_gets_its_own_arguments_back_on_adoption() -> None:
+    """Migration: an earlier operator wrote the lease mode into argv and env; adopting the
+    workload restores what the user had there (one rolling restart) and adds the file."""
+    original_env = [{"name": "A", "value": "1"}]
+    obj = workload(vllm("serve", "--kv-transfer-config", json.dumps({"kv_role": "kv_both"}),
+                        env=copy.deepcopy(original_env)))
+    old_way = build_update(obj, WorkloadChange(
+        kind="Deployment", name="w", action=ChangeAction.APPLY, policy="fleet", place="vllm", config_hash="old",
+        desired={"kv:kv_connector_extra_config.mooncake_selective_lease": {"v": True},
+                 f"env:{SELECTIVE_LEASE_ENV}": {"v": {"name": SELECTIVE_LEASE_ENV, "value": "1"}}}, revision=1))
+    assert old_way is not None and container_of(old_way)["env"][-1]["name"] == SELECTIVE_LEASE_ENV
+    adopted = apply(old_way, revision=2, applied=1)
+    assert adopted is not None
+    assert container_of(adopted)["env"] == original_env
+    assert kv_config(adopted)["kv_connector_extra_config"] == {"mooncake_settings_file": SETTINGS_FILE_PATH}
+    assert release(adopted) == obj
 
 
 @pytest.mark.parametrize("obj", [
@@ -180,7 +210,7 @@ def test_an_env_var_from_elsewhere_is_replaced_and_restored() -> None:
 def test_release_restores_the_original_exactly(obj: dict[str, Any]) -> None:
     first = apply(obj)
     assert first is not None
-    later = apply(first, LEASE_ALL, revision=2, applied=1)
+    later = apply(first, OTHER_CM, revision=2, applied=1)
     assert later is not None and later != first
     assert release(later) == obj
     assert release(obj) is None  # nothing of ours: nothing to do
@@ -199,21 +229,22 @@ def test_release_keeps_what_the_user_changed_meanwhile() -> None:
     assert restored is not None
     assert kv_config(restored) == {"kv_buffer_size": 2}
     assert container_of(restored)["args"][-1] == "--max-model-len=4096"
-    assert "env" not in container_of(restored) and POLICY_LABEL not in restored["metadata"]["labels"]
+    assert "volumeMounts" not in container_of(restored) and POLICY_LABEL not in restored["metadata"]["labels"]
+    assert "volumes" not in restored["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(("args", "kind", "needle"), [
-    (["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})], ProblemKind.FOREIGN_CONNECTOR,
+    (["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})], Reason.FOREIGN_CONNECTOR,
      "LMCacheConnectorV1"),
-    (["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeStoreConnector"})], ProblemKind.FOREIGN_CONNECTOR,
+    (["--kv-transfer-config", json.dumps({"kv_connector": "MooncakeStoreConnector"})], Reason.FOREIGN_CONNECTOR,
      "vLLM itself"),
-    (["--kv-transfer-config", "{not json"], ProblemKind.UNMANAGEABLE, "not valid JSON"),
-    (["--kv-transfer-config", '{"kv_connector_extra_config": 3}'], ProblemKind.UNMANAGEABLE, "JSON object"),
-    (["--kv-transfer-config"], ProblemKind.UNMANAGEABLE, "no value"),
+    (["--kv-transfer-config", "{not json"], Reason.UNMANAGEABLE_WORKLOAD, "not valid JSON"),
+    (["--kv-transfer-config", '{"kv_connector_extra_config": 3}'], Reason.UNMANAGEABLE_WORKLOAD, "JSON object"),
+    (["--kv-transfer-config"], Reason.UNMANAGEABLE_WORKLOAD, "no value"),
 ])
-def test_targets_the_policy_must_not_touch(args: list[str], kind: ProblemKind, needle: str) -> None:
+def test_targets_the_policy_must_not_touch(args: list[str], kind: Reason, needle: str) -> None:
     problem = evaluate_target(workload(vllm(*args)), "vllm")
-    assert problem is not None and problem.kind is kind and needle in problem.message
+    assert problem is not None and problem.reason is kind and needle in problem.message
 
 
 def test_a_missing_container_is_a_problem() -> None:
@@ -226,12 +257,11 @@ def test_a_missing_container_is_a_problem() -> None:
 
 def test_rollback_returns_to_the_last_completed_attempt() -> None:
     base = workload(vllm("serve"))
-    first = apply(base, LEASE_ALL, revision=1)  # attempt 1 completes
+    first = apply(base, CM, revision=1)  # attempt 1 completes
     assert first is not None
-    second = apply(first, SELECTIVE, revision=2, applied=1)  # attempt 2 changes it ...
+    second = apply(first, OTHER_CM, revision=2, applied=1)  # attempt 2 changes it ...
     assert second is not None
-    junction = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE, junction_retention=True))
-    third = apply(second, junction, revision=3, applied=1)  # ... and is superseded by attempt 3
+    third = apply(second, THIRD_CM, revision=3, applied=1)  # ... and is superseded by attempt 3
     assert third is not None
     back = rollback(third, 3)
     assert back is not None
@@ -241,9 +271,9 @@ def test_rollback_returns_to_the_last_completed_attempt() -> None:
 
 
 def test_an_attempt_after_a_completed_one_snapshots_afresh() -> None:
-    first = apply(workload(vllm("serve")), LEASE_ALL, revision=1)
+    first = apply(workload(vllm("serve")), CM, revision=1)
     assert first is not None
-    second = apply(first, SELECTIVE, revision=4, applied=3)  # attempts 2 and 3 completed without touching it
+    second = apply(first, OTHER_CM, revision=4, applied=3)  # attempts 2 and 3 completed without touching it
     assert second is not None
     back = rollback(second, 4)
     assert back is not None and back["spec"] == first["spec"]
@@ -254,7 +284,7 @@ def test_rollback_and_original_annotations_live_in_the_workload_metadata() -> No
     assert new is not None
     annotations = new["metadata"]["annotations"]
     assert json.loads(annotations[ROLLBACK_ANNOTATION])["revision"] == 7
-    assert json.loads(annotations[ORIGINAL_ANNOTATION])["slots"]["env:" + SELECTIVE_LEASE_ENV] is None
+    assert json.loads(annotations[ORIGINAL_ANNOTATION])["slots"]["volume:" + SETTINGS_VOLUME] is None
 
 
 # ---- master --------------------------------------------------------------------------------------
@@ -365,20 +395,57 @@ def test_merge_patch_of_a_target_change_is_small() -> None:
 
 
 def test_needs_update_agrees_with_build_update() -> None:
-    from moonlease_operator.core.desired_state import needs_update
+    from moonlease_operator.core.slots import needs_update
 
     base = workload(vllm("serve", "--kv-transfer-config", json.dumps({"kv_role": "kv_producer"})))
     states = [base]
-    for settings, revision in ((SELECTIVE, 1), (LEASE_ALL, 2), (SELECTIVE, 3)):
-        new = apply(states[-1], settings, revision=revision, applied=1)
+    for config_map, revision in ((CM, 1), (OTHER_CM, 2), (CM, 3)):
+        new = apply(states[-1], config_map, revision=revision, applied=1)
         assert new is not None
         states.append(new)
     states.append(rollback(states[-1], 3) or states[-1])
     changes = [WorkloadChange(kind="Deployment", name="w", action=action, policy="fleet", place="vllm",
-                              desired=build_target_desired(base, "vllm", settings), config_hash=settings.config_hash,
-                              revision=revision, applied_revision=1)
-               for action in ChangeAction for settings in (SELECTIVE, LEASE_ALL) for revision in (1, 2, 3)]
+                              desired=build_target_desired(base, "vllm", config_map),
+                              config_hash=adoption_hash(config_map), revision=revision, applied_revision=1)
+               for action in ChangeAction for config_map in (CM, OTHER_CM) for revision in (1, 2, 3)]
     verdicts = [(needs_update(obj, change), build_update(obj, change) is not None)
                 for obj in states for change in changes]
     assert all(a == b for a, b in verdicts)
     assert {a for a, _ in verdicts} == {True, False}
+
+
+# ---- the settings file (live connector settings) ---------------------------------------------------
+
+def test_settings_file_is_created_switched_rolled_back_and_released_exactly() -> None:
+    created = apply_file(None, SELECTIVE)
+    assert created is not None
+    assert created["metadata"]["labels"] == {"moonlease.io/connector-settings": "true", POLICY_LABEL: "fleet"}
+    text = created["data"][SETTINGS_FILE_NAME]
+    assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective"
+    assert apply_file(created, SELECTIVE) is None  # in sync
+    switched = apply_file(created, LEASE_ALL, revision=2, applied=1)
+    assert switched is not None
+    assert parse_settings_file(switched["data"][SETTINGS_FILE_NAME], MoonleaseConnectorConfig()).lease_mode.value \
+        == "leaseAll"
+    back = build_update(switched, WorkloadChange(kind="ConfigMap", name=CM, action=ChangeAction.ROLLBACK,
+                                                 policy="fleet", revision=2))
+    assert back is not None and back["data"] == created["data"]
+    released = build_update(back, WorkloadChange(kind="ConfigMap", name=CM, action=ChangeAction.RELEASE, policy="fleet"))
+    assert released is not None and "data" not in released  # no file: the connector's start-up settings
+
+
+def test_the_policy_label_value_is_always_a_valid_label_value() -> None:
+    import re
+
+    from moonlease_operator.core.slots import managed_by, policy_label_value
+
+    assert policy_label_value("fleet") == "fleet"
+    long = "a-very-long-policy-name-for-the-llama-fleet-in-the-inference-namespace.example.org"
+    value = policy_label_value(long)
+    assert len(long) > 63 and len(value) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9_.]*[a-z0-9])?", value)
+    assert value != policy_label_value(long + "x")  # distinct names stay distinct
+    change = WorkloadChange(kind="Deployment", name="w", action=ChangeAction.APPLY, policy=long,
+                            place="vllm", desired=build_target_desired(workload(vllm("serve")), "vllm", CM),
+                            config_hash=adoption_hash(CM))
+    new = build_update(workload(vllm("serve")), change)
+    assert new is not None and managed_by(new) == value

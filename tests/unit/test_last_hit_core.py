@@ -138,3 +138,10 @@ def test_a_reachable_final_state_plans_both_of_upstreams_passes() -> None:
 def test_no_recompute_room_means_a_present_final_state_hits_nothing() -> None:
     plan = plan_hit_passes(16, 16, 0, lambda length, final: 16 if final else 0)
     assert plan.pass_for(True) == HitPass(0, 0) and plan.pass_for(False) == HitPass(16, 0)
+
+
+def test_without_partial_hash_hits_the_final_state_never_splits_the_plan() -> None:
+    hits = {(256, True): 256, (256, False): 192}
+    plan = plan_hit_passes(256, 256, 192, lambda length, final: hits[(length, final)],
+                           final_state_can_matter=False)
+    assert plan == HitPlan(HitPass(256, 192)) and plan.pass_for(True) == HitPass(256, 192)

@@ -27,6 +27,7 @@ from moonlease_operator.api import (
     RolloutSpec,
     StageName,
     build_master_flags,
+    read_spec,
     parse_spec,
 )
 from moonlease_operator.api.common import ApiModel, LabelSelectorRequirement
@@ -351,7 +352,9 @@ def test_defaults_match_the_tracker() -> None:
     assert spec.rollout.stages == [StageName.MASTER, StageName.PREFILL, StageName.DECODE]
     assert (spec.rollout.stage_timeout_seconds, spec.rollout.pause_between_stages_seconds) == (600, 0)
     assert spec.rollout.on_failure.value == "rollback" and spec.rollout.strategy.value == "Staged"
-    assert spec.rollout.paused is False and spec.master.require_approval_for_restart is False
+    assert spec.rollout.paused is False
+    # Issue 15: the store is never emptied unasked, and deletion keeps the master's settings.
+    assert spec.master.require_approval_for_restart is True and spec.master.on_delete.value == "keep"
 
 
 def test_crd_defaults_equal_model_defaults(crd: dict[str, Any]) -> None:
@@ -373,6 +376,14 @@ def test_master_flags_use_mooncake_names() -> None:
         "default_kv_soft_pin_ttl": "60000", "allow_evict_soft_pinned_objects": "false",
     }
     assert build_master_flags(MasterSpec(name="m")) == {}
+
+
+def test_decided_once_boolean_flags_from_types_and_one_lease_mode_enum() -> None:
+    from moonlease_connector.config import LeaseMode as ConnectorLeaseMode
+    from moonlease_operator.api.policy import BOOLEAN_MASTER_FLAGS
+
+    assert BOOLEAN_MASTER_FLAGS == {"allow_evict_soft_pinned_objects"}
+    assert LeaseMode is ConnectorLeaseMode  # the CRD's enum is the connector's settings enum
 
 
 @pytest.mark.parametrize(("selector", "labels", "expected"), [
@@ -417,7 +428,7 @@ def test_set_condition_keeps_transition_time_while_status_holds() -> None:
 
 def judge(spec: dict[str, Any], *, generation: int, previous: PolicyStatus, now: datetime.datetime) -> Any:
     """The operator's verdict on a spec whose workloads do not exist (yet)."""
-    return plan_reconcile(raw_spec=spec, policy=PolicyRef("p", "ns", generation, "2026-01-01T00:00:00Z"),
+    return plan_reconcile(spec=read_spec(spec), policy=PolicyRef("p", "ns", generation, "2026-01-01T00:00:00Z"),
                           previous=previous, observed=Observed(workloads={}), now=now)
 
 

@@ -129,13 +129,13 @@ def test_the_replay_save_without_a_plan_is_upstreams() -> None:
 
 def test_the_operator_renders_retention_keys_only_when_a_piece_is_on() -> None:
     from moonlease_operator.api.policy import ConnectorSpec
-    from moonlease_operator.core.desired_state import build_connector_settings
+    from moonlease_operator.core.settings import build_connector_settings
 
     plain = build_connector_settings(ConnectorSpec())
     skip = build_connector_settings(ConnectorSpec(retention_skip=True))
-    assert "mooncake_retention_skip" not in plain.extra_config
-    assert skip.extra_config["mooncake_retention_skip"] is True
-    assert skip.extra_config["mooncake_retention_pin"] is False
+    assert "mooncake_retention_skip" not in plain.file
+    assert skip.file["mooncake_retention_skip"] is True
+    assert skip.file["mooncake_retention_pin"] is False
     assert skip.config_hash != plain.config_hash  # turning it on rolls the targets
-    config = MoonleaseConnectorConfig.from_sources(skip.extra_config, skip.env)
+    config = MoonleaseConnectorConfig.from_sources(skip.file, {})
     assert config.retention == RetentionSettings(skip=True) and config.finds_junctions

@@ -1,7 +1,8 @@
 """The rollout state machine, walked through hand-checked scenarios on plain dicts.
 
-`Cluster` plays the API server (objects, generations) and, on `settle()`, the workload
-controllers; every reconcile round-trips the status through its JSON form, as the operator reads
+`Cluster` plays the API server (objects, generations), on `settle()` the workload
+controllers, and the pods' connectors: each reports the settings its workload's settings file
+gives it (the connector's own parser and hash), unless the test stops it following; every reconcile round-trips the status through its JSON form, as the operator reads
 it back from the API, so nothing is carried between reconciles but what the cluster stores.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName
+from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName, read_spec
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.compatibility import (
@@ -24,7 +25,14 @@ from moonlease_operator.core.compatibility import (
     image_mooncake_version,
     parse_mooncake_version,
 )
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
+from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
+from moonlease_operator.core.connector_delivery import (
+    SettingsReport,
+    reads_settings_file,
+    settings_config_map_name,
+    startup_defaults,
+)
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
 from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, evaluate_health
 from moonlease_operator.core.rollout import Observed, PolicyRef, ReconcilePlan, plan_fetch, plan_reconcile, plan_release
@@ -53,7 +61,8 @@ def master_deployment() -> dict[str, Any]:
 
 
 SPEC: dict[str, Any] = {
-    "master": {"name": "mooncake-master", "evictionRatio": 0.1},
+    # Approvals have their own tests; the flow tests let forward restarts through.
+    "master": {"name": "mooncake-master", "evictionRatio": 0.1, "requireApprovalForRestart": False},
     "connector": {"leaseMode": "selective"},
     "targets": [{"name": "prefill", "role": "prefill", "mooncakeVersion": "0.3.14"},
                 {"name": "decode", "role": "decode", "mooncakeVersion": "0.3.14"}],
@@ -85,6 +94,9 @@ class Cluster:
         self.others: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.writes: list[tuple[str, str]] = []
+        self.frozen_connectors: set[str] = set()  # workloads whose connectors ignore their file
+        self.pod_specs: dict[str, dict[str, Any]] = {}  # workload -> the spec its pods really run
+        self.reported: dict[str, SettingsReport] = {}
         for key in self.workloads:
             self.settle(key[1])
 
@@ -95,11 +107,13 @@ class Cluster:
     def reconcile(self, spec: Mapping[str, Any], *, ab_reading: ABReading | None = None) -> ReconcilePlan:
         """One reconcile; `ab_reading` plays the handler's A/B measurement (only when due)."""
         previous = read_status(self.status_json)
-        fetch = plan_fetch(spec, previous, self.now)
+        parsed = read_spec(spec)
+        fetch = plan_fetch(parsed, previous, self.now)
+        pods = self.pods() if fetch.pods else None
         observed = Observed(workloads=copy.deepcopy(self.workloads), config_maps=copy.deepcopy(self.config_maps),
-                            policies=self.others, pods=self.pods() if fetch.pods else None,
-                            ab_reading=ab_reading if fetch.ab_due else None)
-        plan = plan_reconcile(raw_spec=spec, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
+                            policies=self.others, pods=pods, ab_reading=ab_reading if fetch.ab_due else None,
+                            settings_reports=None if pods is None else self.settings_reports(pods))
+        plan = plan_reconcile(spec=parsed, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
                                                               self.annotations),
                               previous=previous, observed=observed, now=self.now)
         self.status_json = json.loads(json.dumps(dump_status(plan.status)))
@@ -107,9 +121,12 @@ class Cluster:
         for change in plan.changes:
             store = self.config_maps if change.kind == "ConfigMap" else self.workloads
             key = change.name if change.kind == "ConfigMap" else change.ref
-            new = build_update(store[key], change)
+            current = store.get(key) or change.create_from
+            assert current is not None, f"{change.ref} does not exist"
+            new = build_update(current, change)
             assert new is not None, "the planner asked for a change that changes nothing"
-            if new.get("spec") != store[key].get("spec"):
+            new.setdefault("metadata", {}).setdefault("generation", 1)
+            if new.get("spec") != current.get("spec"):
                 new["metadata"]["generation"] += 1
             store[key] = new
             self.writes.append(change.ref)
@@ -152,9 +169,31 @@ class Cluster:
             for i in range(obj["spec"]["replicas"]):
                 pods.append({"metadata": {"name": f"{obj['metadata']['name']}-{i}", "namespace": "ns",
                                           "labels": template["metadata"]["labels"],
-                                          "annotations": dict(template["metadata"].get("annotations") or {})},
-                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+                                          "annotations": dict(template["metadata"].get("annotations") or {}),
+                                          "ownerName": obj["metadata"]["name"]},
+                             "spec": copy.deepcopy(self.pod_specs.get(obj["metadata"]["name"])
+                                                   or template.get("spec") or {}),
+                             "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
         return pods
+
+    def settings_reports(self, pods: list[dict[str, Any]]) -> dict[str, SettingsReport]:
+        """What each pod's connector reports: the settings its file gives it, over the start-up
+        defaults of its template (a frozen connector keeps what it reported last)."""
+        reports = {}
+        for pod in pods:
+            if not reads_settings_file(pod):
+                continue
+            name, owner = pod["metadata"]["name"], pod["metadata"]["ownerName"]
+            if owner in self.frozen_connectors and name in self.reported:
+                reports[name] = self.reported[name]
+                continue
+            data = (self.config_maps.get(settings_config_map_name(owner)) or {}).get("data") or {}
+            defaults = startup_defaults({"spec": {"template": {"spec": pod["spec"]}}}, None)
+            assert defaults is not None
+            config = parse_settings_file(data.get(SETTINGS_FILE_NAME, "{}"), defaults)
+            reports[name] = SettingsReport(settings_hash=settings_hash(config), lease_mode=config.lease_mode.value)
+        self.reported.update(reports)
+        return reports
 
     def stage_phases(self) -> dict[str, str]:
         return {s.name.value: s.phase.value for s in self.status.stages}
@@ -190,10 +229,12 @@ def test_stages_roll_out_one_after_the_other() -> None:
     cluster.settle("mooncake-master")
     cluster.reconcile(SPEC)
     assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Progressing", "decode": "Pending"}
-    assert cluster.writes[1:] == [("Deployment", "prefill")]
+    # The settings file first, then the (one-time) adoption of the workload.
+    assert cluster.writes[1:] == [("ConfigMap", "prefill-moonlease"), ("Deployment", "prefill")]
     cluster.settle("prefill")
     cluster.reconcile(SPEC)
-    assert cluster.writes[2:] == [("Deployment", "decode")] and cluster.status.current_stage is StageName.DECODE
+    assert cluster.writes[3:] == [("ConfigMap", "decode-moonlease"), ("Deployment", "decode")]
+    assert cluster.status.current_stage is StageName.DECODE
     cluster.settle("decode")
     cluster.reconcile(SPEC)
     status = cluster.status
@@ -213,21 +254,60 @@ def test_stages_roll_out_one_after_the_other() -> None:
 
 def test_a_stage_waits_until_pods_run_the_new_configuration() -> None:
     cluster = fleet()
-    cluster.run(spec_with(**{"master.evictionRatio": 0.05}))  # the master already has it
-    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    spec = spec_with(**{"master.evictionRatio": 0.05})  # the master already has it
+    cluster.reconcile(spec)  # adopts prefill: its pod template changes
     # The controller claims success but the pods still run the old template.
     obj = cluster.obj("prefill")
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
-    cluster.reconcile(spec_with(**{"master.evictionRatio": 0.05, "connector.leaseMode": "leaseAll"}))
+    cluster.reconcile(spec)
     prefill = next(t for t in cluster.status.targets if t.name == "prefill")
     assert prefill.phase.value == "Updating" and "ready pods run configuration" in prefill.message
     assert cluster.stage_phases()["prefill"] == "Progressing"
 
 
+def test_a_settings_change_waits_for_every_pods_connector_then_succeeds_without_restarts() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    generations = {name: cluster.obj(name)["metadata"]["generation"] for name in ("prefill", "decode")}
+    cluster.frozen_connectors.add("prefill")  # its pods keep reporting the old settings
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    cluster.writes.clear()
+    cluster.reconcile(spec)
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["prefill"] == "Progressing"
+    prefill = next(t for t in cluster.status.targets if t.name == "prefill")
+    assert prefill.phase.value == "Updating"
+    assert "pod prefill-0: connector runs settings" in prefill.message and "(lease mode selective)" in prefill.message
+    assert "pod prefill-1:" in prefill.message
+    assert cluster.reasons().count("SettingsNotVerified") == 1  # announced once, not every reconcile
+    cluster.frozen_connectors.clear()
+    status = cluster.run(spec)
+    assert status.phase is Phase.READY and cluster.stage_phases()["decode"] == "Succeeded"
+    # Only the settings files were written: no vLLM pod template changed, no pod restarted.
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease"), ("ConfigMap", "decode-moonlease")]
+    assert {name: cluster.obj(name)["metadata"]["generation"] for name in generations} == generations
+
+
+def test_a_pod_that_never_reports_the_settings_times_out_and_rolls_back() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    before = copy.deepcopy(cluster.config_maps["prefill-moonlease"]["data"])
+    cluster.frozen_connectors.add("prefill")
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    cluster.reconcile(spec)
+    cluster.reconcile(spec)
+    cluster.now += datetime.timedelta(seconds=61)
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "RolledBack"
+    assert cluster.stage_phases()["prefill"] == "RolledBack"
+    assert "connector settings not verified" in (cluster.status.stages[1].message or "")
+    assert cluster.config_maps["prefill-moonlease"]["data"] == before  # the live settings went back
+
+
 def test_decode_before_prefill_when_asked() -> None:
     cluster = fleet()
     cluster.run(spec_with(**{"rollout.stages": ["master", "decode", "prefill"]}))
-    order = [name for _, name in cluster.writes]
+    order = [name for kind, name in cluster.writes if kind != "ConfigMap"]
     assert order == ["mooncake-master", "decode", "prefill"]
 
 
@@ -240,7 +320,7 @@ def test_a_connector_change_does_not_restart_the_master() -> None:
     assert status.phase is Phase.READY and status.revision == 2
     assert cluster.obj("mooncake-master")["metadata"]["generation"] == master_generation
     assert cluster.stage_phases() == {"master": "Skipped", "prefill": "Succeeded", "decode": "Succeeded"}
-    assert [n for _, n in cluster.writes] == ["prefill", "decode"]
+    assert [n for _, n in cluster.writes] == ["prefill-moonlease", "decode-moonlease"]  # settings files only
     assert "MasterRestart" not in cluster.reasons()[cluster.reasons().index("RolloutComplete") + 1:]
 
 
@@ -328,6 +408,28 @@ def test_a_stalled_stage_times_out_and_every_changed_stage_rolls_back_last_first
     assert template(cluster, "prefill") == before["prefill"] and template(cluster, "mooncake-master") != before["mooncake-master"]
     cluster.settle("prefill")
     cluster.reconcile(SPEC)
+    # A target stage failed: the master keeps its new settings (rolling it back would empty the
+    # store a second time) unless that rollback is approved.
+    status = cluster.status
+    assert status.phase is Phase.DEGRADED and cluster.stage_phases() == {
+        "master": "Succeeded", "prefill": "RolledBack", "decode": "RolledBack"}
+    assert template(cluster, "mooncake-master") != before["mooncake-master"]
+    assert status.pending_approval is not None and status.pending_approval.startswith("rollback:1:")
+    degraded = status.condition("Degraded")
+    assert degraded is not None and "the master keeps its new settings" in degraded.message
+    assert status.pending_approval in degraded.message and "--eviction_ratio: 0.1 -> 0.05" in degraded.message
+    for _ in range(2):
+        cluster.reconcile(SPEC)
+    assert template(cluster, "mooncake-master") != before["mooncake-master"]
+    assert cluster.reasons()[cluster.reasons().index("StageFailed"):] == [
+        "StageFailed", "StageRollingBack", "StageRolledBack",  # decode, which failed
+        "StageRollingBack", "StageRolledBack",  # prefill
+        "AwaitingApproval",  # the master's rollback, offered once
+        "RolledBack"]
+    assert "MasterRestart" not in cluster.reasons()[cluster.reasons().index("StageFailed"):]
+
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval
+    cluster.reconcile(SPEC)
     assert cluster.stage_phases()["master"] == "RollingBack"
     cluster.settle("mooncake-master")
     cluster.reconcile(SPEC)
@@ -337,11 +439,7 @@ def test_a_stalled_stage_times_out_and_every_changed_stage_rolls_back_last_first
     degraded = status.condition("Degraded")
     assert degraded is not None and degraded.reason == "RolledBack" and "not ready within 60s" in degraded.message
     assert "not ready within 60s" in status.stages[2].message and status.stages[2].message.endswith("rolled back")
-    assert cluster.reasons()[cluster.reasons().index("StageFailed"):] == [
-        "StageFailed", "StageRollingBack", "StageRolledBack",  # decode, which failed
-        "StageRollingBack", "StageRolledBack",  # prefill
-        "MasterRestart", "StageRollingBack", "StageRolledBack",  # the master, announced as a restart
-        "RolledBack"]
+    assert cluster.reasons()[-4:] == ["MasterRestart", "StageRollingBack", "StageRolledBack", "RolledBack"]
     warnings = {r for t, r, _ in cluster.events if t == "Warning"}
     assert {"StageFailed", "StageRollingBack", "MasterRestart", "RolledBack"} <= warnings
 
@@ -351,6 +449,27 @@ def test_a_stalled_stage_times_out_and_every_changed_stage_rolls_back_last_first
     assert plan.changes == () and plan.events == () and len(cluster.writes) == writes
     status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
     assert status.phase is Phase.READY and status.revision == 2 and status.applied_revision == 2
+
+
+def test_a_failed_master_stage_rolls_the_master_back_after_approval() -> None:
+    cluster = fleet()
+    spec = spec_with(**{"master.requireApprovalForRestart": True})
+    cluster.reconcile(spec)
+    forward = cluster.status.pending_approval
+    assert forward is not None and forward.startswith("forward:1:")
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = forward
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master", fail=True)
+    writes = len(cluster.writes)
+    for _ in range(2):
+        cluster.reconcile(spec)
+    status = cluster.status
+    assert status.phase is Phase.AWAITING_APPROVAL and len(cluster.writes) == writes  # the forward approval is not enough
+    assert status.pending_approval == forward.replace("forward:", "rollback:")
+    assert "rollback waits for approval" in status.stages[0].message and cluster.stage_phases()["master"] == "Failed"
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "RollingBack" and "MasterRestart" in cluster.reasons()[-3:]
 
 
 def test_failing_pods_fail_the_stage_at_once() -> None:
@@ -375,7 +494,7 @@ def test_halt_leaves_the_fleet_where_it_failed() -> None:
         cluster.reconcile(spec)
     status = cluster.status
     assert status.phase is Phase.DEGRADED and cluster.stage_phases()["prefill"] == "Failed"
-    assert template(cluster, "prefill") == changed and len(cluster.writes) == 2
+    assert template(cluster, "prefill") == changed and len(cluster.writes) == 3
     degraded = status.condition("Degraded")
     assert degraded is not None and degraded.reason == "Halted"
     assert cluster.reasons().count("Halted") == 1
@@ -383,16 +502,41 @@ def test_halt_leaves_the_fleet_where_it_failed() -> None:
 
 # ---- drift, release -------------------------------------------------------------------------------
 
+def test_a_master_drift_repair_waits_for_its_own_approval() -> None:
+    cluster = fleet()
+    spec = spec_with(**{"master.requireApprovalForRestart": True})
+    cluster.reconcile(spec)
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = cluster.status.pending_approval or ""
+    assert cluster.run(spec).phase is Phase.READY
+    args = cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--eviction_ratio=0.1")] = "--eviction_ratio=0.3"  # someone edits the master
+    cluster.obj("mooncake-master")["metadata"]["generation"] += 1
+    cluster.writes.clear()
+    status = cluster.run(spec)
+    assert status.phase is Phase.AWAITING_APPROVAL and cluster.writes == []
+    assert status.pending_approval is not None and status.pending_approval.startswith("forward:2:")
+    assert "--eviction_ratio: 0.3 -> 0.1" in status.stages[0].message
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval
+    assert cluster.run(spec).phase is Phase.READY and cluster.writes == [("Deployment", "mooncake-master")]
+
+
 def test_a_drifted_workload_is_brought_back_alone() -> None:
     cluster = fleet()
     cluster.run(SPEC)
-    args = cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"]
-    args[-1] = args[-1].replace('"mooncake_selective_lease":true', '"mooncake_selective_lease":false')
-    cluster.obj("decode")["metadata"]["generation"] += 1
+    data = cluster.config_maps["decode-moonlease"]["data"]
+    data["connector-settings.json"] = data["connector-settings.json"].replace("true", "false")
     cluster.writes.clear()
     status = cluster.run(SPEC)
     assert status.phase is Phase.READY and status.revision == 2
-    assert cluster.writes == [("Deployment", "decode")]
+    assert cluster.writes == [("ConfigMap", "decode-moonlease")]
+    # Someone drops the settings file from the arguments: re-adopted, that workload alone.
+    args = cluster.obj("prefill")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[-1] = args[-1].replace('"mooncake_settings_file"', '"x"')
+    cluster.obj("prefill")["metadata"]["generation"] += 1
+    cluster.writes.clear()
+    status = cluster.run(SPEC)
+    assert status.phase is Phase.READY and status.revision == 3
+    assert cluster.writes == [("Deployment", "prefill")]
 
 
 def test_a_workload_no_longer_covered_gets_its_original_back() -> None:
@@ -406,19 +550,50 @@ def test_a_workload_no_longer_covered_gets_its_original_back() -> None:
     assert "Released" in cluster.reasons()
 
 
-def test_release_plan_restores_everything_and_warns_about_the_master() -> None:
+def test_release_restores_the_targets_and_keeps_the_master_by_default() -> None:
     cluster = fleet()
     originals = copy.deepcopy(cluster.workloads)
     cluster.run(SPEC)
-    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), raw_spec=SPEC, managed=list(cluster.workloads.values()))
-    assert [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
-    for change in plan.changes:
-        restored = build_update(cluster.workloads[change.ref], change)
-        assert restored is not None
-        assert restored["spec"] == originals[change.ref]["spec"]
-        assert restored["metadata"]["labels"] == originals[change.ref]["metadata"]["labels"]
-        assert "annotations" not in restored["metadata"]
+    configured_master = copy.deepcopy(cluster.obj("mooncake-master")["spec"])
+    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=read_spec(SPEC), previous=cluster.status,
+                        managed=list(cluster.workloads.values()))
+    assert [e.reason for e in plan.events] == ["Restored", "Released"] and plan.pending_approval is None
     assert len(plan.changes) == 3
+    for change in plan.changes:
+        new = build_update(cluster.workloads[change.ref], change)
+        assert new is not None and "annotations" not in new["metadata"]
+        assert new["metadata"]["labels"] == originals[change.ref]["metadata"]["labels"]
+        expected = configured_master if change.name == "mooncake-master" else originals[change.ref]["spec"]
+        assert new["spec"] == expected
+
+
+def test_release_with_restore_restarts_the_master_only_once_approved() -> None:
+    cluster = fleet()
+    originals = copy.deepcopy(cluster.workloads)
+    spec = spec_with(**{"master.onDelete": "restore", "master.requireApprovalForRestart": True})
+    cluster.reconcile(spec)
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = cluster.status.pending_approval or ""
+    cluster.run(spec)
+    policy = PolicyRef("fleet", "ns", 1, "", dict(cluster.annotations))
+    plan = plan_release(policy=policy, spec=read_spec(spec), previous=cluster.status,
+                        managed=list(cluster.workloads.values()))
+    assert plan.pending_approval == f"restore:1:{plan.pending_approval.split(':')[2]}"
+    assert [c.name for c in plan.changes] == ["decode", "prefill"]  # the targets go on; the master waits
+    assert [e.reason for e in plan.events] == ["AwaitingApproval", "Restored"]
+    assert "--eviction_ratio: 0.1 -> 0.05" in plan.events[0].message
+    assert plan.status is not None and plan.status.pending_approval == plan.pending_approval
+    # Asked again (kopf retries), nothing is announced twice.
+    again = plan_release(policy=policy, spec=read_spec(spec), previous=plan.status,
+                         managed=list(cluster.workloads.values()))
+    assert again.status is None and [e.reason for e in again.events] == ["Restored"]
+
+    approved = PolicyRef("fleet", "ns", 1, "", {APPROVE_MASTER_RESTART_ANNOTATION: plan.pending_approval})
+    plan = plan_release(policy=approved, spec=read_spec(spec), previous=plan.status,
+                        managed=list(cluster.workloads.values()))
+    assert plan.pending_approval is None and [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
+    for change in plan.changes:
+        new = build_update(cluster.workloads[change.ref], change)
+        assert new is not None and new["spec"] == originals[change.ref]["spec"]
 
 
 # ---- refusals -----------------------------------------------------------------------------------
@@ -448,7 +623,7 @@ def test_refusals_change_nothing(setup: str, reason: str, needle: str) -> None:
         cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"] += [
             "--kv-transfer-config", json.dumps({"kv_connector": "LMCacheConnectorV1"})]
     elif setup == "old-master":
-        cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["image"] = "reg/mooncake:0.3.13"
+        cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["image"] = "reg/mooncake-master:0.3.13"
     elif setup == "undeclared":
         del spec["targets"][1]["mooncakeVersion"]
     else:
@@ -478,13 +653,13 @@ def test_missing_workloads_keep_the_policy_pending() -> None:
 
 
 def test_plan_fetch_lists_pods_only_while_verifying() -> None:
-    assert plan_fetch(SPEC, PolicyStatus()).pods is False
+    assert plan_fetch(read_spec(SPEC), PolicyStatus()).pods is False
     cluster = fleet()
     cluster.reconcile(SPEC)
-    assert plan_fetch(SPEC, cluster.status).pods is True
-    assert plan_fetch({"master": {}}, cluster.status).pods is False
+    assert plan_fetch(read_spec(SPEC), cluster.status).pods is True
+    assert plan_fetch(read_spec({"master": {}}), cluster.status).pods is False
     with_map = spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}})
-    assert plan_fetch(with_map, PolicyStatus()).config_maps == ("cfg",)
+    assert plan_fetch(read_spec(with_map), PolicyStatus()).config_maps == ("cfg",)
 
 
 def test_master_settings_in_a_config_map_restart_the_master_through_its_annotation() -> None:
@@ -493,7 +668,7 @@ def test_master_settings_in_a_config_map_restart_the_master_through_its_annotati
     cluster.config_maps["cfg"] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"},
                                   "data": {"m.json": '{"rpc_port": 50051}'}}
     spec = spec_with(master={"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.2,
-                             "configMap": {"name": "cfg", "key": "m.json"}})
+                             "configMap": {"name": "cfg", "key": "m.json"}, "requireApprovalForRestart": False})
     assert cluster.run(spec).phase is Phase.READY
     assert json.loads(cluster.config_maps["cfg"]["data"]["m.json"]) == {"rpc_port": 50051, "eviction_ratio": 0.2}
     annotations = template(cluster, "mooncake-master")["metadata"]["annotations"]
@@ -618,3 +793,103 @@ def test_every_status_the_planner_writes_fits_the_crd() -> None:
                                 "metadata": {"name": "fleet"}, "spec": spec, "status": present})
             seen.add(cluster.status.phase)
     assert {Phase.ROLLING_BACK, Phase.DEGRADED} <= seen
+
+
+# ---- per-member problems (issue 15, item 5) ---------------------------------------------------------
+
+def test_a_deleted_target_is_reported_on_itself_and_the_rest_carries_on() -> None:
+    cluster = fleet()
+    assert cluster.run(SPEC).phase is Phase.READY
+    decode = cluster.workloads.pop(("Deployment", "decode"))
+    cluster.writes.clear()
+    plan = cluster.reconcile(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert plan.changes and cluster.writes == [("ConfigMap", "prefill-moonlease")]  # not frozen by the missing one
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert status.phase is Phase.DEGRADED and status.failed_stage is None  # never Ready with a target missing
+    degraded = status.condition("Degraded")
+    assert degraded is not None and degraded.reason == "MemberExcluded" and "Deployment/decode: not found" in degraded.message
+    left = next(t for t in status.targets if t.name == "decode")
+    assert left.phase.value == "Excluded" and left.message == "left out: not found"
+    said = cluster.reasons().count("MemberExcluded")  # when left out, and the phase's Degraded event
+    cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert 1 <= said <= 2 and cluster.reasons().count("MemberExcluded") == said  # not repeated
+
+    # It comes back (as it was when deleted): a new attempt brings it in.
+    cluster.workloads[("Deployment", "decode")] = decode
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert status.phase is Phase.READY and all(t.phase.value == "Ready" for t in status.targets)
+
+
+def test_a_rollback_half_way_continues_when_a_target_vanishes() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)
+    cluster.observe_only("decode")
+    cluster.now += datetime.timedelta(seconds=61)
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["decode"] == "RollingBack"
+    del cluster.workloads[("Deployment", "prefill")]  # gone while decode rolls back
+    cluster.settle("decode")
+    status = cluster.run(SPEC)
+    assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "RolledBack", "decode": "RolledBack"}
+    assert status.phase is Phase.DEGRADED and status.failed_stage is StageName.DECODE
+    assert next(t for t in status.targets if t.name == "prefill").phase.value == "Excluded"
+
+
+def test_a_target_that_becomes_unmanageable_is_left_out_alone() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    vllm = cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]
+    vllm["command"], vllm["args"] = ["sh", "-c"], ["vllm serve m"]
+    cluster.writes.clear()
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease")]  # the shell-wrapped one: not even its file
+    left = next(t for t in status.targets if t.name == "decode")
+    assert left.phase.value == "Excluded" and "through a shell script" in left.message
+    assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "MemberExcluded"
+
+
+def test_the_master_stage_waits_until_its_running_pods_carry_the_new_flags() -> None:
+    cluster = fleet()
+    stale = copy.deepcopy(template(cluster, "mooncake-master")["spec"])  # --eviction_ratio=0.05
+    cluster.pod_specs["mooncake-master"] = stale  # the pods claim the new template but run the old flags
+    spec = spec_with(**{"master.requireApprovalForRestart": False})
+    cluster.reconcile(spec)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Progressing"
+    master = next(t for t in cluster.status.targets if t.name == "mooncake-master")
+    assert master.phase.value == "Updating"
+    assert master.message == "master flags not verified: pod mooncake-master-0: runs --eviction_ratio=0.05 (wants 0.1)"
+    del cluster.pod_specs["mooncake-master"]
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["master"] == "Succeeded"
+
+
+def test_a_selector_that_selects_nothing_after_the_rollout_is_never_ready() -> None:
+    cluster = Cluster(master_deployment(), deployment("prefill"), deployment("decode", labels={"tier": "decode"}))
+    spec = spec_with(targets=[SPEC["targets"][0], {"selector": {"matchLabels": {"tier": "decode"}}, "role": "decode",
+                                                  "mooncakeVersion": "0.3.14"}])
+    assert cluster.run(spec).phase is Phase.READY
+    del cluster.workloads[("Deployment", "decode")]
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and "no Deployment matches the selector of targets[1]" in \
+        status.condition("Degraded").message
+
+
+def test_a_target_claimed_by_another_policy_after_the_rollout_is_left_alone() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    cluster.others = [{"metadata": {"name": "older", "creationTimestamp": "2025-12-31T00:00:00Z"},
+                       "spec": {"master": {"name": "other-master"}, "targets": [{"name": "decode", "role": "decode"}]}}]
+    cluster.obj("decode")["metadata"]["labels"][POLICY_LABEL] = "older"  # the other policy took it over
+    claimed = copy.deepcopy(cluster.obj("decode"))
+    cluster.writes.clear()
+    status = cluster.run(spec_with(**{"connector.leaseMode": "leaseAll"}))
+    assert cluster.writes == [("ConfigMap", "prefill-moonlease")] and cluster.obj("decode") == claimed
+    left = next(t for t in status.targets if t.name == "decode")
+    assert left.phase.value == "Excluded" and "is managed by policy older" in left.message
+    assert status.phase is Phase.DEGRADED

@@ -126,7 +126,7 @@ def test_load_plan_reads_only_the_masked_chunks_of_each_group() -> None:
     # A 32-token window at a 64-token hit keeps the last two sliding-window chunks.
     plan = build_load_plan([FULL, SWA], {0: [True] * 4, 1: [False, False, True, True]}, H, 16, 64,
                            present)
-    assert [k.key for k in plan.keys] == [key("f", 0), key("f", 1), key("f", 2), key("f", 3),
+    assert list(plan.keys) == [key("f", 0), key("f", 1), key("f", 2), key("f", 3),
                                           key("w", 2), key("w", 3)]
     assert plan.tails == (TailKey(0, 64), TailKey(1, 64))
 
@@ -135,7 +135,7 @@ def test_load_plan_reads_the_tail_block_under_its_stored_hash() -> None:
     big = GroupNamespaces(0, 64, ("p", "q"))  # 64-token blocks stored under the block's last hash
     present = frozenset({(0, H[3])})
     plan = build_load_plan([big], {0: [True]}, H, 16, 32, present)
-    assert [k.key for k in plan.keys] == [key("p", 3), key("q", 3)]
+    assert list(plan.keys) == [key("p", 3), key("q", 3)]
     assert plan.tails == (TailKey(0, 64),)
 
 

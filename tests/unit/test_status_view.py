@@ -15,10 +15,10 @@ def policy(status: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": "p", "namespace": "ns"}, "status": status}
 
 
-def test_an_awaited_master_restart_names_the_approval_annotation() -> None:
+def test_an_awaited_master_restart_names_the_approve_verb() -> None:
     view = build_status_view(policy({"phase": "AwaitingApproval", "pendingApproval": "abc123"}))
-    assert view.waiting is not None
-    assert view.waiting.command == "kubectl -n ns annotate mlp p --overwrite moonlease.io/approve-master-restart=abc123"
+    assert view.waiting is not None and "abc123" in view.waiting.on
+    assert view.waiting.command == "moonlease approve -n ns p"
 
 
 def test_a_measuring_test_waits_without_a_command_and_says_when_its_source_fails() -> None:
@@ -32,11 +32,37 @@ def test_a_measuring_test_waits_without_a_command_and_says_when_its_source_fails
     assert "[-, -]" in text  # no bounds yet
 
 
-@pytest.mark.parametrize("phase, command", [
-    ("Paused", "kubectl -n ns patch mlp p --type=merge -p '{\"spec\":{\"rollout\":{\"paused\":false}}}'"),
-    ("Degraded", "kubectl -n ns edit mlp p"),
-    ("Ready", None),
+@pytest.mark.parametrize("status, command", [
+    ({"phase": "Paused"}, "kubectl -n ns patch mlp p --type=merge -p '{\"spec\":{\"rollout\":{\"paused\":false}}}'"),
+    ({"phase": "Paused", "pausedAt": "2026-01-01T00:00:00Z"}, "moonlease resume -n ns p"),
+    ({"phase": "RollingBack", "pausedAt": "2026-01-01T00:00:00Z"}, None),  # a rollback is never paused
+    ({"phase": "AwaitingDecision", "abTest": {"verdict": "Inconclusive"}},
+     "moonlease promote -n ns p   # or: moonlease abort -n ns p"),
+    ({"phase": "Degraded"}, "moonlease retry -n ns p   # or: kubectl -n ns edit mlp p"),
+    ({"phase": "Invalid"}, "kubectl -n ns edit mlp p"),
+    ({"phase": "Ready"}, None),
 ])
-def test_each_phase_says_what_unblocks_it(phase: str, command: str | None) -> None:
-    view = build_status_view(policy({"phase": phase}))
+def test_each_phase_says_what_unblocks_it(status: dict[str, Any], command: str | None) -> None:
+    view = build_status_view(policy(status))
     assert (view.waiting.command if view.waiting else None) == command
+
+
+def test_the_last_verb_and_the_targets_as_their_workloads_say() -> None:
+    workload = {"kind": "Deployment", "metadata": {
+        "name": "prefill", "labels": {"moonlease.io/policy": "p"}, "annotations": {
+            "moonlease.io/original": "{}",
+            "moonlease.io/rollback": '{"revision": 3, "slots": {}}'}},
+        "spec": {"template": {"metadata": {"annotations": {"moonlease.io/config-hash": "c0ffee"}}}}}
+    view = build_status_view(policy({
+        "phase": "Progressing", "lastVerb": {"verb": "pause", "value": "pause:3:h", "outcome": "Ignored",
+                                             "message": "already paused", "handledAt": "2026-01-01T00:00:00Z"},
+        "targets": [{"kind": "Deployment", "name": "prefill", "role": "prefill", "phase": "Updating",
+                     "replicas": 2, "readyReplicas": 1},
+                    {"kind": "StatefulSet", "name": "gone", "role": "decode", "phase": "Pending"}]}),
+        {("Deployment", "prefill"): workload})
+    text = render_status(view)
+    assert "verb:    pause Ignored at 2026-01-01T00:00:00Z: already paused" in text
+    [prefill] = [line for line in text.splitlines() if "Deployment/prefill" in line]
+    assert prefill.split() == ["Deployment/prefill", "prefill", "Updating", "1/2", "c0ffee", "3", "kept", "p"]
+    assert "StatefulSet/gone (not found)" in text
+    assert view.as_json()["target_details"][0]["rollbackRevision"] == 3

@@ -122,15 +122,17 @@ prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 {{- dict "arms" $arms | toJson -}}
 {{- end -}}
 
-{{/* The connector's env switch and kv-transfer-config for one role of one arm, as JSON
-{"env": {...}, "kvTransferConfig": {...}}; pass (dict "ctx" $ "role" "prefill" "arm" $arm). */}}
+{{/* The connector's settings file and kv-transfer-config for one role of one arm, as JSON
+{"file": {...}, "kvTransferConfig": {...}}; pass (dict "ctx" $ "role" "prefill" "arm" $arm).
+The workload is rendered already adopted, as the operator would leave it: its lease mode lives
+in the settings file (a ConfigMap per workload, mounted at /etc/moonlease/connector), which the
+running connector re-reads when the operator changes it; the kv-transfer-config only names it. */}}
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
-{{- $selective := eq .arm.leaseMode "selective" -}}
-{{- $ours := dict "mooncake_selective_lease" $selective "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
-{{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) $ours -}}
+{{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
-{{- dict "env" (dict "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE" (ternary "1" "0" $selective)) "kvTransferConfig" $kv | toJson -}}
+{{- dict "file" $file "kvTransferConfig" $kv | toJson -}}
 {{- end -}}
 
 {{/* The engines' Mooncake store config (MOONCAKE_CONFIG_PATH), as JSON. */}}
@@ -160,4 +162,88 @@ capabilities:
   {{- if .ipcLock }}
   add: ["IPC_LOCK"]
   {{- end }}
+{{- end -}}
+
+{{/*
+Labels of pod templates; pass (dict "ctx" $ "component" "..." ["arm" "..."]). The selector labels
+and the release's constant ones, never the chart or app version: a `helm upgrade` that changes only
+the chart version must leave every pod template as it is (a new master pod empties the store).
+*/}}
+{{- define "moonlease.podLabels" -}}
+{{ include "moonlease.selectorLabels" . }}
+app.kubernetes.io/part-of: moonlease
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* An image reference; pass (dict "ctx" $ "image" $values.image): `global.imageRegistry` (if
+set) before the repository, then `@digest` when a digest is set (it overrides the tag), else `:tag`. */}}
+{{- define "moonlease.image" -}}
+{{- $registry := (.ctx.Values.global).imageRegistry | default "" | trimSuffix "/" -}}
+{{- $repository := ternary (printf "%s/%s" $registry .image.repository) .image.repository (ne $registry "") -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository .image.tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Annotations for annotation-based Prometheus scraping; pass the metrics port. */}}
+{{- define "moonlease.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ . | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/*
+Where a component's pods may run; pass (dict "ctx" $ "values" $componentValues "selector"
+(dict "ctx" $ "component" "..." ["arm" "..."])): priorityClassName, nodeSelector, tolerations,
+affinity and topologySpreadConstraints (a constraint without a labelSelector gets the
+component's selector labels, so it spreads this component's pods and nothing else).
+*/}}
+{{- define "moonlease.podScheduling" -}}
+{{- $c := .values -}}
+{{- with $c.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $c.topologySpreadConstraints }}
+{{- $selector := dict "matchLabels" (include "moonlease.selectorLabels" .selector | fromYaml) }}
+{{- $constraints := list }}
+{{- range $c.topologySpreadConstraints }}
+{{- if hasKey . "labelSelector" }}
+{{- $constraints = append $constraints . }}
+{{- else }}
+{{- $constraints = append $constraints (merge (dict "labelSelector" (deepCopy $selector)) .) }}
+{{- end }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The namespaces the operator watches, as JSON {"all": bool, "names": [...]}: the release namespace
+unless operator.watchNamespaces names others, every namespace only for ["*"] (the one case that
+needs cluster-wide rules on Deployments and ConfigMaps).
+*/}}
+{{- define "moonlease.watchedNamespaces" -}}
+{{- $asked := .Values.operator.watchNamespaces | default list -}}
+{{- if has "*" $asked -}}
+{{- dict "all" true "names" list | toJson -}}
+{{- else -}}
+{{- dict "all" false "names" ($asked | default (list .Release.Namespace)) | toJson -}}
+{{- end -}}
 {{- end -}}

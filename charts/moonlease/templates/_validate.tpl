@@ -15,6 +15,9 @@ Included once, by validate.yaml (which renders nothing).
 {{- fail (printf "mooncake.storePool.resources.%s.memory must not be set: a pool pod's memory is globalSegmentSizeMiB + localBufferSizeMiB + memoryOverheadMiB" $kind) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (has "*" .Values.operator.watchNamespaces) (gt (len .Values.operator.watchNamespaces) 1) -}}
+{{- fail "operator.watchNamespaces: \"*\" (every namespace) stands alone; list namespaces or give [\"*\"]" -}}
+{{- end -}}
 {{- $modes := list .Values.vllm.connector.leaseMode -}}
 {{- range .Values.vllm.arms -}}
 {{- $modes = append $modes (default $.Values.vllm.connector.leaseMode .leaseMode) -}}
@@ -106,7 +109,7 @@ Included once, by validate.yaml (which renders nothing).
 {{- fail "policy.targets must be empty with policy.abTest: an ABTest policy's targets must all be in one of its two arms, which are the chart's" -}}
 {{- end -}}
 {{- end -}}
-{{- if and .Values.operator.enabled .Values.operator.watchNamespaces (not (has .Release.Namespace .Values.operator.watchNamespaces)) -}}
+{{- if and .Values.operator.enabled .Values.operator.watchNamespaces (not (has .Release.Namespace .Values.operator.watchNamespaces)) (not (has "*" .Values.operator.watchNamespaces)) -}}
 {{- fail (printf "operator.watchNamespaces must include the release namespace %s, where the chart's policy lives (or set policy.enabled=false)" .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}

@@ -2,7 +2,9 @@
 
 I/O adapter, a thin facade like upstream's: it runs upstream's own constructor, with our worker
 (`MoonleaseStoreWorker`) and scheduler (`MoonleaseStoreScheduler`: upstream's plus a bounded
-reset, and junction retention when it is on) in place of upstream's. Both take upstream's constructor arguments,
+reset, and junction retention when it is on — or may be switched on: with a settings file,
+`moonlease_connector.settings`, the worker applies new settings while the engine runs) in
+place of upstream's. Both take upstream's constructor arguments,
 so nothing of upstream's constructor is copied here. Keeps upstream's class name because parts
 of vLLM (config/vllm.py) check the connector by name.
 """
@@ -36,7 +38,7 @@ from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workar
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
-from moonlease_connector.adapters.vllm_settings import connector_settings
+from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode
 
@@ -74,6 +76,7 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         # Validate our settings before anything connects to the store.
         self.moonlease_config = connector_settings(vllm_config)
+        self.settings_delivery = settings_delivery(vllm_config)
         if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
             # Both roles check, before either connects anywhere: full attention + align-mode
             # Mamba only, and no shared group leases (seed 000).
@@ -89,11 +92,12 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
             "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
         })(self, vllm_config, role, kv_cache_config)
         retention = self.moonlease_config.retention
-        logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s, "
-                    "retention pin %s, skip %s",
-                    role.name.lower(), self.moonlease_config.lease_mode.value,
+        logger.info("Moonlease MooncakeStoreConnector (%s): start-up lease mode %s, junction retention %s, "
+                    "retention pin %s, skip %s; settings file %s", role.name.lower(),
+                    self.moonlease_config.lease_mode.value,
                     "on" if self.moonlease_config.mooncake_junction_retention else "off",
-                    "on" if retention.pin else "off", "on" if retention.skip else "off")
+                    "on" if retention.pin else "off", "on" if retention.skip else "off",
+                    self.settings_delivery.settings_file or "none (settings fixed at start-up)")
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell

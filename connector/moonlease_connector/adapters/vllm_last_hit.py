@@ -38,6 +38,7 @@ from moonlease_connector.core.lookup import (
     Unit,
     build_candidates,
     build_tail_keys,
+    miss_reason_of,
     present_units,
 )
 
@@ -104,6 +105,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
 
     kv_present: frozenset[Unit] = frozenset()
     kv_leased = kv_asked = 0
+    kv_miss_reason = MissReason.NOT_FOUND
     if kv_groups:
         kv_candidates = build_candidates(kv_groups, worker.lookup_chunk_hashes(kv_groups, lookup_length,
                                                                                block_hashes))
@@ -113,6 +115,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
                 return MooncakeLookupResult(0), LookupOutcome.miss(
                     MissReason.STORE_ERROR, rounds=1, keys_probed=len(kv_candidates))
             kv_present = present_units(kv_candidates, answers)
+            kv_miss_reason = miss_reason_of(answers)
             kv_leased = sum(1 for answer in answers if answer == 1)
             kv_asked = len(kv_candidates)
 
@@ -156,7 +159,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return longest_hit(kv_present | states, length)
 
     plan = plan_hit_passes(num_tokens, lookup_length, worker.coord.align_lookup_length(num_tokens - 1),
-                           longest_with_every_state)
+                           longest_with_every_state, final_state_can_matter=fine_grained)
     probed = kv_asked
     final_present: bool | None = None
     if plan.with_final is not None and plan.with_final.bound != plan.without_final.bound:
@@ -169,9 +172,9 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
                 MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
     hit_pass = plan.pass_for(bool(final_present))
     positions = tuple(p for p in every_position if p <= hit_pass.bound)
-    if not positions:
+    if not positions:  # the KV evidence allows no checkpoint (or the store answered errors)
         return respond(0, (), LookupOutcome.miss(
-            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
+            kv_miss_reason, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
     candidates = build_checkpoint_candidates(recurrent, positions,
                                              lambda group, position: state_hash(position))
     answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
@@ -192,9 +195,8 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     def hit_of(chosen: HitPass) -> int:
         return longest_hit(present, chosen.length) if chosen.length > 0 else 0
 
-    hit = hit_of(hit_pass)
-    if final_present is None and plan.with_final is not None \
-            and hit_of(plan.with_final) != hit_of(plan.without_final):
+    hit = hit_of(hit_pass)  # the without-final pass unless the final state was asked about
+    if final_present is None and plan.with_final is not None and hit_of(plan.with_final) != hit:
         # Same checkpoints, different answers: only the state at num_tokens decides.
         final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
         probed += asked

@@ -183,6 +183,12 @@ class JunctionFinder:
         return find_junctions(hit_length, (longest,))
 
 
+def lookup_deadline_for(settings: MoonleaseConnectorConfig) -> BoundedCaller | None:
+    """The deadline lookups run under; None when `mooncake_lookup_timeout_ms` is 0 (off)."""
+    timeout_ms = settings.mooncake_lookup_timeout_ms
+    return BoundedCaller(timeout_ms / 1000, name="moonlease-lookup") if timeout_ms else None
+
+
 class StoreLookup(ABC):
     """One lease mode's lookup. `lookup` never raises: a bug is logged and reported as a miss."""
 
@@ -201,8 +207,8 @@ class StoreLookup(ABC):
                        for group in inputs.groups}
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
                                 if inputs.settings.finds_junctions else None)
-        self.deadline = inputs.deadline if inputs.deadline is not None else BoundedCaller(
-            inputs.settings.mooncake_lookup_timeout_ms / 1000, name="moonlease-lookup")
+        self.deadline = inputs.deadline if inputs.deadline is not None else lookup_deadline_for(
+            inputs.settings)
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
         """Upstream's contract: how many prefix tokens the store can load, within the deadline.
@@ -211,6 +217,8 @@ class StoreLookup(ABC):
         deadline of their own); past `mooncake_lookup_timeout_ms` it is a miss and the
         abandoned lookup's answer is dropped when it comes (`store_deadline`).
         """
+        if self.deadline is None or not self.settings.mooncake_lookup_timeout_ms:
+            return self._lookup_now(num_tokens, block_hashes)  # deadline off: upstream's wait
         timeout_s = self.settings.mooncake_lookup_timeout_ms / 1000
         call = self.deadline.call(lambda: self._lookup_now(num_tokens, block_hashes), timeout_s)
         if call.ok:
@@ -353,13 +361,13 @@ class SelectiveLookup(StoreLookup):
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
-        hashes = [bytes(h) for h in block_hashes]
         coord = self.coord
 
         def plan_for(hit: int, present: frozenset[Unit]) -> LoadPlan:
             masks = coord.load_mask(block_hashes, hit)
             return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                   hashes, self.hash_block_size, hit, present)
+                                   block_hashes, self.hash_block_size, hit, present,
+                                   built_keys=candidates.keys_by_unit)
 
         store = self.store_calls
         selective = lease_selectively(

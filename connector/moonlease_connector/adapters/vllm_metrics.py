@@ -14,6 +14,10 @@ appear there under their operation label). Our own families:
 - `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"}`: Moonlease retention
   (issue 21): keys saves put soft-pinned, and keys the save plan kept out of the store
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
+- with a settings file: `vllm:moonlease_settings_info{lease_mode, junction_retention,
+  settings_hash, source}` (what runs, value 1; the previous label set is removed on a switch)
+  and `vllm:moonlease_settings_refusals_total{reason}`. These change with the next engine step;
+  the connector's own settings endpoint (`adapters.settings_watcher`) shows them at once.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import 
 )
 
 from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.live_settings import ActiveSettings, SwitchDecision
 from moonlease_connector.core.lookup import LookupOutcome
 
 #: Reserved keys in the stats' `data` dict; upstream's keys are store operation names.
@@ -36,7 +41,11 @@ LOOKUPS_KEY = "__moonlease_lookups__"
 CAPABILITY_KEY = "__moonlease_capability__"
 JUNCTION_TAILS_KEY = "__moonlease_junction_tails__"
 RETENTION_KEY = "__moonlease_retention__"
-_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY)
+SETTINGS_KEY = "__moonlease_settings__"
+SETTINGS_REFUSALS_KEY = "__moonlease_settings_refusals__"
+_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY, SETTINGS_KEY, SETTINGS_REFUSALS_KEY)
+#: Records where only the latest counts (replaced, not appended, when stats aggregate).
+_LATEST = (CAPABILITY_KEY, SETTINGS_KEY)
 
 
 @dataclass
@@ -67,11 +76,23 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
             "lease_mode": lease_mode,
         }]
 
+    def record_settings(self, active: ActiveSettings, decision: SwitchDecision | None) -> None:
+        self.data[SETTINGS_KEY] = [{
+            "lease_mode": active.config.lease_mode.value,
+            "junction_retention": str(active.config.mooncake_junction_retention).lower(),
+            "settings_hash": active.hash,
+            "source": active.source.value,
+        }]
+        if decision is not None and decision.refusal is not None:
+            self.data.setdefault(SETTINGS_REFUSALS_KEY, []).append({"reason": decision.refusal.value})
+
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        if not other.is_empty() and CAPABILITY_KEY in other.data:
-            self.data[CAPABILITY_KEY] = list(other.data[CAPABILITY_KEY])
+        if not other.is_empty() and any(key in other.data for key in _LATEST):
+            for key in _LATEST:
+                if key in other.data:
+                    self.data[key] = list(other.data[key])
             other = MoonleaseConnectorStats(
-                data={k: v for k, v in other.data.items() if k != CAPABILITY_KEY})
+                data={k: v for k, v in other.data.items() if k not in _LATEST})
         return super().aggregate(other)
 
     def reduce(self) -> dict[str, int | float]:
@@ -131,6 +152,18 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             labelnames=labelnames + ["mooncake_version", "batch_probe_key", "last_hit_only",
                                      "lease_mode"],
             multiprocess_mode="mostrecent")
+        self._settings = self._gauge_cls(
+            name="vllm:moonlease_settings_info",
+            documentation="Connector settings in use (value 1), with their hash and source.",
+            labelnames=labelnames + ["lease_mode", "junction_retention", "settings_hash", "source"],
+            multiprocess_mode="mostrecent")
+        self._settings_refusals = self._counter_cls(
+            name="vllm:moonlease_settings_refusals_total",
+            documentation="Settings files the connector refused, by reason.",
+            labelnames=labelnames + ["reason"])
+        #: engine -> the settings label values shown, removed when the settings change.
+        self._settings_shown: dict[int, tuple[str, ...]] = {}
+        self._capability_shown: dict[int, tuple[str, ...]] = {}
 
     def observe(self, transfer_stats_data: dict[str, Any] | None, engine_idx: int = 0) -> None:
         if not transfer_stats_data:
@@ -140,6 +173,8 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         capability = data.pop(CAPABILITY_KEY, [])
         junction_tails = data.pop(JUNCTION_TAILS_KEY, [])
         retention = data.pop(RETENTION_KEY, [])
+        settings = data.pop(SETTINGS_KEY, [])
+        refusals = data.pop(SETTINGS_REFUSALS_KEY, [])
         super().observe(data, engine_idx)
         engine_labels = self.per_engine_labelvalues[engine_idx]
         for record in lookups:
@@ -154,9 +189,25 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         for record in retention:
             self._retention.labels(*engine_labels, record["decision"]).inc(int(record["keys"]))
         for record in capability:
-            self._capability.labels(*engine_labels, record["mooncake_version"],
-                                    record["batch_probe_key"], record["last_hit_only"],
-                                    record["lease_mode"]).set(1)
+            self._show(self._capability, self._capability_shown, engine_idx, engine_labels,
+                       (record["mooncake_version"], record["batch_probe_key"],
+                        record["last_hit_only"], record["lease_mode"]))
+        for record in settings:
+            self._show(self._settings, self._settings_shown, engine_idx, engine_labels,
+                       (record["lease_mode"], record["junction_retention"],
+                        record["settings_hash"], record["source"]))
+        for record in refusals:
+            self._settings_refusals.labels(*engine_labels, record["reason"]).inc()
+
+    @staticmethod
+    def _show(gauge: Any, shown: dict[int, tuple[str, ...]], engine_idx: int,
+              engine_labels: list[object], values: tuple[str, ...]) -> None:
+        """Set an info gauge to `values`, removing the label set it showed before."""
+        previous = shown.get(engine_idx)
+        if previous is not None and previous != values:
+            gauge.remove(*engine_labels, *previous)
+        gauge.labels(*engine_labels, *values).set(1)
+        shown[engine_idx] = values
 
 
 def record_lookup_outcome(worker: Any, outcome: LookupOutcome) -> None:

@@ -140,20 +140,22 @@ class RetentionSendingThread(JunctionSendingThread):
     puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`.
     """
 
-    def __init__(self, *args: Any, retention: RetentionSettings,
+    def __init__(self, *args: Any, retention: RetentionSettings | Callable[[], RetentionSettings],
                  on_retention: Callable[[str, int], None] = lambda decision, keys: None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.retention = retention
+        #: The pieces in force, read per job (live settings may switch them).
+        self.retention_now: Callable[[], RetentionSettings] = (
+            retention if callable(retention) else (lambda: retention))
         self._on_retention = on_retention
         self.masks = RetentionStoreMasks(self.masks._coord)
         self.coord = self.masks
         self._pinned_keys: frozenset[str] = frozenset()
         self._skipped_keys: frozenset[str] = frozenset()
         self._boundary_dropped = 0
-        if retention.pin:
-            self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys,
-                                       lambda keys: self._on_retention("pinned", keys))
+        # Passes puts through untouched while the current job has no pinned keys.
+        self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys,
+                                   lambda keys: self._on_retention("pinned", keys))
 
     def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
         db = self.token_databases[group_id]
@@ -176,7 +178,7 @@ class RetentionSendingThread(JunctionSendingThread):
         chunks = [SaveChunk(g, c, chunk_kind(group.kv_cache_spec))
                   for g, group in enumerate(coord.kv_cache_groups)
                   for c in range(aligned // self.token_databases[g].block_size)]
-        plan = plan_save_retention(chunks, resume, self.retention)
+        plan = plan_save_retention(chunks, resume, self.retention_now())
         pinned: set[str] = set()
         skipped: set[str] = set()
         window_skips: dict[int, set[int]] = {}
@@ -191,7 +193,8 @@ class RetentionSendingThread(JunctionSendingThread):
 
     def _handle_request(self, req_meta: Any) -> None:
         try:
-            self.plan_job(req_meta)
+            if self.retention_now().active:
+                self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)

@@ -118,8 +118,10 @@ class JunctionSendingThread(KVCacheStoreSendingThread):
     """
 
     def __init__(self, *args: Any, on_junction_tails_saved: Callable[[int], None],
-                 **kwargs: Any) -> None:
+                 junctions_enabled: Callable[[], bool] = lambda: True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Read per job: with live settings, junction retention can be switched on and off.
+        self._junctions_enabled = junctions_enabled
         self.masks = JunctionStoreMasks(self.coord)
         self.coord = self.masks
         self.store = _PutObserver(self.store, self._count_junction_tails)
@@ -128,7 +130,7 @@ class JunctionSendingThread(KVCacheStoreSendingThread):
 
     def _handle_request(self, req_meta: Any) -> None:
         self._job = req_meta
-        self.masks.junctions = junctions_of(req_meta)
+        self.masks.junctions = junctions_of(req_meta) if self._junctions_enabled() else ()
         self.masks.added = {}
         try:
             super()._handle_request(req_meta)

@@ -58,7 +58,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
-from moonlease_connector.adapters.vllm_settings import connector_settings
+from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
@@ -154,8 +154,12 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     Takes upstream's constructor arguments; the settings come from the vLLM config and the
     environment (`connector_settings`), exactly as the connector reads them. With junction
-    retention off it is upstream's scheduler plus the bounded reset. The class defaults keep an
-    instance built without this constructor (by code written for upstream's) upstream's.
+    retention off it is upstream's scheduler plus the bounded reset. With a settings file the
+    junction path is always on: retention may be switched on live, and the junctions come from
+    the worker's lookups, which return none while it is off (the request's own boundary, as
+    core set it, is then all its saves get, as upstream).
+    The class defaults keep an instance built without this constructor (by code written for
+    upstream's) upstream's.
     """
 
     junction_retention: bool = False
@@ -168,7 +172,8 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         self.reset_timeout_s = RESET_TIMEOUT_S
         self.moonlease_config = connector_settings(vllm_config)
         # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
-        self.junction_retention = self.moonlease_config.finds_junctions
+        self.junction_retention = (self.moonlease_config.finds_junctions
+                                   or settings_delivery(vllm_config).settings_file is not None)
         #: request id -> every junction its saves keep tails at (core's and the store's).
         self.request_junctions: dict[str, tuple[int, ...]] = {}
         if self.junction_retention:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from vllm.config import VllmConfig
 
 from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.settings import SettingsDelivery, delivery_from_sources
 
 
 def connector_settings(vllm_config: VllmConfig,
@@ -22,3 +23,11 @@ def connector_settings(vllm_config: VllmConfig,
     extra_config = transfer.kv_connector_extra_config if transfer is not None else {}
     return MoonleaseConnectorConfig.from_sources(extra_config,
                                                  os.environ if environ is None else environ)
+
+
+def settings_delivery(vllm_config: VllmConfig, environ: Mapping[str, str] | None = None) -> SettingsDelivery:
+    """Where live settings come from (`mooncake_settings_file`, `MOONLEASE_SETTINGS_FILE`) and the
+    settings endpoint's port; no file: the start-up settings are final."""
+    transfer = vllm_config.kv_transfer_config
+    extra_config = transfer.kv_connector_extra_config if transfer is not None else {}
+    return delivery_from_sources(extra_config, os.environ if environ is None else environ)

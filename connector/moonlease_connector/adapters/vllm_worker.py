@@ -16,6 +16,12 @@ With junction retention (seed 004) on, a lookup — in either lease mode, hit or
 returns the shared-prefix junction by vLLM's local rule, as sentinel entries of the response
 (`core.lookup_protocol`), and saves run on `JunctionSendingThread`, whose save mask adds the
 tails at each job's junctions.
+
+With a settings file (`moonlease_connector.settings`) the settings are live: a
+`SettingsWatcher` follows the file and, for each change it accepts (`core.live_settings`),
+`apply_settings` builds the new mode's lookup object and replaces the current one as a whole
+(a lookup reads it once, so it runs on one version throughout); the save thread is
+`JunctionSendingThread` from the start and adds junction tails only while retention is on.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 )
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
+from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
 from moonlease_connector.adapters.mooncake_store import (
     ProbeContractDetector,
     StoreCalls,
@@ -47,6 +54,7 @@ from moonlease_connector.adapters.vllm_lookup import (
     LookupInputs,
     StoreLookup,
     build_store_lookup,
+    lookup_deadline_for,
     store_groups_of,
 )
 from moonlease_connector.adapters.vllm_lookup_server import (
@@ -56,11 +64,14 @@ from moonlease_connector.adapters.vllm_lookup_server import (
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
-from moonlease_connector.adapters.vllm_settings import connector_settings
+from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
+from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
+from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource, SwitchDecision
 from moonlease_connector.core.lookup import GroupNamespaces
+from moonlease_connector.settings import SettingsDelivery
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
 
@@ -95,6 +106,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     """
 
     moonlease_config: MoonleaseConnectorConfig = MoonleaseConnectorConfig()
+    settings_delivery: SettingsDelivery = SettingsDelivery(None, None)  # no live settings
+    settings_watcher: SettingsWatcher | None = None
+    settings_exporter: SettingsExporter | None = None
     step_outcome: StepOutcomeWatch | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
@@ -116,12 +130,14 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
         #: One deadline for every lookup of this worker: at most one abandoned store call.
-        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
-                                             name="moonlease-lookup")
+        self.lookup_deadline = lookup_deadline_for(config)
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
             # Under the lookup deadline: a store that does not answer leaves the contract
             # unknown (lookups miss and re-detect later) instead of hanging start-up.
-            self.lookup_deadline.call(self.probe_contract.detect)
+            if self.lookup_deadline is None:
+                self.probe_contract.detect()
+            else:
+                self.lookup_deadline.call(self.probe_contract.detect)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
@@ -129,10 +145,81 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
             stop_upstream_lookup_server(self.lookup_server)
             self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
+        self.settings_delivery = settings_delivery(vllm_config)
+        self.live_settings = LiveSettings(ActiveSettings(config, SettingsSource.STARTUP))
+        self.settings_watcher: SettingsWatcher | None = None
+        self.settings_exporter: SettingsExporter | None = None
+        if self.settings_delivery.settings_file is not None:
+            self._start_settings_watcher(vllm_config, config, self.settings_delivery)
+
+    # ----------------------------------------------------------- live settings
+
+    def apply_settings(self, config: MoonleaseConnectorConfig) -> None:
+        """Run `config` from the next lookup on: its mode's lookup object replaces the current one
+        whole. The watcher has checked that the client and the model can serve it."""
+        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and self.probe_contract.contract is None \
+                and not self._capacity_only:
+            self.lookup_deadline.call(self.probe_contract.detect)  # as at start-up in this mode
+        lookup = None if self._capacity_only else build_store_lookup(self.lookup_inputs(config))
+        self.moonlease_config = config  # junction saves read it per job
+        self.store_lookup = lookup
+
+    def _start_settings_watcher(self, vllm_config: VllmConfig, defaults: MoonleaseConnectorConfig,
+                                delivery: SettingsDelivery) -> None:
+        """Follow the settings file; the rank that answers lookups also serves the endpoint."""
+        assert delivery.settings_file is not None
+        extra_config = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+
+        def layout_problem(mode: LeaseMode) -> str | None:
+            if mode is not LeaseMode.LAST_HIT_ONLY:
+                return None
+            try:
+                check_last_hit_only_layout(self._kv_cache_groups, extra_config)
+            except ConnectorConfigError as error:
+                return str(error)
+            return None
+
+        if self.lookup_server is not None and delivery.metrics_port is not None:
+            exporter = SettingsExporter()
+            exporter.show(self.live_settings.current())
+            try:
+                port = exporter.serve(delivery.metrics_port)
+            except OSError as error:
+                # Serving continues; the operator cannot verify this pod and will say so.
+                logger.error("Moonlease settings endpoint not served (port %d: %s); set %s to a free "
+                             "port", delivery.metrics_port, error, "mooncake_settings_metrics_port")
+            else:
+                self.settings_exporter = exporter
+                logger.info("Moonlease settings metrics on port %d", port)
+        self.settings_watcher = SettingsWatcher(
+            delivery.settings_file, self.live_settings, defaults=defaults, capabilities=self.capabilities,
+            layout_problem=layout_problem, exporter=self.settings_exporter,
+            on_decision=self._settings_decided)
+        self._record_settings(None)
+        self.settings_watcher.start()
+
+    def _settings_decided(self, decision: SwitchDecision) -> None:
+        if decision.refusal is None and decision.active.config != self.moonlease_config:
+            self.apply_settings(decision.active.config)
+        self._record_settings(decision)
+
+    def _record_settings(self, decision: SwitchDecision | None) -> None:
+        """Carry what runs (and any refusal) to vLLM's /metrics with the next step's stats."""
+        active = self.live_settings.current()
+        with self._kv_connector_stats_lock:
+            self.kv_connector_stats.record_settings(active, decision)
+            self.kv_connector_stats.record_capability(self.capabilities, active.config.lease_mode.value)
 
     def close(self) -> None:
         """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
-        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent."""
+        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent. The
+        settings watcher and endpoint stop first."""
+        if getattr(self, "settings_watcher", None) is not None:
+            self.settings_watcher.stop()
+            self.settings_watcher = None
+        if getattr(self, "settings_exporter", None) is not None:
+            self.settings_exporter.close()
+            self.settings_exporter = None
         deadline = getattr(self, "lookup_deadline", None)
         if deadline is not None:
             deadline.close()
@@ -199,7 +286,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         junction tails in the save mask — started with the same arguments instead.
         """
         retention = self.moonlease_config.retention
-        if not self.moonlease_config.mooncake_junction_retention and not retention.active:
+        live = self.settings_delivery.settings_file is not None
+        if not self.moonlease_config.mooncake_junction_retention and not live and not retention.active:
             super().register_kv_caches(kv_caches)
             return
         can_put, self.can_put = self.can_put, False
@@ -211,10 +299,12 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             return  # upstream would not have started a send thread either
         thread_class: Any = JunctionSendingThread
         extra: dict[str, Any] = {}
-        if retention.active:
-            # Moonlease retention (issue 21): the same thread, carrying out the save plan.
-            thread_class, extra = RetentionSendingThread, {"retention": retention,
-                                                           "on_retention": self._record_retention}
+        if retention.active or live:
+            # Moonlease retention (issue 21): the same thread, carrying out the save plan of the
+            # settings in force (a settings file can switch the pieces without a restart).
+            thread_class, extra = RetentionSendingThread, {
+                "retention": lambda: self.moonlease_config.retention,
+                "on_retention": self._record_retention}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),
@@ -224,7 +314,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             record_operation=self._record_kv_connector_operation,
             group_participates=[group.kv_cache_spec.prefix_cacheable
                                 for group in self._kv_cache_groups],
-            on_junction_tails_saved=self._record_junction_tails, **extra)
+            on_junction_tails_saved=self._record_junction_tails,
+            junctions_enabled=lambda: self.moonlease_config.finds_junctions, **extra)
         self.kv_send_thread.start()
 
     def _record_retention(self, decision: str, keys: int) -> None:

@@ -168,7 +168,8 @@ class HitPlan:
 
 
 def plan_hit_passes(num_tokens: int, lookup_length: int, usable_length: int,
-                    longest: Callable[[int, bool], int]) -> HitPlan:
+                    longest: Callable[[int, bool], int], *, final_state_can_matter: bool = True
+                    ) -> HitPlan:
     """Plan the hit passes (pure): `longest(length, with_final)` is vLLM's longest hit at
     `length` with the KV evidence and every recurrent state assumed present — the state at
     `num_tokens` included only when `with_final`.
@@ -177,11 +178,18 @@ def plan_hit_passes(num_tokens: int, lookup_length: int, usable_length: int,
     below `num_tokens`, the final state cannot switch passes (one pass). Otherwise it reaches
     `num_tokens` exactly when the state there exists (any hit that long ends at that state), and
     then upstream's answer comes from the re-run at `usable_length` (0 when that is empty).
+
+    `final_state_can_matter=False` (no partial-hash hits: every KV block is keyed at its own
+    end and the lookup length is aligned to the recurrent block) says both runs give the same
+    answer — the states below `num_tokens` all lie at or below `usable_length`, and the KV
+    evidence up to there is the same — so the plan is the run without the final state alone.
     """
     every = longest(lookup_length, True)
     if every < num_tokens:
         return HitPlan(HitPass(lookup_length, every))
     without = HitPass(lookup_length, longest(lookup_length, False))
+    if not final_state_can_matter:
+        return HitPlan(without)
     with_final = HitPass(usable_length, longest(usable_length, True)) if usable_length > 0 \
         else HitPass(0, 0)
     return HitPlan(without, with_final)

@@ -14,6 +14,7 @@ Conventions (upstream's, kept exactly so the default mode issues the same store 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -56,6 +57,18 @@ class CandidateSet:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @functools.cached_property
+    def keys_by_unit(self) -> dict[Unit, tuple[str, ...]]:
+        """Each unit's keys, as built once for the probe (later steps reuse the strings)."""
+        if len(self.units) == len(self.keys):
+            return {unit: (key,) for unit, key in zip(self.units, self.keys)}
+        by_unit: dict[Unit, tuple[str, ...]] = {}
+        position = 0
+        for unit, span in zip(self.units, self.namespaces_per_unit):
+            by_unit[unit] = self.keys[position:position + span]
+            position += span
+        return by_unit
 
 
 def build_candidates(groups: Sequence[GroupNamespaces],

@@ -36,47 +36,56 @@ from moonlease_connector.core.lookup import (
 
 
 @dataclass(frozen=True)
-class LoadKey:
-    """One store key a load reads, with the unit it belongs to."""
-
-    key: str
-    unit: Unit
-
-
-@dataclass(frozen=True)
 class LoadPlan:
-    """What loading a hit of `hit_length` tokens reads, and under which tail keys."""
+    """What loading a hit of `hit_length` tokens reads, and under which tail keys.
+
+    `keys[i]` is a store key the load reads and `key_units[i]` the unit it belongs to (parallel
+    tuples: a lookup plans hundreds of keys, an object per key would cost more than the rest).
+    """
 
     hit_length: int
-    keys: tuple[LoadKey, ...]
+    keys: tuple[str, ...]
+    key_units: tuple[Unit, ...]
     tails: tuple[TailKey, ...]
 
 
 def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, Sequence[bool]],
                     block_hashes: Sequence[bytes], hash_block_size: int, hit_length: int,
-                    present: frozenset[Unit]) -> LoadPlan:
+                    present: frozenset[Unit],
+                    built_keys: Mapping[Unit, tuple[str, ...]] | None = None) -> LoadPlan:
     """The keys the receiver reads for a hit, across every rank namespace that loads.
 
     Mirrors how the load is keyed: per group, the chunks its load mask keeps (a sliding
     window keeps only its tail, a Mamba group only the last state), each keyed by the hash at
     the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary.
+    `built_keys` holds key strings already built for units (the probe's candidates); other
+    keys are built here.
     """
+    built = built_keys or {}
     tails = build_tail_keys(groups, block_hashes, hash_block_size, hit_length,
                             lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
     tail_by_group = {tail.group_id: tail.num_tokens for tail in tails}
-    keys: list[LoadKey] = []
+    keys: list[str] = []
+    key_units: list[Unit] = []
     for group in groups:
         mask = load_masks.get(group.group_id, ())
-        chunks = -(-hit_length // group.block_size)
+        block_size = group.block_size
+        chunks = min(-(-hit_length // block_size), len(mask))
+        span = len(group.key_prefixes)
         for chunk in range(chunks):
-            if chunk >= len(mask) or not mask[chunk]:
+            if not mask[chunk]:
                 continue
-            end = min((chunk + 1) * group.block_size, hit_length)
-            boundary = tail_by_group.get(group.group_id, end) if end == hit_length else end
+            end = (chunk + 1) * block_size
+            if end >= hit_length:
+                boundary = tail_by_group.get(group.group_id, hit_length)
+            else:
+                boundary = end
             chunk_hash = bytes(block_hashes[boundary // hash_block_size - 1])
             unit = (group.group_id, chunk_hash)
-            keys.extend(LoadKey(key, unit) for key in group.keys_for(chunk_hash))
-    return LoadPlan(hit_length, tuple(keys), tails)
+            unit_keys = built.get(unit)
+            keys.extend(unit_keys if unit_keys is not None else group.keys_for(chunk_hash))
+            key_units.extend([unit] * span)
+    return LoadPlan(hit_length, tuple(keys), tuple(key_units), tails)
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,7 @@ def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: St
         raise ValueError("max_rounds must be at least 1")
     probed = len(candidates.keys)
     answers = probe(candidates.keys)
-    if answers is None or any(answer < 0 for answer in answers):
+    if answers is None or (answers and min(answers) < 0):
         return SelectiveResult(None, LookupOutcome.miss(MissReason.STORE_ERROR, keys_probed=probed))
     present = present_units(candidates, answers)
     leased_total = 0
@@ -123,15 +132,13 @@ def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: St
                 reason, rounds=round_number - 1, keys_probed=probed, keys_leased=leased_total),
                 present)
         plan = plan_for(hit, present)
-        keys = [load_key.key for load_key in plan.keys]
-        leased = lease(keys)
-        if leased is None or any(answer < 0 for answer in leased):
+        leased = lease(plan.keys)
+        if leased is None or (leased and min(leased) < 0):
             return SelectiveResult(None, LookupOutcome.miss(
                 MissReason.STORE_ERROR, rounds=round_number, keys_probed=probed,
                 keys_leased=leased_total))  # no present set: the lease answer is unusable
-        leased_total += sum(1 for answer in leased if answer == 1)
-        vanished = {load_key.unit for load_key, answer in zip(plan.keys, leased, strict=True)
-                    if answer != 1}
+        leased_total += leased.count(1)
+        vanished = {unit for unit, answer in zip(plan.key_units, leased, strict=True) if answer != 1}
         if not vanished:
             return SelectiveResult(plan, LookupOutcome(hit, None, round_number, probed, leased_total),
                                    present)

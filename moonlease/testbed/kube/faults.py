@@ -8,8 +8,8 @@ import kmock
 
 from moonlease.testbed.kube.resources import ResourceType
 
-FAULT_REASONS = {401: "Unauthorized", 409: "Conflict", 429: "TooManyRequests", 500: "InternalError",
-                  503: "ServiceUnavailable", 504: "Timeout"}
+FAULT_REASONS = {401: "Unauthorized", 403: "Forbidden", 409: "Conflict", 422: "Invalid", 429: "TooManyRequests",
+                 500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Kubernetes I/O of the rollout: read what the planner needs, write what it decided. Not pure.
 
 `fetch_observed` costs a fixed number of requests whatever the fleet size (one LIST per kind,
-not one GET per workload): policies, Deployments and StatefulSets of the namespace, the master's
-ConfigMap when it has one, and the namespace's pods only while a stage is being verified.
+not one GET per workload): policies, Deployments and StatefulSets of the namespace, the
+connector-settings ConfigMaps (by label), the master's ConfigMap when it has one, and the
+namespace's pods only while a stage is being verified.
 
 `apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
 sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
@@ -15,15 +16,18 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
-from moonlease_operator.core.desired_state import POLICY_LABEL, WorkloadChange, build_merge_patch, build_update
+from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
+from moonlease_operator.core.slots import POLICY_LABEL, build_merge_patch, build_update, policy_label_value
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
+from moonlease_operator.core.write_failures import WriteFailure
 
 _PREFIXES: Mapping[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
@@ -52,6 +56,7 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
     `policies`: the namespace's policies when the caller has just listed them."""
     kinds = WORKLOAD_KINDS if policies is not None else (KIND, *WORKLOAD_KINDS)
     lists = [client.list(object_path(kind, namespace)) for kind in kinds]
+    lists.append(client.list(object_path("ConfigMap", namespace), label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true"))
     if plan.pods:
         lists.append(client.list(object_path("Pod", namespace)))
     answers = list(await asyncio.gather(*lists))
@@ -59,14 +64,14 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
         policies = answers.pop(0)
     workloads = {(kind, obj["metadata"]["name"]): _with_kind(obj, kind)
                  for kind, items in zip(WORKLOAD_KINDS, answers, strict=False) for obj in items}
-    config_maps = {}
+    config_maps = {obj["metadata"]["name"]: _with_kind(obj, "ConfigMap") for obj in answers[len(WORKLOAD_KINDS)]}
     for name in plan.config_maps:
         try:
             config_maps[name] = _with_kind(await client.get(object_path("ConfigMap", namespace, name)), "ConfigMap")
         except ApiError as exc:
             if not exc.not_found:
                 raise
-    pods = answers[len(WORKLOAD_KINDS)] if plan.pods else None
+    pods = answers[len(WORKLOAD_KINDS) + 1] if plan.pods else None
     return Observed(workloads=workloads, config_maps=config_maps, policies=policies, pods=pods)
 
 
@@ -78,7 +83,7 @@ def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 async def fetch_managed(client: KubeClient, namespace: str, policy: str) -> list[dict[str, Any]]:
     """Every workload and ConfigMap of the namespace that carries this policy's label."""
-    selector = f"{POLICY_LABEL}={policy}"
+    selector = f"{POLICY_LABEL}={policy_label_value(policy)}"
     kinds = (*WORKLOAD_KINDS, "ConfigMap")
     answers = await asyncio.gather(*(client.list(object_path(k, namespace), label_selector=selector) for k in kinds))
     return [_with_kind(obj, kind) for kind, items in zip(kinds, answers, strict=True) for obj in items]
@@ -92,6 +97,8 @@ class ApplyReport:
     unchanged: int = 0
     vanished: int = 0
     conflicts: int = 0
+    failures: list[WriteFailure] = field(default_factory=list)
+    """Changes the API server refused (a 4xx other than 404/409): reported, never retried blindly."""
 
 
 async def apply_change(client: KubeClient, namespace: str, change: WorkloadChange,
@@ -104,10 +111,15 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
             try:
                 obj = _with_kind(await client.get(path), change.kind)
             except ApiError as exc:
-                if exc.not_found:
+                if not exc.not_found:
+                    raise
+                if change.create_from is None:
                     report.vanished += 1
                     return
-                raise
+                if await _create(client, namespace, change):
+                    report.patched += 1
+                    return
+                continue  # created by someone else meanwhile: read it and change it
         new = build_update(obj, change)
         if new is None:
             report.unchanged += 1
@@ -130,19 +142,36 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
     raise ApiError(409, "Conflict", f"{change.kind}/{change.name}: still conflicting after {CONFLICT_ATTEMPTS} tries")
 
 
+async def _create(client: KubeClient, namespace: str, change: WorkloadChange) -> bool:
+    """Create the object a change needs, already changed; False if it exists after all (409)."""
+    assert change.create_from is not None
+    new = build_update(change.create_from, change) or dict(change.create_from)
+    try:
+        await client.create(object_path(change.kind, namespace), new)
+    except ApiError as exc:
+        if exc.conflict or exc.status == 409:
+            return False
+        raise
+    return True
+
+
 async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[WorkloadChange],
                         lookup: Callable[[WorkloadChange], Mapping[str, Any] | None], *,
                         concurrency: int = 8) -> ApplyReport:
     """Apply the planner's changes: ConfigMaps first (a master's file before its restart), then
     the workloads, up to `concurrency` at a time. The first error is raised after the rest ran."""
     report = ApplyReport()
+    refused_maps = set()
     for change in (c for c in changes if c.kind == "ConfigMap"):
-        await apply_change(client, namespace, change, lookup(change), report)
+        if not await _apply_or_record(client, namespace, change, lookup(change), report):
+            refused_maps.add(change.name)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(change: WorkloadChange) -> None:
+        if refused_maps and change.require_annotation:
+            return  # a master restart without the config file it was meant to read
         async with gate:
-            await apply_change(client, namespace, change, lookup(change), report)
+            await _apply_or_record(client, namespace, change, lookup(change), report)
 
     results = await asyncio.gather(*(one(c) for c in changes if c.kind != "ConfigMap"), return_exceptions=True)
     errors = [r for r in results if isinstance(r, BaseException)]
@@ -151,9 +180,30 @@ async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[Wo
     return report
 
 
-async def apply_status(client: KubeClient, namespace: str, name: str, status: PolicyStatus) -> None:
-    """Merge-patch the policy's status subresource with the whole status (stale fields nulled)."""
-    await client.merge_patch(object_path(KIND, namespace, name, "status"), {"status": dump_status(status)})
+async def _apply_or_record(client: KubeClient, namespace: str, change: WorkloadChange,
+                           current: Mapping[str, Any] | None, report: ApplyReport) -> bool:
+    """`apply_change`, with a refusal (4xx) recorded in the report instead of raised."""
+    try:
+        await apply_change(client, namespace, change, current, report)
+    except ApiError as exc:
+        if not 400 <= exc.status < 500 or exc.status in (401, 404, 409):
+            raise
+        report.failures.append(WriteFailure(change.kind, change.name, exc.status, exc.reason, exc.message))
+        return False
+    return True
+
+
+async def apply_status(client: KubeClient, namespace: str, name: str, status: PolicyStatus,
+                       resource_version: str | None) -> str | None:
+    """Merge-patch the policy's status subresource with the whole status (stale fields nulled),
+    guarded by the resourceVersion the plan was made from: a 409 means another writer (a second
+    replica, a spec edit) got there first, and the caller re-reads and re-plans. Returns the new
+    resourceVersion."""
+    patch: dict[str, Any] = {"status": dump_status(status)}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
+    answer = await client.merge_patch(object_path(KIND, namespace, name, "status"), patch)
+    return ((answer or {}).get("metadata") or {}).get("resourceVersion")
 
 
 async def post_event(client: KubeClient, policy: Mapping[str, Any], note: EventNote, *,

@@ -19,6 +19,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
+from moonlease_connector.config import LeaseMode  # one enum for the CRD and the connector's settings
+
 from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
     ApiModel,
@@ -61,18 +63,11 @@ class Role(str, enum.Enum):
     DECODE = "decode"
 
 
-class LeaseMode(str, enum.Enum):
-    """How the connector leases store keys on lookup.
+class MasterDeletionPolicy(str, enum.Enum):
+    """What deleting the policy does to the master's settings."""
 
-    `leaseAll` is vLLM's behaviour: `batch_is_exist` leases every key found. `selective` probes
-    without leasing and leases only the keys loading the hit reads (needs `batch_probe_key`,
-    Mooncake >= 0.3.14). `lastHitOnly` leases only the selected recurrent checkpoint (RFC 4255;
-    full attention + align-mode Mamba models only).
-    """
-
-    LEASE_ALL = "leaseAll"
-    SELECTIVE = "selective"
-    LAST_HIT_ONLY = "lastHitOnly"
+    KEEP = "keep"
+    RESTORE = "restore"
 
 
 class StageName(str, enum.Enum):
@@ -107,6 +102,30 @@ APPROVE_MASTER_RESTART_ANNOTATION = f"{GROUP}/approve-master-restart"
 #: Annotation deciding an A/B test that awaits a human: `promote:<hash>` or `rollback:<hash>`,
 #: `<hash>` being `status.abTest.configHash` (so a stale annotation never decides a later test).
 AB_DECISION_ANNOTATION = f"{GROUP}/ab-decision"
+#: Annotation carrying one verb for the operator (`moonlease promote|abort|pause|resume|retry
+#: NAME` writes it): `<verb>:<revision>:<desiredConfigHash>`, the key being the rollout the
+#: person saw in the status, so a verb written for an earlier attempt or spec is ignored (with an
+#: event). Each value is acted on once: `status.lastVerb` records it.
+VERB_ANNOTATION = f"{GROUP}/verb"
+
+
+class Verb(str, enum.Enum):
+    """What a person can tell the operator at any time (issue 17). `approve` is not written to
+    the verb annotation: it sets the approval annotation to `status.pendingApproval`."""
+
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETRY = "retry"
+    APPROVE = "approve"
+
+
+class VerbOutcome(str, enum.Enum):
+    """What the operator did with a verb."""
+
+    APPLIED = "Applied"
+    IGNORED = "Ignored"
 
 ConfigMapKey = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
 
@@ -138,10 +157,16 @@ class MasterSpec(ApiModel):
     """Container running mooncake_master; defaults to the only (or first) container."""
     version: MooncakeVersion | None = None
     """Declared Mooncake version of the master (e.g. 0.3.14); checked against what modes need."""
-    require_approval_for_restart: bool = False
-    """Restarting the master empties the store (object metadata lives in its memory): when true,
-    the master stage waits for an explicit approval before restarting it: annotate the policy
-    with moonlease.io/approve-master-restart set to status.pendingApproval."""
+    require_approval_for_restart: bool = True
+    """Restarting the master empties the store (object metadata lives in its memory): while true
+    (the default), every master restart the operator would cause (rolling settings out, a drift
+    repair, rolling back its own failed stage, restoring it on deletion) waits for an explicit
+    approval of exactly that restart: annotate the policy with moonlease.io/approve-master-restart
+    set to status.pendingApproval (direction:revision:hash)."""
+    on_delete: MasterDeletionPolicy = MasterDeletionPolicy.KEEP
+    """What deleting the policy does to the master: keep (its settings stay as the policy left
+    them, no restart) or restore (its settings from before the policy come back, which restarts
+    it: approved like any other restart)."""
     eviction_high_watermark_ratio: Ratio | None = None
     """--eviction_high_watermark_ratio: usage ratio above which eviction runs (Mooncake: 0.9)."""
     eviction_ratio: Ratio | None = None
@@ -165,6 +190,13 @@ MASTER_FLAGS: Mapping[str, str] = {
     "default_kv_soft_pin_ttl_ms": "default_kv_soft_pin_ttl",
     "allow_evict_soft_pinned_objects": "allow_evict_soft_pinned_objects",
 }
+
+
+#: The master flags that are booleans (gflags also spells them `--flag` and `--noflag`), derived
+#: from the spec's field types so that a new boolean setting needs no second list.
+BOOLEAN_MASTER_FLAGS: frozenset[str] = frozenset(
+    flag for field, flag in MASTER_FLAGS.items() if MasterSpec.model_fields[field].annotation in (bool, bool | None)
+)
 
 
 def build_master_flags(master: MasterSpec) -> dict[str, str]:
@@ -405,6 +437,7 @@ class ConditionType(str, enum.Enum):
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     AB_TEST_CONCLUDED = "ABTestConcluded"
+    WRITE_FAILED = "WriteFailed"
 
 
 class Reason(str, enum.Enum):
@@ -442,6 +475,9 @@ class Reason(str, enum.Enum):
     AS_EXPECTED = "AsExpected"
     RELEASED = "Released"
     RESTORED = "Restored"
+    SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
+    MEMBER_EXCLUDED = "MemberExcluded"
+    WRITE_REFUSED = "WriteRefused"
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"
@@ -453,6 +489,10 @@ class Reason(str, enum.Enum):
     AB_TEST_ROLLING_BACK = "ABTestRollingBack"
     AB_TEST_ROLLED_BACK = "ABTestRolledBack"
     AB_TEST_AWAITING_DECISION = "ABTestAwaitingDecision"
+    # Verbs (events; the Paused and Degraded conditions)
+    VERB_APPLIED = "VerbApplied"
+    VERB_IGNORED = "VerbIgnored"
+    PAUSED_BY_VERB = "PausedByVerb"
 
 
 class StagePhase(str, enum.Enum):
@@ -478,6 +518,7 @@ class TargetPhase(str, enum.Enum):
     FAILED = "Failed"
     ROLLING_BACK = "RollingBack"
     ROLLED_BACK = "RolledBack"
+    EXCLUDED = "Excluded"
 
 
 class StageStatus(StatusModel):
@@ -508,7 +549,8 @@ class TargetStatus(StatusModel):
     """The stage the workload belongs to (master, prefill or decode)."""
     phase: TargetPhase
     """Pending (not changed yet), Updating (rolling out), Ready (runs the policy, verified),
-    Failed, RollingBack, RolledBack."""
+    Failed, RollingBack, RolledBack, Excluded (left out after the first rollout: deleted, claimed
+    by another policy or unmanageable, see message; the others carry on)."""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     """The workload's metadata.generation when last observed."""
     replicas: Annotated[int, Field(ge=0)] | None = None
@@ -521,6 +563,24 @@ class TargetStatus(StatusModel):
     """The configuration-hash annotation of the workload's pod template."""
     message: Annotated[str, Field(max_length=32768)] = ""
     """Why the workload is in this phase."""
+    write_error: Annotated[str, Field(max_length=4096)] | None = None
+    """The last change of this workload (or of the master's ConfigMap) the API server refused:
+    HTTP status, reason and message; cleared once the change is written."""
+
+
+class VerbRecord(StatusModel):
+    """The last value of a verb (or approval) annotation the operator handled, and what it did."""
+
+    verb: Verb | None = None
+    """promote, abort, pause, resume, retry or approve; unset when the value named no verb."""
+    value: Annotated[str, Field(max_length=256)]
+    """The annotation's value as handled; the same value is never acted on twice."""
+    outcome: VerbOutcome
+    """Applied, or Ignored (the message says why)."""
+    message: Annotated[str, Field(max_length=1024)] = ""
+    """What the verb did, or why it was ignored."""
+    handled_at: datetime
+    """When the operator handled it."""
 
 
 class PolicyStatus(StatusModel):
@@ -564,6 +624,13 @@ class PolicyStatus(StatusModel):
     """When `phase` last changed."""
     ab_test: ABTestStatus | None = None
     """The A/B test of the current configuration (strategy ABTest only)."""
+    paused_at: datetime | None = None
+    """Set by the `pause` verb (until `resume`): the operator starts no stage, verifies and times
+    out none, takes no A/B measurement and acts on no verdict; a rollback is never paused."""
+    last_verb: VerbRecord | None = None
+    """The last `moonlease.io/verb` annotation handled."""
+    last_approval: VerbRecord | None = None
+    """The last `moonlease.io/approve-master-restart` value handled."""
 
     def condition(self, type_: ConditionType | str) -> Condition | None:
         """The condition of this type, if set."""
@@ -595,17 +662,13 @@ def parse_spec(raw: Mapping[str, Any]) -> PolicySpec:
         raise PolicySpecError(describe_errors(exc)) from None
 
 
-#: A policy's name is the value of its `moonlease.io/policy` label on every workload it manages,
-#: and the API server refuses label values over 63 characters (422 on every workload patch).
-MAX_POLICY_NAME_LENGTH = 63
-
-
-def policy_name_problems(name: str) -> list[str]:
-    """Why a policy of this name cannot manage workloads; empty when it can. Pure."""
-    if len(name) <= MAX_POLICY_NAME_LENGTH:
-        return []
-    return [f"metadata.name: must be no more than {MAX_POLICY_NAME_LENGTH} characters (it has {len(name)}):"
-            f" the name is the value of the {GROUP}/policy label on every workload the policy manages"]
+def read_spec(raw: Mapping[str, Any]) -> PolicySpec | PolicySpecError:
+    """`parse_spec` with the refusal as a value: a reconcile reads the spec once and hands the
+    result (a spec, or why it is refused) to every step that needs it."""
+    try:
+        return parse_spec(raw)
+    except PolicySpecError as exc:
+        return exc
 
 
 def describe_errors(exc: ValidationError) -> list[str]:

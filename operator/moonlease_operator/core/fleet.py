@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import PolicySpec, StageName, WorkloadKind
-from moonlease_operator.core.desired_state import managed_by
+from moonlease_operator.core.slots import managed_by, policy_label_value
 
 WorkloadKey = tuple[str, str]  # (kind, name)
 
@@ -44,6 +44,8 @@ class Fleet:
     members: tuple[Member, ...]
     missing: tuple[str, ...]
     """Human lines for named workloads that do not exist and selectors that select nothing."""
+    unmatched: tuple[str, ...] = ()
+    """The lines of `missing` for selectors that select nothing."""
 
     def in_stage(self, stage: StageName) -> tuple[Member, ...]:
         return tuple(m for m in self.members if m.stage is stage)
@@ -64,6 +66,7 @@ def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str,
     members = [Member(StageName.MASTER, *master_key, spec.master.container, None, workloads.get(master_key))]
     missing = [] if workloads.get(master_key) is not None else [f"{master_key[0]}/{master_key[1]} (master) not found"]
     seen = {master_key}
+    unmatched: list[str] = []
     for index, target in enumerate(spec.targets):
         stage = StageName(target.role.value)
         if target.name is not None:
@@ -76,12 +79,13 @@ def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str,
                           and target.selector.matches((obj.get("metadata") or {}).get("labels") or {}))
             if not keys:
                 missing.append(f"no {target.kind.value} matches the selector of targets[{index}]")
+                unmatched.append(missing[-1])
         for key in keys:
             if key in seen:
                 continue
             seen.add(key)
             members.append(Member(stage, *key, target.container, index, workloads.get(key)))
-    return Fleet(tuple(members), tuple(missing))
+    return Fleet(tuple(members), tuple(missing), tuple(unmatched))
 
 
 @dataclass(frozen=True)
@@ -94,19 +98,21 @@ class Claim:
 
 
 def evaluate_claims(*, name: str, created: str, fleet: Fleet, others: Sequence[Claim],
-                    workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> list[str]:
-    """Why this policy may not manage some of its workloads; empty when it may manage all."""
-    living = {other.name for other in others}
-    problems = []
+                    workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> dict[WorkloadKey, str]:
+    """Why this policy may not manage some of its workloads, per workload; empty when it may
+    manage all."""
+    living = {policy_label_value(other.name): other.name for other in others}
+    mine = policy_label_value(name)
+    problems: dict[WorkloadKey, str] = {}
     for key in sorted(fleet.keys):
         owner = managed_by(workloads[key])
-        if owner is not None and owner != name and owner in living:
-            problems.append(f"{key[0]}/{key[1]} is managed by policy {owner}")
+        if owner is not None and owner != mine and owner in living:
+            problems[key] = f"{key[0]}/{key[1]} is managed by policy {living[owner]}"
             continue
         earlier = sorted((o.created, o.name) for o in others
                          if key in o.keys and (o.created, o.name) < (created, name))
-        if earlier and owner != name:
-            problems.append(f"{key[0]}/{key[1]} is already claimed by policy {earlier[0][1]}, created earlier")
+        if earlier and owner != mine:
+            problems[key] = f"{key[0]}/{key[1]} is already claimed by policy {earlier[0][1]}, created earlier"
     return problems
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import LabelSelector
-from moonlease_operator.core.desired_state import CONFIG_HASH_ANNOTATION, template_config_hash
+from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, same_flag_value, template_config_hash
+from moonlease_operator.core.workload_args import find_container, flag_value
 
 FAILING_REASONS = frozenset({
     "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
@@ -79,6 +80,23 @@ def evaluate_health(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | 
                                   f"{running}/{replicas} ready pods run configuration {template_config_hash(obj)}",
                                   **counts)
     return WorkloadHealth(Health.COMPLETE, f"{replicas}/{replicas} updated and ready", **counts)
+
+
+def evaluate_master_pod(pod: Mapping[str, Any], container: str | None, flags: Mapping[str, str]) -> str | None:
+    """None when the pod's running spec carries every flag as the policy spells it (`--name=value`,
+    read as Mooncake reads it); otherwise which flags differ."""
+    found = find_container({"spec": {"template": {"spec": pod.get("spec") or {}}}}, container) or {}
+    tokens = [*(found.get("command") or []), *(found.get("args") or [])]
+    wrong = [f"--{name}={flag_value(tokens, name)} (wants {value})" for name, value in sorted(flags.items())
+             if not same_flag_value(flag_value(tokens, name), value)]
+    if not wrong:
+        return None
+    return f"pod {(pod.get('metadata') or {}).get('name')}: runs {', '.join(wrong)}"
+
+
+def current_ready_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The workload's Ready pods of its current pod template (the ones a stage verifies)."""
+    return [p for p in _own_pods(obj, pods) if _pod_hash(p) == template_config_hash(obj) and _pod_ready(p)]
 
 
 def _own_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

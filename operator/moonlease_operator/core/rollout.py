@@ -11,7 +11,10 @@ yields the same status and no changes: no writes.
 A rollout attempt (`status.revision`) walks `spec.rollout.stages` in order. A stage whose
 workloads already hold the desired configuration is Skipped (nothing restarts: the master only
 restarts when its settings change); otherwise it is patched (Progressing) and Succeeds once every
-workload's controller reports the rollout complete and its pods run the new configuration hash.
+workload's controller reports the rollout complete, its pods run the new configuration hash and,
+for vLLM workloads, every Ready pod's running connector reports the settings hash the policy
+expects (`core.connector_delivery`: connector settings travel in a ConfigMap per workload and
+apply live; only adopting a workload changes its pod template).
 A stage that times out, or whose pods fail, Fails; with `onFailure: rollback` every stage the
 attempt changed is then restored, last stage first, each through its workload's own rolling
 update (so `maxUnavailable` holds; Dynamo #13620), and the policy is Degraded until its spec
@@ -20,6 +23,7 @@ changes. `onFailure: halt` leaves everything where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +37,7 @@ from moonlease_operator.api import (
     ConditionStatus,
     ConditionType,
     FailurePolicy,
+    MasterDeletionPolicy,
     Phase,
     PolicySpec,
     PolicySpecError,
@@ -43,10 +48,11 @@ from moonlease_operator.api import (
     StageStatus,
     TargetPhase,
     TargetStatus,
+    VERB_ANNOTATION,
     WorkloadKind,
     parse_spec,
+    read_spec,
 )
-from moonlease_operator.api.policy import policy_name_problems
 from moonlease_operator.core.ab_plan import (
     ABReading,
     apply_decision_annotation,
@@ -60,31 +66,57 @@ from moonlease_operator.core.ab_plan import (
 from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.desired_state import (
-    ORIGINAL_ANNOTATION,
-    ChangeAction,
+from moonlease_operator.core.changes import ChangeAction, WorkloadChange
+from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_operator.core.connector_delivery import (
+    SettingsReport,
+    adoption_hash,
+    build_settings_file_desired,
+    evaluate_pod_settings,
+    expected_settings_hash,
+    settings_config_map_name,
+    settings_config_map_stub,
+)
+from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
+from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
+from moonlease_operator.core.settings import (
     ConnectorSettings,
     MasterSettings,
-    WorkloadChange,
     build_config_map_desired,
     build_connector_settings,
     build_master_desired,
     build_master_settings,
     build_target_desired,
+)
+from moonlease_operator.core.write_failures import set_write_condition
+from moonlease_operator.core.slots import (
+    ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
-    evaluate_config_map,
-    evaluate_master,
-    evaluate_target,
     managed_by,
     needs_update,
+    policy_label_value,
     rollback_revision,
     template_config_hash,
 )
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
-from moonlease_operator.core.health import Health, WorkloadHealth, evaluate_health
+from moonlease_operator.core.health import (
+    Health,
+    WorkloadHealth,
+    current_ready_pods,
+    evaluate_health,
+    evaluate_master_pod,
+)
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
+from moonlease_operator.core.verbs import (
+    VerbDecision,
+    VerbEffect,
+    VerbSituation,
+    plan_approval,
+    plan_verb,
+    read_new_value,
+)
 
 MAX_LISTED = 5  # problems named in one condition message
 
@@ -132,6 +164,8 @@ class Observed:
     pods: Sequence[Mapping[str, Any]] | None = None
     ab_reading: ABReading | None = None
     """The arms' metrics, read because `FetchPlan.ab_due` asked for them."""
+    settings_reports: Mapping[str, SettingsReport] | None = None
+    """Pod name -> what its connector's settings endpoint said; read with the pods."""
 
 
 @dataclass(frozen=True)
@@ -141,18 +175,17 @@ class ReconcilePlan:
     status: PolicyStatus
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
-    spec: PolicySpec | None = None
 
 
-def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetime.datetime | None = None) -> FetchPlan:
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError:
+def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
+               now: datetime.datetime | None = None) -> FetchPlan:
+    """What to read for this reconcile (`spec` as `read_spec` returned it)."""
+    if isinstance(spec, PolicySpecError):
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
     verifying = any(s.phase in (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK) for s in previous.stages)
     ab = spec.rollout.ab_test
-    due = now is not None and measurement_due(previous.ab_test, ab, now)
+    due = now is not None and previous.paused_at is None and measurement_due(previous.ab_test, ab, now)
     scraping = due and ab is not None and ab.prometheus is None
     return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
                      ab_due=due)
@@ -162,67 +195,171 @@ def plan_fetch(raw_spec: Mapping[str, Any], previous: PolicyStatus, now: datetim
 # The decision
 # --------------------------------------------------------------------------------------------
 
-def plan_reconcile(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus,
+def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime,
                    prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
-    """Decide one reconcile of one policy (see the module docstring).
+    """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
+    returned it, read once for the whole reconcile.
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch)."""
-    name_problems = policy_name_problems(policy.name)
-    try:
-        spec = parse_spec(raw_spec)
-    except PolicySpecError as exc:
-        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems + exc.problems, now)
-    if name_problems:
-        return _refused(previous, policy, Reason.INVALID_SPEC, name_problems, now)
+    prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    return prepared.plan() if isinstance(prepared, _Planner) else prepared
+
+
+def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+             now: datetime.datetime, prometheus_allowlist: Sequence[str] | None) -> ReconcilePlan | _Planner:
+    """The refusals and waits (a finished plan), or the planner of a policy the fleet can run."""
+    if isinstance(spec, PolicySpecError):
+        return _refused(previous, policy, Reason.INVALID_SPEC, spec.problems, now)
     mismatched = evaluate_arm_roles(spec)
     if mismatched is not None:
-        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now, spec)
+        return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
     ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
     if prometheus_allowlist is not None and ab_source is not None:
         refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
         if refused is not None:
-            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now, spec)
+            return _refused(previous, policy, Reason.PROMETHEUS_URL_NOT_ALLOWED, [refused], now)
 
+    # Before the first rollout a problem refuses the whole policy (nothing changes); once it has
+    # rolled out, a problem with one target is reported on that target and the rollout,
+    # rollback or drift repair goes on for the rest (issue 15). The master is never optional.
+    started = previous.revision is not None
     fleet = resolve_fleet(spec, observed.workloads)
-    if fleet.missing:
-        return _waiting_for_workloads(previous, policy, fleet.missing, now, spec)
+    if fleet.missing and (not started or fleet.master.obj is None):
+        return _waiting_for_workloads(previous, policy, fleet.missing, now)
     claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
                              others=_other_claims(policy, observed), workloads=observed.workloads)
-    if claims:
-        return _refused(previous, policy, Reason.CONFLICTING_POLICY, claims, now, spec)
+    master_key = fleet.master.key
+    if claims and (not started or master_key in claims):
+        return _refused(previous, policy, Reason.CONFLICTING_POLICY, list(claims.values()), now)
 
     connector = build_connector_settings(spec.connector)
     master = build_master_settings(spec.master)
+    excluded: dict[WorkloadKey, str] = {m.key: "not found" for m in fleet.members if m.obj is None}
+    excluded.update(claims)
+    members = {m.key: m for m in fleet.members}
     problems: dict[Reason, list[str]] = {}
     for member in fleet.members:
-        assert member.obj is not None  # missing workloads were handled above
+        if member.obj is None or member.key in excluded:
+            continue
         problem = (evaluate_master(member.obj, member.container, master) if member.stage is StageName.MASTER
-                   else evaluate_target(member.obj, member.container))
-        if problem is not None:
-            problems.setdefault(Reason(problem.kind.value), []).append(problem.message)
+                   else evaluate_target(member.obj, member.container,
+                                        field=f"spec.targets[{member.target}].container"))
+        if problem is None:
+            continue
+        if started and member.key != master_key:
+            excluded[member.key] = f"{problem.reason.value}: {problem.message}"
+        else:
+            problems.setdefault(problem.reason, []).append(problem.message)
     if master.config_map is not None:
         config_map = observed.config_maps.get(master.config_map.name)
         if config_map is None:
             return _waiting_for_workloads(previous, policy, [f"ConfigMap/{master.config_map.name} (master) not found"],
-                                          now, spec)
+                                          now)
         problem = evaluate_config_map(config_map, master.config_map.key)
         if problem is not None:
             problems.setdefault(Reason.UNMANAGEABLE_WORKLOAD, []).append(problem.message)
     sources = [VersionSource(m.stage, m.kind, m.name,
                              spec.master.version if m.target is None else spec.targets[m.target].mooncake_version,
-                             container_image(m.obj or {}, m.container)) for m in fleet.members]
+                             container_image(m.obj or {}, m.container)) for m in fleet.members if m.key not in excluded]
     incompatible = evaluate_compatibility(spec, sources)
     if incompatible:
         problems.setdefault(Reason.INCOMPATIBLE, []).extend(incompatible)
-    for reason in (Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE, Reason.UNMANAGEABLE_WORKLOAD):
+    # A workload that is not what the policy says (wrong program, ambiguous container) first:
+    # whether its connector or version would do is moot until the right workload is named.
+    for reason in (Reason.UNMANAGEABLE_WORKLOAD, Reason.FOREIGN_CONNECTOR, Reason.INCOMPATIBLE):
         if reason in problems:
-            return _refused(previous, policy, reason, problems[reason], now, spec)
+            return _refused(previous, policy, reason, problems[reason], now)
+    if excluded:
+        fleet = Fleet(tuple(m for m in fleet.members if m.key not in excluded), fleet.missing, fleet.unmatched)
+    left_out = {key: (members[key], why) for key, why in excluded.items()}
 
-    planner = _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
-                       fleet=fleet, connector=connector, master=master)
-    return planner.plan()
+    return _Planner(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                    fleet=fleet, connector=connector, master=master, excluded=left_out)
+
+
+# --------------------------------------------------------------------------------------------
+# Dry run (`moonlease plan -f`)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadPreview:
+    """What the policy would do to one workload, over the whole rollout."""
+
+    stage: StageName
+    kind: str
+    name: str
+    changes: tuple[str, ...]
+    """Human lines (`--eviction_ratio: 0.05 -> 0.1`); empty when the workload is in sync."""
+    restarts: bool
+    """Its pod template changes, so its pods are replaced (the master's restart empties the store)."""
+    arm: str = ""
+    """control / treatment with strategy ABTest (the control changes only when the test promotes)."""
+
+
+@dataclass(frozen=True)
+class PolicyPreview:
+    """A dry run of a policy against the cluster: the next reconcile's verdict, then every
+    workload the whole rollout would change, and how."""
+
+    phase: Phase
+    reason: str
+    message: str
+    refused: bool
+    """Invalid (refused: nothing would change) or Pending (workloads missing)."""
+    desired_config_hash: str | None
+    workloads: tuple[WorkloadPreview, ...] = ()
+    events: tuple[EventNote, ...] = ()
+    """What the first reconcile would announce."""
+
+    @property
+    def master_restarts(self) -> bool:
+        return any(w.restarts for w in self.workloads if w.stage is StageName.MASTER)
+
+    @property
+    def changes(self) -> bool:
+        return any(w.changes for w in self.workloads)
+
+
+def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus, observed: Observed,
+                 now: datetime.datetime, prometheus_allowlist: Sequence[str] | None = None) -> PolicyPreview:
+    """What applying `raw_spec` would do, decided by the operator's own planner: the next
+    reconcile (refused, waiting, which stage starts) and, per workload of every stage, the
+    settings that change and whether its pods restart. Pure; writes nothing."""
+    spec = read_spec(raw_spec)
+    first = plan_reconcile(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                           prometheus_allowlist=prometheus_allowlist)
+    ready = first.status.condition(ConditionType.READY)
+    invalid = first.status.condition(ConditionType.INVALID)
+    headline = invalid if first.status.phase is Phase.INVALID and invalid is not None else ready
+    reason, message = (headline.reason, headline.message) if headline is not None else ("", "")
+    prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
+                        prometheus_allowlist=prometheus_allowlist)
+    if not isinstance(prepared, _Planner):
+        return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=True,
+                             desired_config_hash=None, events=first.events)
+    ab = prepared.spec.rollout.ab_test
+    arms = {**({n: "control" for n in ab.control.workloads} if ab else {}),
+            **({n: "treatment" for n in ab.treatment.workloads} if ab else {})}
+    rank = {name: i for i, name in enumerate(prepared.spec.rollout.stages)}
+    workloads = []
+    for member in sorted(prepared.fleet.members, key=lambda m: (rank.get(m.stage, len(rank)), m.kind, m.name)):
+        pending = prepared._pending(prepared._apply_changes(member))
+        lines = tuple(line for change in pending for line in describe_update(prepared._object(change), change))
+        restarts = False
+        for change in pending:
+            if change.kind == "ConfigMap":
+                continue
+            current = prepared._object(change)
+            new = build_update(current, change) or current
+            restarts = restarts or (new.get("spec") or {}).get("template") != (current.get("spec") or {}).get("template")
+        workloads.append(WorkloadPreview(stage=member.stage, kind=member.kind, name=member.name, changes=lines,
+                                         restarts=restarts, arm=arms.get(member.name, "")))
+    return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=False,
+                         desired_config_hash=first.status.desired_config_hash, workloads=tuple(workloads),
+                         events=first.events)
 
 
 def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
@@ -260,11 +397,19 @@ class _Planner:
     applied_hash: str | None = None
     failed_stage: StageName | None = None
     pending_approval: str | None = None
+    master_kept: str | None = None  # why the master was not rolled back with the targets
     order: list[StageName] = field(default_factory=list)
     stages: dict[StageName, StageStatus] = field(default_factory=dict)
     health: dict[WorkloadKey, WorkloadHealth] = field(default_factory=dict)
     ab: ABTestStatus | None = None  # the A/B test, with strategy ABTest
     held: frozenset[WorkloadKey] = frozenset()  # the control while an A/B test runs: covered, not changed
+    excluded: Mapping[WorkloadKey, tuple[Member, str]] = field(default_factory=dict)
+    """Targets left out of this plan, each with why (deleted, claimed, unmanageable): reported on
+    the target; the rest carries on, and the policy cannot be Ready meanwhile."""
+    verb: VerbDecision | None = None  # a verb annotation handled in this reconcile
+    approval: VerbDecision | None = None  # an approval annotation handled in this reconcile
+    paused_at: datetime.datetime | None = None  # held by the pause verb
+    aborting: bool = False  # the abort verb failed the attempt in this reconcile
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
 
     def plan(self) -> ReconcilePlan:
@@ -273,16 +418,25 @@ class _Planner:
         prev = self.previous
         self.revision = prev.revision or 0
         self.applied_revision = prev.applied_revision
-        self._begin_ab_test(desired_hash)
+        self.verb, self.approval = _plan_verbs(self.policy, prev, self._verb_situation(desired_hash))
+        effect = self.verb.effect if self.verb is not None else VerbEffect.NONE
+        self.paused_at = (self.now if effect is VerbEffect.PAUSE else
+                          None if effect in (VerbEffect.RESUME, VerbEffect.ABORT) else prev.paused_at)
+        self._begin_ab_test(desired_hash, effect)
         self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
-        drifted = prev.phase in _AT_REST and bool(out_of_sync)
-        if prev.desired_config_hash != desired_hash or prev.revision is None or drifted:
+        # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
+        # target that comes back is brought in by a new attempt.
+        at_rest = prev.phase in _AT_REST or (prev.phase is Phase.DEGRADED and prev.failed_stage is None)
+        drifted = at_rest and bool(out_of_sync)
+        retrying = effect in (VerbEffect.RETRY, VerbEffect.PROMOTE)
+        if prev.desired_config_hash != desired_hash or prev.revision is None or drifted or retrying:
             self.revision += 1
             stages = [StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
             self.failed_stage = None
             promoting = self.ab is not None and self.ab.phase is ABTestPhase.PROMOTING
-            what = ("promoting the A/B treatment's configuration to the control" if promoting and drifted else
+            what = ("promoting the A/B treatment's configuration to the control" if promoting and (drifted or retrying)
+                    else "retrying the same configuration" if retrying else
                     "re-applying to workloads that drifted or joined" if drifted and
                     prev.desired_config_hash == desired_hash else f"configuration {desired_hash}")
             self.notes.append(EventNote("Normal", Reason.ROLLOUT_STARTED.value,
@@ -292,46 +446,66 @@ class _Planner:
             stages = [prev.stage(s) or StageStatus(name=s, phase=StagePhase.PENDING) for s in self.spec.rollout.stages]
             self.failed_stage = prev.failed_stage
         self.stages = {s.name: s for s in stages}
+        self._verify_settings()
         self.order = list(self.spec.rollout.stages)
         self.pending_approval = None
         self.applied_hash = prev.applied_config_hash
         self._release_orphans()
+        if effect is VerbEffect.RESUME and prev.paused_at is not None:
+            self._shift_stage_clocks(self.now - prev.paused_at)
+        if effect is VerbEffect.ABORT:
+            self._abort()
 
         if self.ab is not None and self.ab.phase is ABTestPhase.ROLLING_BACK and \
-                not any(s.phase in _UNWINDING for s in stages):
+                not any(s.phase in _UNWINDING for s in self.stages.values()):
             self._fail_treatment()
         if any(s.phase in _UNWINDING for s in self.stages.values()):
-            outcome = self._unwind()
+            outcome = self._unwind()  # a rollback is never paused
+        elif self.paused_at is not None:
+            outcome = self._paused()
         else:
             outcome = self._advance()
-        if self.ab is not None:
+        if self.ab is not None and outcome.reason is not Reason.PAUSED_BY_VERB:
             outcome = self._ab_outcome(outcome)
+        if self.excluded or self.fleet.unmatched:
+            outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
         status = self._status(outcome, desired_hash)
-        events = (*self.notes, *_phase_events(prev, status))
-        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes), spec=self.spec)
+        verb_notes = [d.note() for d in (self.verb, self.approval) if d is not None]
+        events = (*verb_notes, *self.notes, *_phase_events(prev, status))
+        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes))
 
     # ---- A/B test ----------------------------------------------------------------------------
 
-    def _begin_ab_test(self, desired_hash: str) -> None:
-        """With strategy ABTest: carry the test on (a reading, a human's decision) and hold the
-        control out of the rollout until the test promotes."""
+    def _begin_ab_test(self, desired_hash: str, effect: VerbEffect) -> None:
+        """With strategy ABTest: carry the test on (a reading, a human's decision, a verb) and
+        hold the control out of the rollout until the test promotes. Paused: no reading counts,
+        no decision is taken."""
         spec = self.spec.rollout.ab_test
         if spec is None:
             return
-        ab = begin_test(self.previous.ab_test, desired_hash)
+        ab = begin_test(None if effect is VerbEffect.RETRY else self.previous.ab_test, desired_hash)
         reading = self.observed.ab_reading
-        if ab.phase is ABTestPhase.MEASURING and reading is not None:
-            ab, notes = record_measurement(ab, spec, reading, self.now)
+        if self.paused_at is None:
+            if ab.phase is ABTestPhase.MEASURING and reading is not None:
+                ab, notes = record_measurement(ab, spec, reading, self.now)
+                self.notes.extend(notes)
+            ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
             self.notes.extend(notes)
-        ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
-        self.notes.extend(notes)
+        if effect is VerbEffect.PROMOTE:
+            ab = ab.model_copy(update={"phase": ABTestPhase.PROMOTING, "action": "Promote", "decided_at": self.now,
+                                       "reason": f"promoted by a person after {ab.samples} samples; {ab.reason}"[:4096]})
+        elif effect is VerbEffect.ABORT and ab.phase is not ABTestPhase.PROMOTING:
+            # Aborting a promotion rolls back the control's stages instead (see _abort): the test stays promoting.
+            ab = ab.model_copy(update={"phase": ABTestPhase.ROLLING_BACK, "action": "RollBack", "decided_at": self.now,
+                                       "reason": f"aborted by a person after {ab.samples} samples; {ab.reason}"[:4096]})
         self.ab = ab
         if ab.phase not in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED):
             control = set(spec.control.workloads)
             self.held = frozenset(m.key for m in self.fleet.members if m.target is not None and m.name in control)
-            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing)
+            self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing,
+                               self.fleet.unmatched)
 
     def _arm_names(self) -> tuple[list[str], list[str]]:
         spec = self.spec.rollout.ab_test
@@ -351,6 +525,41 @@ class _Planner:
         self.stages[name] = self.stages[name].model_copy(update={
             "phase": StagePhase.FAILED, "finished_at": self.now,
             "message": f"A/B test {self.ab.verdict or 'decision'}: rolling the treatment back"})
+
+    # ---- verbs -------------------------------------------------------------------------------
+
+    def _verb_situation(self, desired_hash: str) -> VerbSituation:
+        prev, ab_spec = self.previous, self.spec.rollout.ab_test
+        ab_phase = None
+        if ab_spec is not None:
+            ab_phase = prev.ab_test.phase if prev.ab_test is not None and prev.ab_test.config_hash == desired_hash \
+                else ABTestPhase.DEPLOYING
+        return VerbSituation(phase=prev.phase, ab_phase=ab_phase, revision=prev.revision, config_hash=desired_hash,
+                             paused=prev.paused_at is not None, spec_paused=self.spec.rollout.paused,
+                             pending_approval=prev.pending_approval)
+
+    def _abort(self) -> None:
+        """The abort verb: the stage under way (else the last one done, else the first) fails,
+        so the rollback machinery restores what this attempt changed, whatever onFailure says."""
+        under_way = [n for n in self.order if self.stages[n].phase in (StagePhase.PROGRESSING,
+                                                                     StagePhase.AWAITING_APPROVAL)]
+        done = [n for n in self.order if self.stages[n].phase is StagePhase.SUCCEEDED]
+        name = (under_way or done[-1:] or self.order)[0]
+        self.failed_stage, self.aborting = name, True
+        self._set_stage(name, StagePhase.FAILED, "aborted by a person (moonlease abort)", finished=True)
+
+    def _shift_stage_clocks(self, paused_for: datetime.timedelta) -> None:
+        """On resume: a stage's timeout does not count the time the pause held it."""
+        for name, stage in self.stages.items():
+            if stage.phase is StagePhase.PROGRESSING and stage.started_at is not None:
+                self.stages[name] = stage.model_copy(update={"started_at": stage.started_at + paused_for})
+
+    def _paused(self) -> _Outcome:
+        assert self.paused_at is not None
+        stage = self.previous.current_stage or (self.order[0] if self.order else None)
+        return _Outcome(Phase.PAUSED, stage, Reason.PAUSED_BY_VERB,
+                        f"Paused by a person since {_ts(self.paused_at)}: nothing starts, times out or is measured;"
+                        f" resume with: moonlease resume {self.policy.name} -n {self.policy.namespace}")
 
     def _ab_outcome(self, outcome: _Outcome) -> _Outcome:
         """The rollout's outcome seen through the A/B test, which moves on when the rollout
@@ -392,6 +601,54 @@ class _Planner:
         return _Outcome(Phase.READY, outcome.stage, Reason.AB_TEST_PROMOTED,
                         f"A/B test {ab.verdict}: promoted; every stage runs configuration {self.desired_hash}")
 
+    # ---- connector settings: delivered live, verified on the pods ---------------------------
+
+    def _verify_settings(self) -> None:
+        """A workload of a Progressing stage is complete only once its running pods show the
+        settings: every Ready vLLM pod's connector reports the settings hash the policy expects,
+        and every Ready master pod runs the master's flags. Until then it counts as progressing,
+        with the per-pod reasons as its message (and an event when they change)."""
+        previous = {(t.kind.value, t.name): t.message for t in self.previous.targets}
+        for member in self.fleet.members:
+            stage = self.stages.get(member.stage)
+            health = self.health[member.key]
+            if stage is None or stage.phase is not StagePhase.PROGRESSING or health.health is not Health.COMPLETE \
+                    or not self._in_sync(member):  # not written yet: re-applied and reported as such
+                continue
+            if member.target is None:
+                problems, what = self._master_problems(member), "master flags not verified: "
+            else:
+                problems, what = self._settings_problems(member), "connector settings not verified: "
+            if not problems:
+                continue
+            message = what + _join(problems)
+            self.health[member.key] = dataclasses.replace(health, health=Health.PROGRESSING, message=message)
+            if previous.get(member.key) != message:
+                self.notes.append(EventNote("Warning", Reason.SETTINGS_NOT_VERIFIED.value,
+                                            f"{member.kind}/{member.name}: {message}"))
+
+    def _master_problems(self, member: Member) -> list[str]:
+        """Ready master pods whose running pod spec lacks the policy's flags (with a config file,
+        its content is covered by the template's hash, which the pods carry)."""
+        if self.master.config_map is None and self.observed.pods is not None:
+            return [problem for pod in current_ready_pods(member.obj or {}, self.observed.pods)
+                    if (problem := evaluate_master_pod(pod, member.container, self.master.flags)) is not None]
+        return []
+
+    def _settings_problems(self, member: Member) -> list[str]:
+        obj = member.obj or {}
+        if self.observed.pods is None:
+            return ["pods not read"]
+        expected = expected_settings_hash(obj, member.container, self.connector.file)
+        reports = self.observed.settings_reports or {}
+        problems = []
+        for pod in current_ready_pods(obj, self.observed.pods):
+            name = str((pod.get("metadata") or {}).get("name"))
+            problem = evaluate_pod_settings(name, reports.get(name), expected)
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
     # ---- per-member decisions ---------------------------------------------------------------
 
     def _apply_changes(self, member: Member) -> list[WorkloadChange]:
@@ -400,9 +657,16 @@ class _Planner:
         common = {"policy": self.policy.name, "revision": self.revision, "applied_revision": self.applied_revision,
                   "action": ChangeAction.APPLY}
         if member.stage is not StageName.MASTER:
-            desired = build_target_desired(member.obj or {}, member.container, self.connector)
-            return [WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired=desired,
-                                   config_hash=self.connector.config_hash, **common)]
+            # The settings file first (created if need be), then the adoption of the workload,
+            # which changes its pod template once and never again for a settings change.
+            config_map = settings_config_map_name(member.name)
+            namespace = (member.obj or {}).get("metadata", {}).get("namespace")
+            file_change = WorkloadChange(kind="ConfigMap", name=config_map, place=SETTINGS_FILE_NAME,
+                                         desired=build_settings_file_desired(self.connector.file),
+                                         create_from=settings_config_map_stub(config_map, namespace), **common)
+            desired = build_target_desired(member.obj or {}, member.container, config_map)
+            return [file_change, WorkloadChange(kind=member.kind, name=member.name, place=member.container,
+                                                desired=desired, config_hash=adoption_hash(config_map), **common)]
         if self.master.config_map is None:
             return [WorkloadChange(kind=member.kind, name=member.name, place=member.container,
                                    desired=build_master_desired(self.master), config_hash=self.master.config_hash,
@@ -417,9 +681,18 @@ class _Planner:
                                  config_hash=self.master.config_hash, require_annotation=owned, **common)
         return [file_change, restart]
 
+    def _master_restart(self, direction: RestartDirection, settings_hash: str,
+                        lines: Sequence[str]) -> MasterRestart:
+        master = self.fleet.master
+        return build_master_restart(f"{master.kind}/{master.name}", direction, self.revision, settings_hash, lines)
+
+    def _describe(self, changes: Sequence[WorkloadChange]) -> list[str]:
+        """Human lines for what `changes` alter (`--eviction_ratio: 0.05 -> 0.1`)."""
+        return [line for c in changes for line in describe_update(self._object(c), c)]
+
     def _object(self, change: WorkloadChange) -> Mapping[str, Any]:
         if change.kind == "ConfigMap":
-            return self.observed.config_maps.get(change.name) or {}
+            return self.observed.config_maps.get(change.name) or change.create_from or {}
         return self.observed.workloads.get(change.ref) or {}
 
     def _pending(self, changes: Sequence[WorkloadChange]) -> list[WorkloadChange]:
@@ -434,19 +707,40 @@ class _Planner:
     def _rollback_changes(self, member: Member) -> list[WorkloadChange]:
         changes = [WorkloadChange(kind=member.kind, name=member.name, action=ChangeAction.ROLLBACK,
                                   policy=self.policy.name, revision=self.revision)]
-        if member.stage is StageName.MASTER and self.master.config_map is not None:
-            changes.insert(0, WorkloadChange(kind="ConfigMap", name=self.master.config_map.name,
-                                             action=ChangeAction.ROLLBACK, policy=self.policy.name,
-                                             revision=self.revision))
+        config_map = self._config_map_of(member)
+        if config_map is not None:
+            changes.insert(0, WorkloadChange(kind="ConfigMap", name=config_map, action=ChangeAction.ROLLBACK,
+                                             policy=self.policy.name, revision=self.revision))
         return changes
 
+    def _config_map_of(self, member: Member) -> str | None:
+        """The ConfigMap a member's settings live in: the master's file, or a target's settings."""
+        if member.stage is StageName.MASTER:
+            return None if self.master.config_map is None else self.master.config_map.name
+        return settings_config_map_name(member.name)
+
+    def _write_error(self, member: Member) -> str | None:
+        """The refusal recorded for `member`'s last write, while that write is still to be done."""
+        previous = next((t for t in self.previous.targets if (t.kind.value, t.name) == member.key), None)
+        if previous is None or not previous.write_error:
+            return None
+        stage = self.stages.get(member.stage)
+        rolling_back = stage is not None and stage.phase in _UNWINDING
+        pending = self._pending(self._rollback_changes(member)) if rolling_back else not self._in_sync(member)
+        return previous.write_error if pending else None
+
     def _changed_in_attempt(self, member: Member) -> bool:
-        return rollback_revision(member.obj or {}) == self.revision
+        # A live settings change touches only the ConfigMap: it counts as changing the workload.
+        config_map = self._config_map_of(member)
+        return rollback_revision(member.obj or {}) == self.revision or (
+            config_map is not None and member.stage is not StageName.MASTER
+            and rollback_revision(self.observed.config_maps.get(config_map) or {}) == self.revision)
 
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""
         for key, obj in sorted(self.observed.workloads.items()):
-            if managed_by(obj) == self.policy.name and key not in self.fleet.keys and key not in self.held:
+            if managed_by(obj) == policy_label_value(self.policy.name) and key not in self.fleet.keys \
+                    and key not in self.held and key not in self.excluded:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
                 if needs_update(obj, change):
                     self.changes.append(change)
@@ -479,23 +773,21 @@ class _Planner:
                 if rollout.paused:
                     return _Outcome(Phase.PAUSED, name, Reason.PAUSED,
                                     f"Paused by spec.rollout.paused before stage {name.value}")
-                lines = [line for m in pending for c in self._pending(self._apply_changes(m))
-                         for line in describe_update(self._object(c), c)]
+                lines = self._describe([c for m in pending for c in self._pending(self._apply_changes(m))])
+                restart = None
                 if name is StageName.MASTER:
-                    approval = self.policy.annotations.get(APPROVE_MASTER_RESTART_ANNOTATION)
-                    restart = (f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply "
-                               + "; ".join(sorted(set(lines))) + ": restarting the master empties the Mooncake store")
-                    if self.spec.master.require_approval_for_restart and approval != self.master.config_hash:
-                        self.pending_approval = self.master.config_hash
-                        message = (f"{restart}. Approve with: kubectl annotate mlp {self.policy.name}"
-                                   f" {APPROVE_MASTER_RESTART_ANNOTATION}={self.master.config_hash} --overwrite")
+                    restart = self._master_restart(RestartDirection.FORWARD, self.master.config_hash, lines)
+                    if self.spec.master.require_approval_for_restart and not restart.approved_by(
+                            self.policy.annotations):
+                        self.pending_approval = restart.approval_key
+                        message = restart.approval_request(self.policy.name)
                         self._set_stage(name, StagePhase.AWAITING_APPROVAL, message)
                         return _Outcome(Phase.AWAITING_APPROVAL, name, Reason.AWAITING_APPROVAL, message)
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value, restart))
+                    self.notes.append(restart.note())
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
                 # The status says what is about to happen (a master restart in so many words).
-                doing = restart if name is StageName.MASTER else f"updating {len(pending)} workload(s)"
+                doing = restart.describe() if restart is not None else f"updating {len(pending)} workload(s)"
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify. A master
@@ -503,17 +795,16 @@ class _Planner:
             for member in members:
                 again = self._pending(self._apply_changes(member))
                 if again and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to apply"
-                                                " its new settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.FORWARD, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(again)
             failed = [(m, self.health[m.key]) for m in members if self.health[m.key].health is Health.FAILED]
+            refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
             started = stage.started_at or self.now
-            if failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
-                why = (_describe_health(failed) if failed else
+            if refused or failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+                why = (_join(refused) if refused else _describe_health(failed) if failed else
                        f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
                 self.failed_stage = name
                 self._set_stage(name, StagePhase.FAILED, why, finished=True)
@@ -538,7 +829,7 @@ class _Planner:
         failed = self.failed_stage
         failure = _failure_of(self.stages[failed].message) if failed is not None and failed in self.stages else ""
         ab_rollback = self.ab is not None and self.ab.phase in (ABTestPhase.ROLLING_BACK, ABTestPhase.ROLLED_BACK)
-        if not ab_rollback and self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
+        if not ab_rollback and not self.aborting and self.spec.rollout.on_failure is FailurePolicy.HALT and not any(
                 s.phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK) for s in self.stages.values()):
             name = failed or self.order[-1]
             return _Outcome(Phase.DEGRADED, name, Reason.HALTED,
@@ -555,9 +846,14 @@ class _Planner:
                                     finished=True)
                     continue
                 if name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings: restarting the master empties the Mooncake store"))
+                    restart = self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                   self._describe(changes))
+                    held = self._hold_master_rollback(restart, failed, failure)
+                    if held is not None:
+                        return held
+                    if self.master_kept is not None:
+                        continue
+                    self.notes.append(restart.note())
                 self.changes.extend(changes)
                 self._set_stage(name, StagePhase.ROLLING_BACK, self._rolled_back_message(name, "rolling back"),
                                 started=True)
@@ -566,20 +862,21 @@ class _Planner:
             if stage.phase is StagePhase.ROLLING_BACK:
                 changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
                 if changes and name is StageName.MASTER:
-                    self.notes.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                                f"{self.fleet.master.kind}/{self.fleet.master.name} restarts to roll"
-                                                " back its settings (retrying the change): restarting the master"
-                                                " empties the Mooncake store"))
+                    self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
+                                                           ()).note(retry=True))
                 self.changes.extend(changes)
                 health = [(m, self.health[m.key]) for m in members]
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
+                refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
                 waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
                 started = stage.started_at or self.now
                 timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
-                if broken or self.now - started > timeout:
+                if refused or broken or self.now - started > timeout:
+                    self.changes = [c for c in self.changes if not refused or c.ref not in {m.key for m in members}]
                     self._set_stage(name, StagePhase.ROLLBACK_FAILED,
                                     self._rolled_back_message(name, "rollback did not complete: "
-                                                              + _describe_health(broken or waiting)), finished=True)
+                                                              + (_join(refused) or _describe_health(broken or waiting))),
+                                    finished=True)
                     continue
                 if changes or waiting:
                     return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
@@ -589,12 +886,57 @@ class _Planner:
                                 finished=True)
         incomplete = [n.value for n in self.order if self.stages[n].phase is StagePhase.ROLLBACK_FAILED]
         name = failed or self.order[-1]
+        if self.master_kept is not None:
+            return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
+                            f"Stage {name.value} failed ({failure}); the targets were rolled back; "
+                            + self.master_kept)
         if incomplete:
             return _Outcome(Phase.DEGRADED, name, Reason.ROLLBACK_INCOMPLETE,
                             f"Stage {name.value} failed ({failure}); rollback incomplete for stage(s)"
                             f" {', '.join(incomplete)}")
         return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
                         f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _with_excluded(self, outcome: _Outcome) -> _Outcome:
+        """Targets left out are reported on themselves and announced once; the rest carried on.
+        What would be Ready is Degraded (`MembersExcluded`) while any is left out."""
+        before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
+        lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()] + list(self.fleet.unmatched)
+        for key, (member, why) in sorted(self.excluded.items()):
+            if key not in before:
+                self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
+                                            f"{member.kind}/{member.name} left out, the others carry on: {why}"))
+        if outcome.phase is not Phase.READY:
+            return outcome
+        return _Outcome(Phase.DEGRADED, outcome.stage, Reason.MEMBER_EXCLUDED,
+                        f"Every other workload runs configuration {self.desired_hash}; left out: {_join(lines)}")
+
+    def _hold_master_rollback(self, restart: MasterRestart, failed: StageName | None,
+                              failure: str) -> _Outcome | None:
+        """Whether rolling the master back must wait (issue 15): a failure in a target stage
+        leaves the master's new settings in place unless that rollback is approved; a failure of
+        the master's own stage rolls it back, approved first if `requireApprovalForRestart`.
+        Sets `pending_approval` (and `master_kept`) when it holds; returns the outcome when the
+        rollback stops here."""
+        own_failure = failed is StageName.MASTER
+        if restart.approved_by(self.policy.annotations) or (
+                own_failure and not self.spec.master.require_approval_for_restart):
+            return None
+        self.pending_approval = restart.approval_key
+        request = restart.approval_request(self.policy.name)
+        if own_failure:
+            self._set_stage(StageName.MASTER, self.stages[StageName.MASTER].phase,
+                            f"{_failure_of(self.stages[StageName.MASTER].message)}; rollback waits for approval:"
+                            f" {request}")
+            return _Outcome(Phase.AWAITING_APPROVAL, StageName.MASTER, Reason.AWAITING_APPROVAL,
+                            f"Stage master failed ({failure}); rolling it back waits for approval: {request}")
+        self.master_kept = ("the master keeps its new settings (its own stage succeeded) unless you approve"
+                            f" rolling it back: {request}")
+        if self.previous.pending_approval != restart.approval_key:
+            self.notes.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value, self.master_kept))
+        stage = self.stages[StageName.MASTER]
+        self.stages[StageName.MASTER] = stage.model_copy(update={"message": self.master_kept})
+        return None
 
     def _rolled_back_message(self, name: StageName, what: str) -> str:
         if name is self.failed_stage:
@@ -632,6 +974,8 @@ class _Planner:
                                    reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
                                    message=outcome.message if degraded else "", generation=generation, now=self.now)
         conditions = self._ab_condition(conditions)
+        targets = self._targets() + self._excluded_targets()
+        conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
         return prev.model_copy(update={
             "ab_test": self.ab,
             "phase": outcome.phase,
@@ -639,7 +983,7 @@ class _Planner:
             "conditions": _ordered(conditions),
             "current_stage": outcome.stage,
             "stages": [self.stages[name] for name in self.order],
-            "targets": self._targets(),
+            "targets": targets,
             "desired_config_hash": desired_hash,
             "applied_config_hash": self.applied_hash,
             "revision": self.revision,
@@ -647,6 +991,8 @@ class _Planner:
             "failed_stage": self.failed_stage,
             "pending_approval": self.pending_approval,
             "last_transition_time": prev.last_transition_time if prev.phase == outcome.phase else self.now,
+            "paused_at": self.paused_at,
+            **_verb_records(self.verb, self.approval, self.now),
         })
 
     def _ab_condition(self, conditions: list[Any]) -> list[Any]:
@@ -682,7 +1028,20 @@ class _Planner:
                 kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=phase,
                 observed_generation=health.generation, replicas=health.replicas, updated_replicas=health.updated,
                 ready_replicas=health.ready, config_hash=template_config_hash(member.obj or {}),
-                message=health.message))
+                message=health.message, write_error=self._write_error(member)))
+        return result
+
+    def _excluded_targets(self) -> list[TargetStatus]:
+        result = []
+        for member, why in self.excluded.values():
+            health = evaluate_health(member.obj, self.observed.pods) if member.obj is not None else None
+            result.append(TargetStatus(
+                kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=TargetPhase.EXCLUDED,
+                observed_generation=health.generation if health else None,
+                replicas=health.replicas if health else None, updated_replicas=health.updated if health else None,
+                ready_replicas=health.ready if health else None,
+                config_hash=template_config_hash(member.obj) if member.obj is not None else None,
+                message=f"left out: {why}"[:32768]))
         return result
 
     def _target_phase(self, member: Member, stage: StageStatus | None, health: WorkloadHealth) -> TargetPhase:
@@ -714,7 +1073,7 @@ class _Outcome:
 # --------------------------------------------------------------------------------------------
 
 def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems: Sequence[str],
-             now: datetime.datetime, spec: PolicySpec | None = None) -> ReconcilePlan:
+             now: datetime.datetime) -> ReconcilePlan:
     """Phase Invalid: nothing changes in the cluster; the rollout state is kept for later."""
     message = _join(problems)
     conditions = list(previous.conditions)
@@ -723,11 +1082,11 @@ def _refused(previous: PolicyStatus, policy: PolicyRef, reason: Reason, problems
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.INVALID, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.INVALID, conditions, now, "Warning", reason, message)
 
 
 def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: Sequence[str],
-                           now: datetime.datetime, spec: PolicySpec) -> ReconcilePlan:
+                           now: datetime.datetime) -> ReconcilePlan:
     """Phase Pending: the spec is fine, the workloads are not there (yet)."""
     message = "Waiting for " + _join(missing)
     reason = Reason.WORKLOAD_NOT_FOUND
@@ -738,20 +1097,51 @@ def _waiting_for_workloads(previous: PolicyStatus, policy: PolicyRef, missing: S
     for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
         conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE, reason=reason.value,
                                    message=message, generation=policy.generation, now=now)
-    return _held(previous, policy, Phase.PENDING, conditions, now, spec, "Warning", reason, message)
+    return _held(previous, policy, Phase.PENDING, conditions, now, "Warning", reason, message)
 
 
 def _held(previous: PolicyStatus, policy: PolicyRef, phase: Phase, conditions: list[Any], now: datetime.datetime,
-          spec: PolicySpec | None, event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+          event_type: str, reason: Reason, message: str) -> ReconcilePlan:
+    """Refused or waiting: nothing changes in the cluster; verbs are still heard (only pause and
+    resume can apply here: nothing is rolling out)."""
+    situation = VerbSituation(
+        phase=phase, ab_phase=previous.ab_test.phase if previous.ab_test is not None else None,
+        revision=previous.revision, config_hash=previous.desired_config_hash, paused=previous.paused_at is not None,
+        spec_paused=False, pending_approval=None)
+    verb, approval = _plan_verbs(policy, previous, situation)
+    effect = verb.effect if verb is not None else VerbEffect.NONE
     status = previous.model_copy(update={
         "phase": phase, "observed_generation": policy.generation, "conditions": _ordered(conditions),
         "last_transition_time": previous.last_transition_time if previous.phase == phase else now,
+        "paused_at": now if effect is VerbEffect.PAUSE else None if effect is VerbEffect.RESUME else previous.paused_at,
+        **_verb_records(verb, approval, now),
     })
     old = previous.condition(ConditionType.READY)
     repeated = (previous.phase == phase and previous.observed_generation == policy.generation
                 and old is not None and old.reason == reason.value and old.message == message)
     events = () if repeated else (EventNote(event_type, reason.value, message),)
-    return ReconcilePlan(status=status, events=events, changes=(), spec=spec)
+    verb_notes = tuple(d.note() for d in (verb, approval) if d is not None)
+    return ReconcilePlan(status=status, events=verb_notes + events, changes=())
+
+
+def _plan_verbs(policy: PolicyRef, previous: PolicyStatus,
+                  situation: VerbSituation) -> tuple[VerbDecision | None, VerbDecision | None]:
+    """The verb and approval annotation values not handled yet, decided (None: nothing new)."""
+    verb_value = read_new_value(policy.annotations, VERB_ANNOTATION, previous.last_verb)
+    approval_value = read_new_value(policy.annotations, APPROVE_MASTER_RESTART_ANNOTATION, previous.last_approval)
+    return (plan_verb(verb_value, situation) if verb_value is not None else None,
+            plan_approval(approval_value, situation) if approval_value is not None else None)
+
+
+def _verb_records(verb: VerbDecision | None, approval: VerbDecision | None,
+                  now: datetime.datetime) -> dict[str, Any]:
+    """Status fields recording the annotation values handled now (each is acted on once)."""
+    records: dict[str, Any] = {}
+    if verb is not None:
+        records["last_verb"] = verb.record(now)
+    if approval is not None:
+        records["last_approval"] = approval.record(now)
+    return records
 
 
 # --------------------------------------------------------------------------------------------
@@ -804,7 +1194,7 @@ def _describe_health(items: Sequence[tuple[Member, WorkloadHealth]]) -> str:
 
 def _failure_of(message: str) -> str:
     """A failed stage's message without what the rollback appended to it."""
-    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete"):
+    for suffix in ("; rolling back", "; rolled back", "; rollback did not complete", "; rollback waits for approval"):
         message = message.split(suffix)[0]
     return message
 
@@ -819,43 +1209,81 @@ def _ts(moment: datetime.datetime) -> str:
 
 @dataclass(frozen=True)
 class ReleasePlan:
-    """What deleting the policy does: restore every object it changed, announced first."""
+    """What deleting the policy does: restore what it changed (the master per
+    `spec.master.onDelete`), announced first; `pending_approval` is set while restoring the
+    master waits for approval (the handler keeps the finalizer and retries)."""
 
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
+    pending_approval: str | None = None
+    status: PolicyStatus | None = None
+    """The status to write (only while waiting for approval: pendingApproval and the phase)."""
 
 
-def plan_release(*, policy: PolicyRef, raw_spec: Mapping[str, Any],
+def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
                  managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
-    """Restore every object carrying this policy's label to its state before the policy.
+    """Give back every object carrying this policy's label.
 
-    All at once: each workload's own rolling update paces its restart (maxUnavailable holds),
-    and a deletion is an explicit request to undo. A master whose pod template changes back
-    restarts, which empties the store: a warning event says so first.
+    Targets get their state from before the policy, all at once: each workload's own rolling
+    update paces its restart (maxUnavailable holds), and a deletion is an explicit request to
+    undo. The master (and its ConfigMap) follow `spec.master.onDelete`: `keep` drops only our
+    bookkeeping, so nothing restarts; `restore` brings its settings back, which restarts it and
+    empties the store: announced, and approved first when `requireApprovalForRestart`.
     """
-    try:
-        master = parse_spec(raw_spec).master
-        master_key: tuple[str, str] | None = (master.kind.value, master.name)
-    except PolicySpecError:
-        master_key = None
-    changes, restarts = [], []
+    masters = _master_objects(spec, previous)
+    restore_master = not isinstance(spec, PolicySpecError) and spec.master.on_delete is MasterDeletionPolicy.RESTORE
+    needs_approval = isinstance(spec, PolicySpecError) or spec.master.require_approval_for_restart
+    settings_hash = "" if isinstance(spec, PolicySpecError) else build_master_settings(spec.master).config_hash
+    changes: list[WorkloadChange] = []
+    held: list[WorkloadChange] = []
+    restart: MasterRestart | None = None
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
-        change = WorkloadChange(kind=str(obj.get("kind")), name=str(meta.get("name")), action=ChangeAction.RELEASE,
-                                policy=policy.name)
+        ref = (str(obj.get("kind")), str(meta.get("name")))
+        is_master = ref in masters or ref[0] == "ConfigMap"
+        action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
+        change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
         if new is None:
             continue
+        if is_master and action is ChangeAction.RELEASE:
+            held.append(change)
+            if ref[0] != "ConfigMap" and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+                restart = build_master_restart(f"{ref[0]}/{ref[1]}", RestartDirection.RESTORE, previous.revision or 0,
+                                               settings_hash, describe_update(obj, change))
+            continue
         changes.append(change)
-        if change.ref == master_key and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
-            restarts.append(f"{change.kind}/{change.name}")
-    events = []
-    if restarts:
-        events.append(EventNote("Warning", Reason.MASTER_RESTART.value,
-                                f"{restarts[0]} restarts to get its settings back from before the policy:"
-                                " restarting the master empties the Mooncake store"))
-    if changes:
+    events: list[EventNote] = []
+    pending = None
+    if restart is not None and needs_approval and not restart.approved_by(policy.annotations):
+        pending = restart.approval_key
+        if previous.pending_approval != pending:
+            events.append(EventNote("Normal", Reason.AWAITING_APPROVAL.value,
+                                    f"Policy deleted (master.onDelete: restore): {restart.approval_request(policy.name)}"))
+    else:
+        changes = held + changes  # the ConfigMap before the master it restarts
+        if restart is not None:
+            events.append(restart.note())
+    restored = [c for c in changes if c.action is ChangeAction.RELEASE]
+    if restored:
         events.append(EventNote("Normal", Reason.RESTORED.value,
-                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in changes])
+                                "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in restored])
                                 + " to their configuration before the policy"))
-    return ReleasePlan(events=tuple(events), changes=tuple(changes))
+    if any(c.action is ChangeAction.FORGET for c in changes):
+        events.append(EventNote("Normal", Reason.RELEASED.value,
+                                "Policy deleted: the master keeps its settings (master.onDelete: keep)"))
+    status = None
+    if pending is not None and previous.pending_approval != pending:
+        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
+    return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
+
+
+def _master_objects(spec: PolicySpec | PolicySpecError, previous: PolicyStatus) -> set[tuple[str, str]]:
+    """The master workload and its ConfigMap: from the spec, or (a spec no longer valid) from
+    the last status."""
+    if isinstance(spec, PolicySpecError):
+        return {(t.kind.value, t.name) for t in previous.targets if t.role is StageName.MASTER}
+    refs = {(spec.master.kind.value, spec.master.name)}
+    if spec.master.config_map is not None:
+        refs.add(("ConfigMap", spec.master.config_map.name))
+    return refs

@@ -1,0 +1,200 @@
+"""Live connector settings, operator side: the ConfigMap each vLLM workload reads, the one-time
+adoption of the workload, and whether its pods run what the policy asks. Pure.
+
+Delivery (issue 15): every target workload reads its Moonlease settings from a file mounted
+from a ConfigMap of its own, `<workload>-moonlease` (per workload, so the two arms of an A/B
+test, or one workload of a stage, can run different settings). The workload is *adopted* once:
+its pod template gains the volume, the mount in the vLLM container and the
+`mooncake_settings_file` key in its `--kv-transfer-config` (one rolling restart, announced).
+From then on a connector change edits only the ConfigMap: the kubelet swaps the file, the
+running connector applies it between two lookups, no pod restarts.
+
+Verification: a pod counts only when its running connector reports, on its settings endpoint
+(`moonlease_connector.settings`), the hash of the settings the file gives it — computed here
+with the connector's own parser over the workload's start-up defaults, so both sides agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
+from moonlease_connector.settings import (
+    DEFAULT_SETTINGS_METRICS_PORT,
+    SETTINGS_FILE_ENV,
+    SETTINGS_FILE_KEY,
+    SETTINGS_FILE_PATH,
+    SETTINGS_METRICS_PORT_ENV,
+    SETTINGS_METRICS_PORT_KEY,
+    SETTINGS_MOUNT_DIR,
+    parse_settings_file,
+    settings_hash,
+)
+from moonlease_operator.api import GROUP
+from moonlease_operator.core.changes import Wrapped
+from moonlease_operator.core.config_hash import build_config_hash
+from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc, shell_script
+
+SETTINGS_VOLUME = "moonlease-connector-settings"
+#: Label of every connector-settings ConfigMap (the operator lists them by it); value: "true".
+SETTINGS_CONFIG_MAP_LABEL = f"{GROUP}/connector-settings"
+#: Pod annotation overriding the settings endpoint's port (like `prometheus.io/port`).
+SETTINGS_PORT_ANNOTATION = f"{GROUP}/settings-metrics-port"
+CONFIG_MAP_SUFFIX = "-moonlease"
+
+
+def settings_config_map_name(workload: str) -> str:
+    """The ConfigMap a workload reads its connector settings from (a valid object name: a
+    workload name has at most 253 characters, and ours fits after truncation)."""
+    return workload[:253 - len(CONFIG_MAP_SUFFIX)] + CONFIG_MAP_SUFFIX
+
+
+def settings_config_map_stub(name: str, namespace: str | None) -> dict[str, Any]:
+    """A ConfigMap to create when the workload's does not exist yet (no data: the policy's
+    keys are then written into it like into any other owned file)."""
+    meta: dict[str, Any] = {"name": name, "labels": {SETTINGS_CONFIG_MAP_LABEL: "true"}}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+
+
+def build_settings_file_desired(file: Mapping[str, Any]) -> dict[str, Wrapped]:
+    """The owned keys of the settings file (typed values, the connector's key names)."""
+    return {f"doc:{key}": {"v": value} for key, value in file.items()}
+
+
+def adoption_hash(config_map: str) -> str:
+    """The pod template's configuration hash once adopted: it names the delivery, not the
+    settings, so a settings change leaves the template (and the pods) alone."""
+    return build_config_hash({"delivery": "settings-file", "configMap": config_map, "path": SETTINGS_FILE_PATH})
+
+
+def build_adoption_desired(config_map: str, *, in_args: bool = True) -> dict[str, Wrapped]:
+    """The slots that make a workload read its settings file: the volume, the mount in the vLLM
+    container and (`in_args`) the file's path in `kv_connector_extra_config`. A container that
+    runs vLLM through a shell script names the file in its script itself (`script_loads_settings`)."""
+    desired: dict[str, Wrapped] = {
+        f"volume:{SETTINGS_VOLUME}": {"v": {"name": SETTINGS_VOLUME, "configMap": {"name": config_map}}},
+        f"mount:{SETTINGS_VOLUME}": {"v": {"name": SETTINGS_VOLUME, "mountPath": SETTINGS_MOUNT_DIR,
+                                           "readOnly": True}},
+    }
+    if in_args:
+        desired[f"kv:{EXTRA_CONFIG_KEY}.{SETTINGS_FILE_KEY}"] = {"v": SETTINGS_FILE_PATH}
+    return desired
+
+
+#: What a shell script must pass to `vllm serve` for the operator to manage it (the operator
+#: cannot edit a script; with this in it, it only adds the volume and the mount).
+SCRIPT_KV_TRANSFER_CONFIG = ('--kv-transfer-config \'{"kv_connector":"MooncakeStoreConnector",'
+                             '"kv_connector_module_path":"moonlease_connector","kv_role":"kv_both",'
+                             f'"kv_connector_extra_config":{{"{SETTINGS_FILE_KEY}":"{SETTINGS_FILE_PATH}"}}}}\'')
+
+
+def script_loads_settings(container: Mapping[str, Any]) -> bool | None:
+    """None when the container runs no shell script; else whether its script loads our
+    connector and names the settings file (in the script, or by `MOONLEASE_SETTINGS_FILE`)."""
+    script = shell_script(container)
+    if script is None:
+        return None
+    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
+    names_file = SETTINGS_FILE_PATH in script or env.get(SETTINGS_FILE_ENV) == SETTINGS_FILE_PATH
+    return "moonlease_connector" in script and names_file
+
+
+def startup_defaults(obj: Mapping[str, Any], container: str | None) -> MoonleaseConnectorConfig | None:
+    """The connector's start-up settings as the workload's pod template gives them (its
+    `kv_connector_extra_config` and literal env values); None when the connector would refuse
+    them (it would not start)."""
+    found = find_container(obj, container) or {}
+    extra = (kv_doc(found) or {}).get(EXTRA_CONFIG_KEY) or {}
+    env = {e["name"]: e["value"] for e in found.get("env") or [] if "value" in e and "name" in e}
+    try:
+        return MoonleaseConnectorConfig.from_sources(extra, env)
+    except ConnectorConfigError:
+        return None
+
+
+def expected_settings_hash(obj: Mapping[str, Any], container: str | None, file: Mapping[str, Any]) -> str | None:
+    """The hash a pod of `obj` reports once it runs the file holding `file` (None: cannot run)."""
+    defaults = startup_defaults(obj, container)
+    if defaults is None:
+        return None
+    try:
+        return settings_hash(parse_settings_file(json.dumps(dict(file)), defaults))
+    except ConnectorConfigError:
+        return None
+
+
+def settings_endpoint(pod: Mapping[str, Any]) -> str | None:
+    """`ip:port` of a pod's settings endpoint: the pod annotation, else the port its connector
+    container (the one mounting the settings volume) sets (`mooncake_settings_metrics_port` in
+    the kv-transfer-config, then the env var), else the default port."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    port: Any = annotations.get(SETTINGS_PORT_ANNOTATION)
+    if port is None:
+        containers = (pod.get("spec") or {}).get("containers") or []
+        found = next((c for c in containers
+                      if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
+        extra = (kv_doc(found) or {}).get(EXTRA_CONFIG_KEY) or {}
+        env = {e.get("name"): e.get("value") for e in found.get("env") or []}
+        port = extra.get(SETTINGS_METRICS_PORT_KEY, env.get(SETTINGS_METRICS_PORT_ENV) or DEFAULT_SETTINGS_METRICS_PORT)
+    try:
+        return f"{ip}:{int(port)}"
+    except (TypeError, ValueError):
+        return None
+
+
+def reads_settings_file(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod mounts a connector settings volume (the pods worth scraping)."""
+    return any(v.get("name") == SETTINGS_VOLUME for v in (pod.get("spec") or {}).get("volumes") or [])
+
+
+@dataclass(frozen=True)
+class SettingsReport:
+    """What one pod's settings endpoint said (or why it could not be read: `error`)."""
+
+    settings_hash: str | None = None
+    lease_mode: str | None = None
+    refused_hash: str | None = None
+    refused_reason: str | None = None
+    error: str | None = None
+
+
+#: Metric families of the connector's settings endpoint (its names, from the connector).
+INFO_FAMILY = "moonlease_connector_settings_info"
+REFUSED_FAMILY = "moonlease_connector_settings_refused_info"
+
+
+def read_settings_report(samples: Sequence[tuple[str, Mapping[str, str], float]]) -> SettingsReport:
+    """A report from scraped samples `(name, labels, value)`; pure so both ends are testable."""
+    info = [labels for name, labels, value in samples if name == INFO_FAMILY and value == 1]
+    refused = [labels for name, labels, value in samples if name == REFUSED_FAMILY and value == 1]
+    if len(info) != 1:
+        return SettingsReport(error=f"{len(info)} {INFO_FAMILY} series with value 1 (expected one)")
+    return SettingsReport(settings_hash=info[0].get("settings_hash"), lease_mode=info[0].get("lease_mode"),
+                          refused_hash=refused[0].get("settings_hash") if refused else None,
+                          refused_reason=refused[0].get("reason") if refused else None)
+
+
+def evaluate_pod_settings(pod_name: str, report: SettingsReport | None, expected: str | None) -> str | None:
+    """None when the pod runs `expected`; otherwise the per-pod reason (for status and events)."""
+    if expected is None:
+        return (f"pod {pod_name}: the connector would refuse the workload's start-up settings "
+                "(kv_connector_extra_config / environment), so no settings can be verified")
+    if report is None:
+        return f"pod {pod_name}: settings endpoint not read yet"
+    if report.error is not None:
+        return f"pod {pod_name}: settings endpoint unreadable: {report.error}"
+    if report.settings_hash == expected:
+        return None
+    why = (f"; it refused them ({report.refused_reason})" if report.refused_hash == expected
+           and report.refused_reason else "")
+    return (f"pod {pod_name}: connector runs settings {report.settings_hash} (lease mode {report.lease_mode}),"
+            f" expected {expected}{why}")
+

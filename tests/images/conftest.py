@@ -1,0 +1,42 @@
+"""Fixtures of the image smoke tests: the images `make images` builds (built here by the same
+script: a no-op when they are current, a full build on a fresh machine), and one podman network."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.images.podman import IMAGES_SCRIPT, Network, image_name
+
+class Images:
+    """target -> image name, each target built by `tools/images.sh TARGET` on first use (the
+    script is quick when the image is current: podman reuses every cached layer)."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, str] = {}
+
+    def __getitem__(self, target: str) -> str:
+        if target not in self._built:
+            result = subprocess.run(["bash", str(IMAGES_SCRIPT), target], capture_output=True, text=True,
+                                    timeout=3600, env=os.environ)
+            assert result.returncode == 0, \
+                f"make images ({target}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            self._built[target] = image_name(target)
+        return self._built[target]
+
+
+@pytest.fixture(scope="session")
+def images() -> Images:
+    return Images()
+
+
+@pytest.fixture(scope="module")
+def network() -> Iterator[Network]:
+    created = Network.create()
+    try:
+        yield created
+    finally:
+        created.remove()

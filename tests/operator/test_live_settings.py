@@ -1,0 +1,96 @@
+"""Live connector settings verified on running connectors: kopf against the local API server,
+each vLLM pod's settings endpoint served by the connector's real watcher and exporter on
+loopback (`moonlease.testbed.connector_pods`), reading the pod's copy of its ConfigMap as the
+kubelet would keep it. A pod whose connector never reports the new settings keeps its stage
+Progressing with a per-pod reason, then the stage times out and rolls back: the settings file
+goes back, and the pods report the old settings again — no pod restarted on the way."""
+
+from __future__ import annotations
+
+import pytest
+
+from moonlease.testbed.connector_pods import ConnectorPods
+from moonlease.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
+from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
+from moonlease_operator.runner import OperatorThread
+from tests.fixtures.kube import FAST_OPTIONS
+from tests.operator.fleet import (
+    NS,
+    WORKLOADS,
+    ManualClock,
+    condition,
+    create_fleet,
+    phase,
+    policy,
+    reasons,
+    stage_phases,
+    status,
+    workload,
+)
+from tests.support.settings_volume import read_settings_endpoint
+
+pytestmark = pytest.mark.operator
+
+WAIT = 15.0
+
+
+def lease_modes(kube: LocalApiServer, owner: str) -> set[str]:
+    """The lease modes the running connectors of a workload's pods report."""
+    modes = set()
+    for pod in kube.list(PODS, NS):
+        port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
+        if port is not None and pod["metadata"]["ownerReferences"][0]["name"] == owner:
+            modes.add(read_settings_endpoint(int(port)).lease_mode)
+    return modes
+
+
+def file_mode(kube: LocalApiServer, owner: str) -> str:
+    text = kube.get(CONFIGMAPS, NS, settings_config_map_name(owner))["data"][SETTINGS_FILE_NAME]
+    return parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value
+
+
+def decode_target(kube: LocalApiServer) -> dict:
+    return next(t for t in status(kube).get("targets", []) if t["name"] == "llama-decode")
+
+
+async def test_a_pod_that_never_reports_the_new_settings_times_out_and_rolls_back(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    await create_fleet(kube)
+    clock = ManualClock()
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        assert lease_modes(kube, "llama-decode") == {"selective"}
+        generations = {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS}
+        pods = {p["metadata"]["name"] for p in kube.list(PODS, NS)}
+
+        connector_pods.freeze("llama-decode")  # its kubelet never delivers the new file
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+        await kube.wait_for(lambda: stage_phases(kube).get("decode") == "Progressing"
+                            and "connector settings not verified" in decode_target(kube).get("message", ""),
+                            timeout=WAIT, what="the decode stage waiting for its connectors")
+        message = decode_target(kube)["message"]
+        assert decode_target(kube)["phase"] == "Updating"
+        for pod in ("llama-decode-0", "llama-decode-1"):
+            assert f"pod {pod}: connector runs settings" in message and "(lease mode selective)" in message
+        assert "SettingsNotVerified" in reasons(kube, transient=True)
+        assert stage_phases(kube)["prefill"] == "Succeeded" and lease_modes(kube, "llama-prefill") == {"leaseAll"}
+        assert file_mode(kube, "llama-decode") == "leaseAll"  # written; never delivered
+        assert phase(kube) == "Progressing"
+
+        clock.advance(31)  # past stageTimeoutSeconds
+        await kube.wait_for(lambda: phase(kube) == "Degraded", timeout=WAIT, what="phase Degraded")
+        await kube.wait_for(lambda: lease_modes(kube, "llama-prefill") == {"selective"},
+                            timeout=WAIT, what="prefill's connectors back on selective")
+
+    degraded = condition(kube, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "RolledBack")
+    assert "connector settings not verified" in degraded["message"]
+    assert stage_phases(kube) == {"master": "Skipped", "prefill": "RolledBack", "decode": "RolledBack"}
+    assert file_mode(kube, "llama-decode") == file_mode(kube, "llama-prefill") == "selective"
+    assert lease_modes(kube, "llama-decode") == {"selective"}
+    # Forward and back through the settings files alone: no workload changed, no pod restarted.
+    assert {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS} == generations
+    assert {p["metadata"]["name"] for p in kube.list(PODS, NS)} == pods
