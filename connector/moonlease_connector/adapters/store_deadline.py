@@ -11,6 +11,7 @@ never pile up and the waiting thread (the lookup server) stays responsive.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -93,6 +94,13 @@ class BoundedCaller:
 
     def call(self, fn: Callable[[], Any], timeout_s: float | None = None) -> CallResult:
         """`fn()` on the helper thread, waited for at most `timeout_s` (default: the caller's)."""
+        if sys.is_finalizing():
+            # Interpreter shutdown (a `__del__` closing the store): no thread can start now —
+            # `Thread.start()` would wait forever — so the call runs here, without a deadline.
+            try:
+                return CallResult(CallStatus.OK, fn())
+            except Exception as error:  # noqa: BLE001 - reported as data, like the helper's
+                return CallResult(CallStatus.RAISED, error=error)
         state = self._state
         with state.lock:
             if state.busy or self._closed:
