@@ -38,11 +38,21 @@ def _settings_maps(objects: list[JsonObj]) -> dict[str, JsonObj]:
             if (o["metadata"].get("labels") or {}).get(SETTINGS_CONFIG_MAP_LABEL) == "true"}
 
 
-def _without_settings_data(objects: list[JsonObj]) -> list[JsonObj]:
+def _policy_targets(objects: list[JsonObj]) -> set[str]:
+    """The vLLM workloads the rendered policy manages (its targets other than the master)."""
+    policy = one_of_kind(objects, "MooncakeLeasePolicy")
+    return {t["name"] for t in policy["spec"]["targets"]}
+
+
+def one_of_kind(objects: list[JsonObj], kind: str) -> JsonObj:
+    (found,) = find(objects, kind)
+    return found
+
+
+def _without_settings_data(objects: list[JsonObj], workloads: set[str]) -> list[JsonObj]:
     out = copy.deepcopy(objects)
     for obj in out:
-        if (obj["kind"] == "ConfigMap"
-                and (obj["metadata"].get("labels") or {}).get(SETTINGS_CONFIG_MAP_LABEL) == "true"):
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"].removesuffix("-moonlease") in workloads:
             obj.pop("data", None)
     return out
 
@@ -56,9 +66,17 @@ def test_policy_owned_settings_render_adopted_workloads_and_data_less_config_map
     chart_maps, policy_maps = _settings_maps(by_chart), _settings_maps(by_policy)
     assert chart_maps and all("connector-settings.json" in m["data"] for m in chart_maps.values())
     assert sorted(policy_maps) == sorted(chart_maps)
-    assert [m for m in policy_maps.values() if "data" in m] == []
-    # Only the settings' content differs: workloads, Services, the policy, RBAC render the same.
-    assert by_policy == _without_settings_data(by_chart)
+    managed = _policy_targets(by_policy)
+    unmanaged = {m for m in policy_maps if m.removesuffix("-moonlease") not in managed}
+    assert managed and (unmanaged if name == "ab" else not unmanaged)  # ab pins its treatment arm
+    for config_map, obj in policy_maps.items():
+        workload = config_map.removesuffix("-moonlease")
+        if workload in managed:
+            assert "data" not in obj, config_map  # the operator's alone
+        else:  # an arm the policy leaves alone keeps the settings its values give it
+            assert obj["data"] == chart_maps[config_map]["data"], config_map
+    # Only the managed settings' content differs: workloads, Services, the policy, RBAC render the same.
+    assert by_policy == _without_settings_data(by_chart, managed)
 
     deployments = [d for d in find(by_policy, "Deployment") if "vllm" in d["metadata"]["labels"].get(
         "app.kubernetes.io/component", "")]
