@@ -152,7 +152,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         client = context.client()
         async with _lock(memo):
             try:
-                managed = await fetch_managed(client, namespace, name)
+                managed = await fetch_managed(client, namespace, name, read_spec(spec))
                 policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
                 plan = plan_release(policy=_ref(policy), spec=read_spec(spec), previous=read_status(body.get("status")),
                                     managed=managed)

@@ -10,7 +10,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease.testbed.kube import CONFIGMAPS, LocalApiServer
+from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, current, load_release, wait_ready
 from tests.chart.rendering import (
@@ -92,3 +94,30 @@ async def test_a_policy_change_rolls_out_what_the_chart_renders_for_the_same_val
         assert kv_transfer_config(live) == kv_transfer_config(rendered)
         assert env(live, "vllm") == env(rendered, "vllm")
         assert container(live, "vllm")["volumeMounts"] == container(rendered, "vllm")["volumeMounts"]
+
+
+async def test_in_gitops_mode_the_operator_alone_writes_the_settings_and_restores_them_on_deletion(
+        chart: helm.Chart, release_kube: LocalApiServer) -> None:
+    """`vllm.connector.settingsOwner: policy`: the release's settings ConfigMaps come without
+    data; the operator writes the policy's settings into them (no workload changes: they are
+    rendered adopted), and a deleted policy gives them back as rendered — found by name (the
+    operator has no `list` on ConfigMaps), though their workloads never carried its label."""
+    kube = release_kube
+    objects = render_objects(chart, {"vllm": {"connector": {"settingsOwner": "policy", "leaseMode": "selective"}}})
+    names = [f"moonlease-{role}-moonlease" for role in ("prefill", "decode")]
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await load_release(kube, objects)
+        assert all("data" not in kube.get(CONFIGMAPS, NAMESPACE, n) for n in names)
+        await wait_ready(kube)
+        for name in names:
+            text = kube.get(CONFIGMAPS, NAMESPACE, name)["data"][SETTINGS_FILE_NAME]
+            assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective", name
+        for obj in find(objects, "Deployment"):  # adopted as rendered: not one rolling update
+            assert current(kube, obj)["metadata"]["generation"] == 1, obj["metadata"]["name"]
+        await kube.delete("mlp", NAMESPACE, "moonlease")
+        await kube.wait_for(lambda: kube.get("mlp", NAMESPACE, "moonlease") is None, timeout=30,
+                            what="the policy's finalizer to be released")
+    for name in names:
+        assert not kube.get(CONFIGMAPS, NAMESPACE, name).get("data"), name
+    assert not [c for c in kube.api_calls() if (c.verb, c.rbac_resource) == ("list", "configmaps")
+                and c.user_agent.startswith("moonlease-operator/")]

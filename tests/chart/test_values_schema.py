@@ -102,6 +102,9 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "an unknown lease mode": (
         {"vllm": {"connector": {"leaseMode": "leaseNone"}}},
         "at '/vllm/connector/leaseMode': value must be one of 'leaseAll', 'selective', 'lastHitOnly'"),
+    "an unknown settings owner": (
+        {"vllm": {"connector": {"settingsOwner": "argocd"}}},
+        "at '/vllm/connector/settingsOwner': value must be one of 'chart', 'policy'"),
     "a lease switch set by hand": (
         {"vllm": {"connector": {"extraConfig": {"mooncake_selective_lease": True}}}},
         "at '/vllm/connector/extraConfig': additional properties 'mooncake_selective_lease' not allowed"),

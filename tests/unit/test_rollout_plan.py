@@ -27,6 +27,7 @@ from moonlease_operator.core.compatibility import (
 )
 from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import (
+    SETTINGS_CONFIG_MAP_LABEL,
     SettingsReport,
     reads_settings_file,
     settings_config_map_name,
@@ -35,7 +36,17 @@ from moonlease_operator.core.connector_delivery import (
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, POLICY_LABEL, build_update
 from moonlease_operator.core.fleet import Claim, evaluate_claims, resolve_fleet
 from moonlease_operator.core.health import Health, evaluate_health
-from moonlease_operator.core.rollout import Observed, PolicyRef, ReconcilePlan, plan_fetch, plan_reconcile, plan_release
+from moonlease_operator.core.changes import ChangeAction
+from moonlease_operator.core.rollout import (
+    Observed,
+    PolicyRef,
+    ReconcilePlan,
+    config_maps_to_restore,
+    plan_fetch,
+    plan_reconcile,
+    plan_release,
+    settings_config_maps_to_read,
+)
 from moonlease_operator.api import PolicySpecError, parse_spec
 
 pytestmark = pytest.mark.unit
@@ -565,6 +576,36 @@ def test_release_restores_the_targets_and_keeps_the_master_by_default() -> None:
         assert new["metadata"]["labels"] == originals[change.ref]["metadata"]["labels"]
         expected = configured_master if change.name == "mooncake-master" else originals[change.ref]["spec"]
         assert new["spec"] == expected
+
+
+def test_release_gives_the_settings_config_maps_back_and_keeps_the_masters_file_by_default() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    assert set(cluster.config_maps) == {"prefill-moonlease", "decode-moonlease"}
+    managed = [*cluster.workloads.values(), *({"kind": "ConfigMap", **c} for c in cluster.config_maps.values())]
+    # A master file the policy changed (as the deletion reads it): no settings label.
+    master_file = copy.deepcopy(managed[-1])
+    master_file["metadata"]["name"] = "cfg"
+    master_file["metadata"]["labels"].pop(SETTINGS_CONFIG_MAP_LABEL)
+    spec = read_spec(spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}}))
+    plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=spec, previous=cluster.status,
+                        managed=[*managed, master_file])
+    actions = {c.name: c.action for c in plan.changes if c.kind == "ConfigMap"}
+    assert actions == {"prefill-moonlease": ChangeAction.RELEASE, "decode-moonlease": ChangeAction.RELEASE,
+                       "cfg": ChangeAction.FORGET}
+
+
+def test_config_maps_are_named_for_reading_by_name() -> None:
+    """The operator reads ConfigMaps by name only (RBAC `get`): the targets' settings files while
+    reconciling; every workload's settings file and the master's file when the policy is deleted."""
+    cluster = fleet()
+    spec = read_spec(spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}}))
+    assert settings_config_maps_to_read(spec, cluster.workloads) == ("prefill-moonlease", "decode-moonlease")
+    assert plan_fetch(spec, PolicyStatus()).spec is spec
+    others = [*cluster.workloads.values(), deployment("unrelated")]
+    assert config_maps_to_restore(spec, others) == (
+        "mooncake-master-moonlease", "prefill-moonlease", "decode-moonlease", "unrelated-moonlease", "cfg")
+    assert config_maps_to_restore(read_spec({"master": {}}), others)[-1] == "unrelated-moonlease"
 
 
 def test_release_with_restore_restarts_the_master_only_once_approved() -> None:

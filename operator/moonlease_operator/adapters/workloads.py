@@ -1,9 +1,10 @@
 """Kubernetes I/O of the rollout: read what the planner needs, write what it decided. Not pure.
 
-`fetch_observed` costs a fixed number of requests whatever the fleet size (one LIST per kind,
-not one GET per workload): policies, Deployments and StatefulSets of the namespace, the
-connector-settings ConfigMaps (by label), the master's ConfigMap when it has one, and the
-namespace's pods only while a stage is being verified.
+`fetch_observed` lists what it may list (one LIST per kind): policies, Deployments and
+StatefulSets of the namespace, and the namespace's pods only while a stage is being verified.
+ConfigMaps are read by name, concurrently (least privilege: `get`, never `list`, on
+ConfigMaps): the master's when it has one and the settings ConfigMap of each vLLM workload of
+the policy.
 
 `apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
 sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
@@ -20,13 +21,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
-from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
+from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicySpec, PolicySpecError, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
-from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
-from moonlease_operator.core.slots import POLICY_LABEL, build_merge_patch, build_update, policy_label_value
+from moonlease_operator.core.slots import build_merge_patch, build_update, managed_by, policy_label_value
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
-from moonlease_operator.core.rollout import EventNote, FetchPlan, Observed
+from moonlease_operator.core.rollout import (
+    EventNote,
+    FetchPlan,
+    Observed,
+    config_maps_to_restore,
+    settings_config_maps_to_read,
+)
 from moonlease_operator.core.write_failures import WriteFailure
 
 _PREFIXES: Mapping[str, tuple[str, str]] = {
@@ -56,7 +62,6 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
     `policies`: the namespace's policies when the caller has just listed them."""
     kinds = WORKLOAD_KINDS if policies is not None else (KIND, *WORKLOAD_KINDS)
     lists = [client.list(object_path(kind, namespace)) for kind in kinds]
-    lists.append(client.list(object_path("ConfigMap", namespace), label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true"))
     if plan.pods:
         lists.append(client.list(object_path("Pod", namespace)))
     answers = list(await asyncio.gather(*lists))
@@ -64,15 +69,26 @@ async def fetch_observed(client: KubeClient, namespace: str, plan: FetchPlan, *,
         policies = answers.pop(0)
     workloads = {(kind, obj["metadata"]["name"]): _with_kind(obj, kind)
                  for kind, items in zip(WORKLOAD_KINDS, answers, strict=False) for obj in items}
-    config_maps = {obj["metadata"]["name"]: _with_kind(obj, "ConfigMap") for obj in answers[len(WORKLOAD_KINDS)]}
-    for name in plan.config_maps:
-        try:
-            config_maps[name] = _with_kind(await client.get(object_path("ConfigMap", namespace, name)), "ConfigMap")
-        except ApiError as exc:
-            if not exc.not_found:
-                raise
-    pods = answers[len(WORKLOAD_KINDS) + 1] if plan.pods else None
+    names = (*plan.config_maps, *(settings_config_maps_to_read(plan.spec, workloads) if plan.spec else ()))
+    config_maps = await fetch_config_maps(client, namespace, names)
+    pods = answers[len(WORKLOAD_KINDS)] if plan.pods else None
     return Observed(workloads=workloads, config_maps=config_maps, policies=policies, pods=pods)
+
+
+async def fetch_config_maps(client: KubeClient, namespace: str, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The named ConfigMaps that exist, read concurrently by name (a missing one is left out)."""
+    unique = list(dict.fromkeys(names))
+
+    async def one(name: str) -> dict[str, Any] | None:
+        try:
+            return _with_kind(await client.get(object_path("ConfigMap", namespace, name)), "ConfigMap")
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    found = await asyncio.gather(*(one(name) for name in unique))
+    return {name: obj for name, obj in zip(unique, found, strict=True) if obj is not None}
 
 
 def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -81,12 +97,16 @@ def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return obj
 
 
-async def fetch_managed(client: KubeClient, namespace: str, policy: str) -> list[dict[str, Any]]:
-    """Every workload and ConfigMap of the namespace that carries this policy's label."""
-    selector = f"{POLICY_LABEL}={policy_label_value(policy)}"
-    kinds = (*WORKLOAD_KINDS, "ConfigMap")
-    answers = await asyncio.gather(*(client.list(object_path(k, namespace), label_selector=selector) for k in kinds))
-    return [_with_kind(obj, kind) for kind, items in zip(kinds, answers, strict=True) for obj in items]
+async def fetch_managed(client: KubeClient, namespace: str, policy: str,
+                        spec: PolicySpec | PolicySpecError) -> list[dict[str, Any]]:
+    """Every workload and ConfigMap of the namespace that carries this policy's label. The
+    workloads are listed; the ConfigMaps it may have changed are read by name
+    (`config_maps_to_restore`: `get`, never `list`, on ConfigMaps) and kept when labelled."""
+    label = policy_label_value(policy)
+    answers = await asyncio.gather(*(client.list(object_path(k, namespace)) for k in WORKLOAD_KINDS))
+    workloads = [_with_kind(obj, kind) for kind, items in zip(WORKLOAD_KINDS, answers, strict=True) for obj in items]
+    config_maps = await fetch_config_maps(client, namespace, config_maps_to_restore(spec, workloads))
+    return [obj for obj in (*workloads, *config_maps.values()) if managed_by(obj) == label]
 
 
 @dataclass

@@ -39,7 +39,8 @@ from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc, shell_script
 
 SETTINGS_VOLUME = "moonlease-connector-settings"
-#: Label of every connector-settings ConfigMap (the operator lists them by it); value: "true".
+#: Label of every connector-settings ConfigMap, value "true" (for people and GitOps tools: the
+#: operator reads each by name, `<workload>-moonlease`).
 SETTINGS_CONFIG_MAP_LABEL = f"{GROUP}/connector-settings"
 #: Pod annotation overriding the settings endpoint's port (like `prometheus.io/port`).
 SETTINGS_PORT_ANNOTATION = f"{GROUP}/settings-metrics-port"

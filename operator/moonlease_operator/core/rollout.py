@@ -69,6 +69,7 @@ from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import (
+    SETTINGS_CONFIG_MAP_LABEL,
     SettingsReport,
     adoption_hash,
     build_settings_file_desired,
@@ -150,6 +151,9 @@ class FetchPlan:
     pods: bool
     ab_due: bool = False
     """An A/B test is measuring and its interval has passed: read the arms' metrics."""
+    spec: PolicySpec | None = None
+    """The spec whose vLLM workloads' settings ConfigMaps to read, by name, once the workloads
+    are listed (`settings_config_maps_to_read`); None: none (an invalid spec plans nothing)."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +192,25 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
     due = now is not None and previous.paused_at is None and measurement_due(previous.ab_test, ab, now)
     scraping = due and ab is not None and ab.prometheus is None
     return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
-                     ab_due=due)
+                     ab_due=due, spec=spec)
+
+
+def settings_config_maps_to_read(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> tuple[str, ...]:
+    """The settings ConfigMaps of the policy's vLLM workloads (`<workload>-moonlease`): read one
+    by one by name, so the operator needs `get` on ConfigMaps, never `list` (least privilege)."""
+    return tuple(settings_config_map_name(m.name) for m in resolve_fleet(spec, workloads).members
+                 if m.stage is not StageName.MASTER)
+
+
+def config_maps_to_restore(spec: PolicySpec | PolicySpecError, workloads: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """The ConfigMaps a deleted policy may have changed, by name (read with `get`; the caller
+    keeps those that carry the policy's label): the settings ConfigMap of every workload of the
+    namespace (a live settings change labels the ConfigMap, not its workload) and the master's
+    file. An invalid spec names no master file: one the policy changed is then left as it is."""
+    names = [settings_config_map_name(obj["metadata"]["name"]) for obj in workloads]
+    if isinstance(spec, PolicySpec) and spec.master.config_map is not None:
+        names.append(spec.master.config_map.name)
+    return tuple(dict.fromkeys(names))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1240,7 +1262,11 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
         ref = (str(obj.get("kind")), str(meta.get("name")))
-        is_master = ref in masters or ref[0] == "ConfigMap"
+        # A target's settings ConfigMap is given back like its target; any other ConfigMap may
+        # be the master's (from an invalid spec, the last status names only its workload).
+        is_settings = ref[0] == "ConfigMap" and (meta.get("labels") or {}).get(SETTINGS_CONFIG_MAP_LABEL) == "true" \
+            and ref not in masters
+        is_master = ref in masters or (ref[0] == "ConfigMap" and not is_settings)
         action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
         change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
