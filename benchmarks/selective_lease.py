@@ -4,7 +4,7 @@
 What it measures
 ----------------
 1. Lookup microbenchmark. `MoonleaseStoreWorker.lookup` (vLLM's real coordinator, built without
-   an engine by `moonlease/bench/workers.build_worker`) for three layouts from that module's
+   an engine by `moonlease/bench/workers.build_lookup`) for three layouts from that module's
    `LAYOUTS` — full attention; full attention + a 40-token sliding window; full attention +
    align-mode Mamba with a checkpoint every 64 tokens (4 hash blocks) on 2 rank namespaces —
    all with 16-token hash blocks, prompts of 16/64/256/512 blocks whose every key is in the
@@ -64,6 +64,7 @@ Knobs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -97,7 +98,6 @@ from moonlease.bench.saves import (  # noqa: E402  (after the source paths above
 from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence  # noqa: E402
 from moonlease.bench.environment import fetch_environment  # noqa: E402
 from moonlease.bench.stats import percentile  # noqa: E402
-from moonlease.bench.workers import last_outcome  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "selective_lease.md"
 LOG_ROOT = REPO / "benchmarks" / "results" / "tmp"
@@ -203,20 +203,19 @@ def emit_progress(count: int) -> None:
 
 
 def build_mode_worker(layout: Any, store: Any, mode: str, retention_interval: int | None = None) -> Any:
-    """`mode` is this benchmark's name: "default" (lease all) or "selective"."""
-    from moonlease.bench.workers import build_mode_worker as build
+    """Our lookup object in `mode`: "default" (lease all) or "selective"."""
+    from moonlease.bench.workers import build_lookup
     from moonlease_connector.config import LeaseMode
 
     lease_mode = LeaseMode.SELECTIVE if mode == "selective" else LeaseMode.LEASE_ALL
-    return build(layout, store, lease_mode, retention_interval=retention_interval)
+    return build_lookup(layout, store, lease_mode, retention_interval=retention_interval)
 
 
 def candidate_keys(worker: Any, num_tokens: int, hashes: Sequence[bytes]) -> tuple[str, ...]:
     from moonlease_connector.core.lookup import build_candidates
 
-    groups = worker.store_groups()
     length = worker.coord.align_lookup_length(num_tokens)
-    return build_candidates(groups, worker.lookup_chunk_hashes(groups, length, hashes)).keys
+    return build_candidates(worker.groups, worker.lookup_chunk_hashes(worker.groups, length, hashes)).keys
 
 
 # ------------------------------------------------------------------ microbenchmark (child)
@@ -288,7 +287,7 @@ def measure_configuration(layout_name: str, blocks: int, transport: str, inner: 
             started = time.perf_counter_ns()
             result = worker.lookup(num_tokens, hashes)
             elapsed = time.perf_counter_ns() - started
-            outcome = last_outcome(worker)
+            outcome = dataclasses.asdict(result.outcome)
             if iteration < micro.warmup:
                 continue
             record = samples[mode]
@@ -523,7 +522,6 @@ def prepare_workload(layout_name: str, retention: str, settings: PressureSetting
     requests = []
     for request in workload.requests:
         ideal = worker.lookup(request.num_tokens, list(request.hashes)).hit_length
-        worker.get_kv_connector_stats()
         chunks = build_prompt_chunks(worker, request.hashes, HASH_BLOCK_TOKENS)
         chunks_per_request.append(chunks)
         for chunk in chunks:
@@ -540,7 +538,6 @@ def prepare_workload(layout_name: str, retention: str, settings: PressureSetting
         hits = []
         for request in final:
             result = worker.lookup(request.num_tokens, list(request.hashes))
-            worker.get_kv_connector_stats()
             hits.append(result.hit_length)
             reads |= keys_the_load_reads(worker, list(request.hashes), result)
         return reads, hits
@@ -575,7 +572,7 @@ def run_pressure_mode(prepared: PreparedWorkload, mode: str, segment_mib: int,
         for number, (request, chunks) in enumerate(zip(requests, prepared.chunks, strict=True), 1):
             counting.reset()
             result = worker.lookup(request.num_tokens, list(request.hashes))
-            outcome = last_outcome(worker)
+            outcome = dataclasses.asdict(result.outcome)
             keys_leased += outcome["keys_leased"]
             lookup_rpcs += counting.rpcs
             hit = result.hit_length
@@ -604,7 +601,6 @@ def run_pressure_mode(prepared: PreparedWorkload, mode: str, segment_mib: int,
             hits = []
             for request in final_requests:
                 hits.append(worker.lookup(request.num_tokens, list(request.hashes)).hit_length)
-                worker.get_kv_connector_stats()
             final[name] = {"requests": len(hits), "hit_tokens": sum(hits), "ideal_tokens": sum(ideal),
                            "full_hits": sum(1 for h, i in zip(hits, ideal) if h >= i),
                            "misses": sum(1 for h, i in zip(hits, ideal) if h == 0 and i > 0)}
@@ -787,7 +783,7 @@ METHOD_NOTES = [
     "## Method notes and limits",
     "",
     "- No vLLM engine runs here: lookups go through `MoonleaseStoreWorker.lookup` built around "
-    "vLLM's real coordinator (`moonlease/bench/workers.build_worker`); the pressure run's "
+    "vLLM's real coordinator (`moonlease/bench/workers.build_lookup`); the pressure run's "
     "saves imitate upstream's worker (first save of a request checks every full-attention block "
     "from token 0, which leases them; the sliding-window group only holds the loaded window and "
     "new blocks; Mamba states are put only as new boundary states). Eviction, leases and "

@@ -61,6 +61,13 @@ if [[ ! -f "$VLLM_033_DIR/vllm/__init__.py" ]]; then
         -r requirements/vllm-0.33.txt 2> >(grep -v "is ignored: it is neither" >&2)
 fi
 
+# 3c. vLLM's own Mooncake store unit tests, from the supported releases' source distributions
+#     (tests/compat runs them with our classes in place; fetched once into the cache, never
+#     committed). Without network now, the test fetches them on its first run instead.
+say "fetching vLLM's Mooncake store test suites (tests/compat)"
+"$VENV/bin/python" -m moonlease.devenv.upstream_suites \
+    || say "could not fetch them now; tests/compat/test_upstream_store_suites.py will on its first run"
+
 # 4. The libcuda stub that lets the CUDA 13 Mooncake wheel load on a machine without a GPU.
 say "building the CPU libcuda stub"
 "$VENV/bin/python" -m moonlease.devenv build-stub

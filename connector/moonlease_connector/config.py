@@ -57,6 +57,11 @@ class MoonleaseConnectorConfig(BaseModel):
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
+    mooncake_lookup_timeout_ms: int = Field(
+        1000, ge=1, le=600_000,
+        description="Deadline of one store lookup (all its store calls together), in ms. Past it "
+                    "the lookup is a miss (reason store_timeout) and later lookups miss at once "
+                    "until the abandoned store call returns; the lookup server stays responsive.")
 
     @model_validator(mode="after")
     def _one_lease_mode(self) -> "MoonleaseConnectorConfig":

@@ -33,7 +33,7 @@ from moonlease.bench.belady import BeladyStore, build_read_index
 from moonlease.bench.saves import ValueSizes, apply_save, build_prompt_chunks, build_save_keys
 from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
 from moonlease.bench.trace import Trace
-from moonlease.bench.workers import Layout, build_mode_worker, keys_the_load_reads, last_outcome, layout_by_name
+from moonlease.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
 from moonlease_connector.config import LeaseMode
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
 
@@ -140,22 +140,21 @@ def build_ideal_replay(trace: Trace, *, junction_retention: bool, sizes: ValueSi
     """Every request against a never-evicting in-memory store, through the same code."""
     layout = layout_by_name(trace.header.layout)
     store = DictStore()
-    worker = build_mode_worker(layout, store, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
-                               retention_interval=_retention_interval(trace))
+    lookup = build_lookup(layout, store, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+                          retention_interval=_retention_interval(trace))
     block = trace.header.hash_block_tokens
     ideal = IdealReplay([], [], [])
     last_use: dict[str, float] = {}
     for request in trace.requests:
         hashes = request.hashes()
-        result = worker.lookup(request.prompt_tokens(block), hashes)
-        worker.get_kv_connector_stats()
+        result = lookup.lookup(request.prompt_tokens(block), hashes)
         hit = result.hit_length
-        reads = sorted(keys_the_load_reads(worker, hashes, result))
+        reads = sorted(keys_the_load_reads(lookup, hashes, result))
         ideal.hits.append(hit)
         ideal.ages.append(state_age(reads, last_use, request.arrival_s) if hit > 0 else None)
         ideal.reads.append(reads)
-        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
-        saved = build_save_keys(worker, hashes, hit, chunks)
+        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
+        saved = build_save_keys(lookup, hashes, hit, chunks)
         for chunk in saved:
             for key in chunk.keys:
                 ideal.key_sizes.setdefault(key, sizes.of(chunk))
@@ -173,18 +172,17 @@ def build_belady_replay(trace: Trace, ideal: IdealReplay, capacity_bytes: int, *
     belady = BeladyStore(capacity_bytes, build_read_index(ideal.reads), ideal.key_sizes)
     view = DictStore()
     view.keys = belady.present  # lookups see exactly what MIN kept
-    worker = build_mode_worker(layout, view, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
-                               retention_interval=_retention_interval(trace))
+    lookup = build_lookup(layout, view, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+                          retention_interval=_retention_interval(trace))
     block = trace.header.hash_block_tokens
     hits = []
     for step, request in enumerate(trace.requests):
         hashes = request.hashes()
-        result = worker.lookup(request.prompt_tokens(block), hashes)
-        worker.get_kv_connector_stats()
+        result = lookup.lookup(request.prompt_tokens(block), hashes)
         hits.append(result.hit_length)
         belady.touch(ideal.reads[step], step)
-        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
-        belady.admit([key for chunk in build_save_keys(worker, hashes, result.hit_length, chunks)
+        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
+        belady.admit([key for chunk in build_save_keys(lookup, hashes, result.hit_length, chunks)
                       for key in chunk.keys], step)
     return hits
 
@@ -210,8 +208,8 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
     """Replay every request: lookup in `mode` (counted), then upstream's save, on `store`."""
     layout = layout_by_name(trace.header.layout)
     counting = CountingStore(store)
-    worker = build_mode_worker(layout, counting, mode.lease_mode, junction_retention=mode.junction_retention,
-                               retention_interval=_retention_interval(trace))
+    lookup = build_lookup(layout, counting, mode.lease_mode, junction_retention=mode.junction_retention,
+                          retention_interval=_retention_interval(trace))
     block = trace.header.hash_block_tokens
     run = ModeRun([], LookupCosts())
     for step, request in enumerate(trace.requests):
@@ -223,14 +221,13 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         prompt_tokens = request.prompt_tokens(block)
         counting.reset()
         started = clock()
-        result = worker.lookup(prompt_tokens, hashes)
+        result = lookup.lookup(prompt_tokens, hashes)
         elapsed = clock() - started
-        outcome = last_outcome(worker)
-        run.costs.add(keys_leased=outcome["keys_leased"], rpcs=counting.rpcs, latency_us=elapsed * 1e6)
+        run.costs.add(keys_leased=result.outcome.keys_leased, rpcs=counting.rpcs, latency_us=elapsed * 1e6)
         run.accounts.append(RequestAccount(prompt_tokens, ideal.hits[step], result.hit_length,
                                            ideal.ages[step]))
-        chunks = build_prompt_chunks(worker, hashes, block, _junctions(result))
-        saved = apply_save(store, build_save_keys(worker, hashes, result.hit_length, chunks), sizes)
+        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
+        saved = apply_save(store, build_save_keys(lookup, hashes, result.hit_length, chunks), sizes)
         run.keys_put += saved.keys_put
         run.put_failures += saved.put_failures
         run.put_failed_keys += saved.keys_failed

@@ -50,7 +50,7 @@ class SaveResult:
     keys_failed: int  # keys in those calls
 
 
-def build_prompt_chunks(worker: Any, hashes: Sequence[bytes], hash_block_tokens: int,
+def build_prompt_chunks(lookup: Any, hashes: Sequence[bytes], hash_block_tokens: int,
                         junctions: Sequence[int] = ()) -> list[ChunkKeys]:
     """Every key storing this prompt writes, each group's chunks keyed at their end.
 
@@ -60,14 +60,14 @@ def build_prompt_chunks(worker: Any, hashes: Sequence[bytes], hash_block_tokens:
     `store_mask` leaves out only because those travel as boundary puts). `junctions` add the
     sliding-window tails junction retention keeps (never Mamba states).
     """
-    coord = worker.coord
+    coord = lookup.coord
     num_tokens = len(hashes) * hash_block_tokens
     aligned = num_tokens // coord.lcm_block_size * coord.lcm_block_size
     if aligned == 0:
         return []
     masks = list(coord._reachable_masks(aligned, 0, retention_interval=coord.retention_interval,
                                         num_prompt_tokens=num_tokens))
-    groups = worker.store_groups()
+    groups = lookup.groups
     if junctions:
         junction_masks = JunctionStoreMasks(coord).junction_masks(aligned, 0, tuple(junctions))
         recurrent = [any(g.group_id == i and g.is_recurrent for g in groups)
@@ -75,7 +75,7 @@ def build_prompt_chunks(worker: Any, hashes: Sequence[bytes], hash_block_tokens:
         masks = list(add_junction_tails(masks, junction_masks, recurrent).masks)
     chunks = []
     for group in groups:
-        spec = worker._kv_cache_groups[group.group_id].kv_cache_spec
+        spec = coord.kv_cache_groups[group.group_id].kv_cache_spec
         chunk_hashes = coord.block_hashes_for_spec(list(hashes), spec)
         mask = masks[group.group_id]
         for chunk in range(aligned // group.block_size):
@@ -85,7 +85,7 @@ def build_prompt_chunks(worker: Any, hashes: Sequence[bytes], hash_block_tokens:
     return chunks
 
 
-def build_save_keys(worker: Any, hashes: Sequence[bytes], hit: int,
+def build_save_keys(lookup: Any, hashes: Sequence[bytes], hit: int,
                     chunks: Sequence[ChunkKeys]) -> list[ChunkKeys]:
     """What upstream's worker checks with `batch_is_exist` (and puts when missing) after a hit.
 
@@ -93,7 +93,7 @@ def build_save_keys(worker: Any, hashes: Sequence[bytes], hit: int,
     and for a sliding window only the blocks the engine holds (the loaded window, then the new
     ones); recurrent states are saved only as new boundary states after the hit.
     """
-    load_masks = worker.coord.load_mask(list(hashes), hit) if hit > 0 else None
+    load_masks = lookup.coord.load_mask(list(hashes), hit) if hit > 0 else None
     keep = []
     for chunk in chunks:
         if chunk.end_tokens > hit:

@@ -34,6 +34,14 @@ class DictStore:
         self.keys.update(keys)
         return 0
 
+    def put(self, key: str, value: bytes) -> int:
+        self.keys.add(key)
+        return 0
+
+    def remove(self, key: str, force: bool = False) -> int:
+        self.keys.discard(key)
+        return 0
+
 
 class CountingStore:
     """Counts the lookup's RPCs and the keys they carry; forwards to the real store."""
@@ -59,6 +67,13 @@ class CountingStore:
         self.probe_rpcs += 1
         self.keys_sent += len(keys)
         return self.inner.batch_probe_key(keys, policy, candidate_size)
+
+    # Not lookup RPCs: the last-hit-only contract probe writes and removes its own keys.
+    def put(self, key: str, value: bytes) -> int:
+        return self.inner.put(key, value)
+
+    def remove(self, key: str, force: bool = False) -> int:
+        return self.inner.remove(key, force)
 
 
 class MooncakeBed:

@@ -1,16 +1,17 @@
-"""Lookup workers built around vLLM's real coordinator, without an engine.
+"""Lookups built around vLLM's real coordinator, without an engine.
 
-`build_worker(cls, layout, store)` gives an upstream `MooncakeStoreWorker` or our
-`MoonleaseStoreWorker` with only what `lookup` reads: the coordinator of the named group
-layout, rank namespaces, and a store handle (an in-memory store, a recorder in unit tests, a
-real Mooncake client in store tests and `moonlease bench replay`). Product code of the replay
-benchmark; the tests import it from here (`tests/support/lookup_workers.py` adds test-only
-recorders).
+`build_lookup(layout, store, mode)` builds our lookup object (`vllm_lookup.StoreLookup`) from
+explicit inputs, exactly as `MoonleaseStoreWorker` does; `build_upstream_lookup(layout, store)`
+gives upstream's own `MooncakeStoreWorker.lookup`, the reference. The store is an in-memory
+store, a recorder in unit tests, or a real Mooncake client in store tests and the benchmarks.
+Product code of `moonlease bench`; the tests import it from here
+(`tests/support/lookup_workers.py` adds test-only recorders).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -26,12 +27,26 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls
-from moonlease_connector.adapters.vllm_metrics import LOOKUPS_KEY, MoonleaseConnectorStats
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import (
+    MooncakeStoreConnectorStats,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
+
+from moonlease_connector.adapters.mooncake_store import (
+    ProbeContractDetector,
+    RecordOperation,
+    StoreCalls,
+)
+from moonlease_connector.adapters.vllm_lookup import (
+    LookupInputs,
+    StoreLookup,
+    build_store_lookup,
+    store_groups_of,
+)
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.last_hit import LAST_HIT_ONLY_POLICY
+from moonlease_connector.core.lookup import GroupNamespaces
 
 HASH_BLOCK = 16
 
@@ -73,9 +88,19 @@ LAYOUTS = [
 ]
 
 
-def build_worker(cls: type, layout: Layout, store: Any,
-                 config: MoonleaseConnectorConfig | None = None, *,
-                 retention_interval: int | None = None) -> Any:
+@dataclass(frozen=True)
+class LayoutParts:
+    """What a lookup over a layout reads, built once: vLLM's real coordinator and the store's
+    view of the groups (rank namespaces named like upstream's keys, model "tiny")."""
+
+    layout: Layout
+    coordinator: MooncakeStoreCoordinator
+    groups: tuple[GroupNamespaces, ...]
+    key_prefixes: tuple[tuple[str, ...], ...]
+    hash_block_size: int = HASH_BLOCK
+
+
+def build_layout_parts(layout: Layout, *, retention_interval: int | None = None) -> LayoutParts:
     """`retention_interval` only matters to saves (an engine's default is 0: sparse)."""
     groups = [KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=spec)
               for i, spec in enumerate(layout.specs)]
@@ -83,25 +108,71 @@ def build_worker(cls: type, layout: Layout, store: Any,
                                      use_eagle=layout.eagle,
                                      retention_interval=retention_interval,
                                      enable_partial_hash_hits=layout.partial_hits)
-    worker = object.__new__(cls)
-    worker._capacity_only = False
-    worker.coord = coord
-    worker._kv_cache_groups = coord.kv_cache_groups
-    worker.token_dbs = [SimpleNamespace(block_size=spec.block_size) for spec in layout.specs]
-    worker._lookup_key_prefixes = tuple(
+    prefixes = tuple(
         tuple(f"tiny@tp_rank:{rank}@pcp0@dcp0@pp_rank:0@group:{group}" for rank in range(count))
         for group, count in enumerate(layout.namespaces))
-    worker.hash_block_size = HASH_BLOCK
-    worker.store = store
-    worker._kv_connector_stats_lock = threading.Lock()
-    worker.kv_connector_stats = MoonleaseConnectorStats()
-    if cls is MoonleaseStoreWorker:
-        worker.moonlease_config = config or MoonleaseConnectorConfig()
-        worker.store_calls = StoreCalls(store, worker._record_kv_connector_operation)
-    return worker
+    store_groups = store_groups_of(coord.kv_cache_groups, [spec.block_size for spec in layout.specs],
+                                   prefixes)
+    return LayoutParts(layout, coord, store_groups, prefixes)
 
 
-def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> set[str]:
+#: A Mooncake 0.3.14 client (per-key `LastHitOnly` answers); the in-memory stores answer alike.
+CLIENT_0_3_14 = StoreCapabilities("0.3.14", True, ("none", LAST_HIT_ONLY_POLICY))
+
+
+def _ignore_operation(operation: str, duration_seconds: float, num_keys: int, **_: Any) -> None:
+    """Store-call records nobody reads (benchmarks count RPCs with `CountingStore`)."""
+
+
+def build_lookup(layout: Layout | LayoutParts, store: Any,
+                 settings: MoonleaseConnectorConfig | LeaseMode | None = None, *,
+                 junction_retention: bool = False, capabilities: StoreCapabilities = CLIENT_0_3_14,
+                 record: RecordOperation | None = None,
+                 retention_interval: int | None = None) -> StoreLookup:
+    """Our lookup object over `store`, built the way `MoonleaseStoreWorker` builds it.
+
+    `settings` is a full config or just a lease mode (with `junction_retention`); `record`
+    receives every store call (upstream's `_record_kv_connector_operation` signature). In
+    last-hit-only mode the store's `LastHitOnly` response contract is detected from the store
+    first, as the worker does (the in-memory stores answer per key, like Mooncake 0.3.14).
+    """
+    parts = layout if isinstance(layout, LayoutParts) else build_layout_parts(
+        layout, retention_interval=retention_interval)
+    if not isinstance(settings, MoonleaseConnectorConfig):
+        settings = MoonleaseConnectorConfig.for_mode(settings or LeaseMode.LEASE_ALL,
+                                                     junction_retention=junction_retention)
+    probe_contract = ProbeContractDetector(store)
+    if settings.lease_mode is LeaseMode.LAST_HIT_ONLY:
+        probe_contract.detect()
+    return build_store_lookup(LookupInputs(
+        groups=parts.groups, coordinator=parts.coordinator, hash_block_size=parts.hash_block_size,
+        store_calls=StoreCalls(store, record or _ignore_operation), settings=settings,
+        capabilities=capabilities, probe_contract=probe_contract))
+
+
+def build_upstream_lookup(layout: Layout | LayoutParts, store: Any) -> Callable[[int, Any], Any]:
+    """Upstream's own `MooncakeStoreWorker.lookup` over `store`: the reference lease-all.
+
+    Upstream's worker has no constructor that skips connecting to a store, so the reference is
+    assembled around its real coordinator with exactly the attributes its `lookup` (and
+    `_tail_key_boundaries`) reads; the method that runs is upstream's, unchanged.
+    """
+    parts = layout if isinstance(layout, LayoutParts) else build_layout_parts(layout)
+    reference = object.__new__(MooncakeStoreWorker)
+    reference._capacity_only = False
+    reference.coord = parts.coordinator
+    reference._kv_cache_groups = parts.coordinator.kv_cache_groups
+    reference.token_dbs = [SimpleNamespace(block_size=spec.block_size) for spec in parts.layout.specs]
+    reference._lookup_key_prefixes = parts.key_prefixes
+    reference.hash_block_size = parts.hash_block_size
+    reference.store = store
+    reference._kv_connector_stats_lock = threading.Lock()
+    reference.kv_connector_stats = MooncakeStoreConnectorStats()
+    return reference.lookup
+
+
+def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[bytes],
+                        result: Any) -> set[str]:
     """Every key the receiver reads to load `result`, across all rank namespaces.
 
     An independent reading of upstream's receive path (KVCacheStoreRecvingThread): chunks from
@@ -110,23 +181,23 @@ def keys_the_load_reads(worker: Any, block_hashes: list[bytes], result: Any) -> 
     """
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import ChunkedTokenDatabase
 
+    coord = lookup.coordinator if isinstance(lookup, LayoutParts) else lookup.coord
     hit = result.hit_length
     if hit <= 0:
         return set()
-    masks = worker.coord.load_mask(block_hashes, hit)
+    masks = coord.load_mask(block_hashes, hit)
     tails = {boundary.group_id: boundary.num_tokens for boundary in result.tail_key_boundaries}
     keys: set[str] = set()
-    for group, db in enumerate(worker.token_dbs):
-        if not worker._kv_cache_groups[group].kv_cache_spec.prefix_cacheable:
-            continue
-        database = SimpleNamespace(block_size=db.block_size, hash_block_size=worker.hash_block_size)
+    for group in lookup.groups:
+        database = SimpleNamespace(block_size=group.block_size, hash_block_size=lookup.hash_block_size)
+        mask = masks[group.group_id]
         for start, end, chunk_hash in ChunkedTokenDatabase.process_tokens(database, hit, block_hashes):
-            chunk = start // db.block_size
-            if chunk >= len(masks[group]) or not masks[group][chunk]:
+            chunk = start // group.block_size
+            if chunk >= len(mask) or not mask[chunk]:
                 continue
-            if end == hit and group in tails:
-                chunk_hash = block_hashes[tails[group] // worker.hash_block_size - 1]
-            keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in worker._lookup_key_prefixes[group])
+            if end == hit and group.group_id in tails:
+                chunk_hash = block_hashes[tails[group.group_id] // lookup.hash_block_size - 1]
+            keys.update(group.keys_for(bytes(chunk_hash)))
     return keys
 
 
@@ -137,24 +208,3 @@ def layout_by_name(name: str) -> Layout:
     raise ValueError(f"unknown layout {name!r}; known: {', '.join(l.name for l in LAYOUTS)}")
 
 
-def build_mode_worker(layout: Layout, store: Any, lease_mode: LeaseMode, *,
-                      junction_retention: bool = False,
-                      retention_interval: int | None = None) -> MoonleaseStoreWorker:
-    """Our worker in one lease mode over `store`, as `MoonleaseStoreWorker.__init__` would set it.
-
-    Capabilities are those of a Mooncake 0.3.14 client (per-key `LastHitOnly` answers); the
-    in-memory stores answer the same way. `retention_interval` is read only by saves (store
-    masks); lookups always ask about every boundary (upstream).
-    """
-    config = MoonleaseConnectorConfig.for_mode(lease_mode, junction_retention=junction_retention)
-    worker: MoonleaseStoreWorker = build_worker(MoonleaseStoreWorker, layout, store, config,
-                                                retention_interval=retention_interval)
-    worker.capabilities = StoreCapabilities("0.3.14", True, ("none", LAST_HIT_ONLY_POLICY))
-    return worker
-
-
-def last_outcome(worker: MoonleaseStoreWorker) -> dict[str, Any]:
-    """The lookup record our stats keep (and drain them, so they never pile up)."""
-    stats = worker.get_kv_connector_stats()
-    assert stats is not None, "every lookup records an outcome"
-    return stats.data[LOOKUPS_KEY][-1]

@@ -3,8 +3,9 @@
 vllm 0.33.0 needs a CUDA torch to serve, so it cannot run an engine here; its modules import on
 the CPU torch. `make setup` installs them --no-deps into `.venv-vllm-0.33`; this test re-runs
 the property tests against upstream's lookup (default, selective and last-hit-only lease) and junction
-retention's (the junction equals the local coordinator's; junction tails in the save mask) in a
-subprocess with that folder first on PYTHONPATH, so upstream's coordinator and worker are 0.33.0's.
+retention's (the junction equals the local coordinator's; junction tails in the save mask), and
+last-hit-only's layout gate against 0.33.0's spec registry, in a subprocess with that folder
+first on PYTHONPATH, so upstream's coordinator, worker and registry are 0.33.0's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ VLLM_033 = REPO / ".venv-vllm-0.33"
 PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",
                   "tests/unit/test_selective_matches_upstream.py",
                   "tests/unit/test_last_hit_matches_upstream.py",
+                  "tests/unit/test_last_hit_layout.py",
                   "tests/unit/test_junctions_match_vllm.py",
                   "tests/unit/test_junction_save_masks.py"]
 

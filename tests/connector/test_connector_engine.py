@@ -100,3 +100,36 @@ def test_a_failed_forward_publishes_no_kv(connector, vllm_engine, mooncake_maste
         assert stored == 0
     else:
         assert stored > 0, "upstream's behaviour changed: it no longer stores a failed step"
+
+
+def test_the_save_guard_judges_the_step_itself_and_releases_skipped_jobs(
+        vllm_engine, mooncake_master, store_pool, tmp_path):
+    """A successful step run inside an unrelated `except` block saves (the old guard read
+    `sys.exc_info()` and skipped it); a failed step saves nothing, and its skipped jobs are
+    reported finished, so the scheduler releases their blocks and has no pending push work."""
+    config = write_engine_store_config(mooncake_master, tmp_path / "mooncake.json")
+    engine = vllm_engine("llama", kv_transfer_config=OUR_CONNECTOR, mooncake_config_path=config)
+    worker = worker_connector().connector_worker
+    scheduler = engine.llm_engine.engine_core.engine_core.scheduler.connector
+
+    try:
+        raise LookupError("unrelated, handled around the engine")
+    except LookupError:
+        ve.generate_greedy(engine, [token_prompt(300, 7)], max_tokens=4)
+    worker.kv_send_thread.request_queue.join()
+    stored = mooncake_master.metrics()["master_key_count"]
+    assert stored > 0, "a successful step inside an except block must save"
+
+    fail_next_forward(engine)
+    with pytest.raises(Exception) as raised:
+        ve.generate_greedy(engine, [token_prompt(300, 99)], max_tokens=4)
+    assert "injected failure" in repr(raised.value) or isinstance(raised.value, ForwardFailure)
+    worker.kv_send_thread.request_queue.join()
+    assert mooncake_master.metrics()["master_key_count"] == stored, "the failed step stored KV"
+    assert scheduler.has_pending_push_work(), "the failed step's jobs are pinned until reported"
+    # The failed step's output never reached the scheduler; the next step carries the report.
+    for _ in range(50):
+        if not scheduler.has_pending_push_work():
+            break
+        engine.llm_engine.step()
+    assert not scheduler.has_pending_push_work(), "skipped save jobs still pin their blocks"

@@ -33,11 +33,10 @@ from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_scheduler import JunctionReqMeta
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.junctions import merge_junctions
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
-from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_worker
+from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_lookup
 
 pytestmark = pytest.mark.store
 
@@ -65,7 +64,7 @@ class Instance:
         self.client = client
         config = MoonleaseConnectorConfig.for_mode(LeaseMode.LEASE_ALL, junction_retention=retention)
         # Sparse retention, an engine's default (`prefix_cache_retention_interval=0`).
-        self.worker = build_worker(MoonleaseStoreWorker, LAYOUT, client, config, retention_interval=0)
+        self.worker = build_lookup(LAYOUT, client, config, retention_interval=0)
         self.kv = torch.zeros((len(LAYOUT.specs), NUM_BLOCKS, BLOCK_BYTES), dtype=torch.uint8)
         assert client.register_buffer(self.kv.data_ptr(), self.kv.numel()) == 0
         self.databases = []
@@ -87,7 +86,7 @@ class Instance:
         self._jobs = 0
 
     def lookup(self, hashes: list[bytes]) -> tuple[MooncakeLookupResult, tuple[int, ...]]:
-        result = self.worker.lookup(len(hashes) * HASH_BLOCK, hashes)
+        result = self.worker.lookup(len(hashes) * HASH_BLOCK, hashes).result
         response = parse_wire_entries(result.hit_length,
                                       [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries])
         return result, response.junctions

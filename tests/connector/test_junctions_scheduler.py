@@ -32,9 +32,8 @@ from vllm.v1.request import Request
 from moonlease.testbed.vllm_engine import _close_lookup_channel
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import JunctionReqMeta, MoonleaseStoreScheduler
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
-from tests.support.lookup_workers import LAYOUTS, PatternStore, build_worker
+from tests.support.lookup_workers import LAYOUTS, PatternStore, build_lookup
 
 pytestmark = pytest.mark.unit
 
@@ -70,9 +69,11 @@ def channel(tmp_path, monkeypatch):
         groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(LAYOUT.specs)]
         kv_cache_config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups,
                                         prefix_cache_retention_interval=0)
-        worker = build_worker(MoonleaseStoreWorker, LAYOUT, PatternStore(stored_pattern()), RETENTION)
-        server = LookupKeyServer(worker, config)
-        scheduler = MoonleaseStoreScheduler(config, kv_cache_config, RETENTION)
+        lookup = build_lookup(LAYOUT, PatternStore(stored_pattern()), RETENTION)
+        # Upstream's lookup server serves whatever has `lookup(num_tokens, hashes)` returning
+        # upstream's result: here the lookup object the worker would forward to.
+        server = LookupKeyServer(SimpleNamespace(lookup=lambda n, h: lookup.lookup(n, h).result), config)
+        scheduler = MoonleaseStoreScheduler(config, kv_cache_config)
         opened.append(SimpleNamespace(connector_scheduler=scheduler,
                                       connector_worker=SimpleNamespace(lookup_server=server)))
         pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=16)

@@ -30,17 +30,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
     KVCacheStoreRecvingThread,
-    MooncakeStoreWorker,
 )
 
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     Layout,
     RecordingStore,
-    build_worker,
+    build_lookup,
+    build_upstream_lookup,
     full_attention,
     mamba_align,
 )
@@ -182,17 +181,17 @@ def test_last_hit_lookup_loads_the_selected_checkpoint_on_every_rank(name, store
     stored = save(writer, scenario)
 
     client = connect(master)
-    worker = build_worker(MoonleaseStoreWorker, scenario.layout, client,
-                          MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY))
-    worker.capabilities = detect_capabilities(client)
-    assert worker.capabilities.mooncake_version == "0.3.14"
+    capabilities = detect_capabilities(client)
+    assert capabilities.mooncake_version == "0.3.14"
+    worker = build_lookup(scenario.layout, client, MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY),
+                          capabilities=capabilities)
     result = worker.lookup(NUM_TOKENS, HASHES)
 
     checkpoint = scenario.expected_checkpoint
     assert result.hit_length == checkpoint
     # Upstream's own lookup over the same stored keys (a recorder: it leases nothing real).
-    upstream = build_worker(MooncakeStoreWorker, scenario.layout,
-                            RecordingStore(dict.fromkeys(stored, 1))).lookup(NUM_TOKENS, HASHES)
+    upstream = build_upstream_lookup(scenario.layout,
+                                     RecordingStore(dict.fromkeys(stored, 1)))(NUM_TOKENS, HASHES)
     assert (result.hit_length, result.tail_key_boundaries) == (upstream.hit_length,
                                                                upstream.tail_key_boundaries)
 
@@ -210,9 +209,8 @@ def test_last_hit_lookup_loads_the_selected_checkpoint_on_every_rank(name, store
     kv_leased = {index for index in range(scenario.kv_blocks) if client.remove(kv_key(index)) == LEASED}
     loaded_kv = checkpoint // HASH_BLOCK
     assert set(range(loaded_kv)) <= kv_leased
-    outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
-    assert outcome["result"] == "hit"
-    assert outcome["keys_leased"] == len(kv_leased) + RANKS, "the KV keys and one checkpoint per rank"
+    assert result.outcome.miss_reason is None
+    assert result.outcome.keys_leased == len(kv_leased) + RANKS, "the KV keys and one checkpoint per rank"
 
     ranks = [RankBuffers(connect(master), rank, worker.coord) for rank in range(RANKS)]
     for rank_buffers in ranks:
@@ -227,3 +225,26 @@ def test_last_hit_lookup_loads_the_selected_checkpoint_on_every_rank(name, store
         for index in range(loaded_kv):
             assert torch.equal(rank_buffers.kv[index + 1], kv_bytes(index)), (rank, index)
         assert not rank_buffers.kv[0].any() and not rank_buffers.kv[loaded_kv + 1:].any(), rank
+
+
+def test_the_real_store_is_detected_as_per_key_whatever_the_version_string(store):
+    """Mooncake 0.3.14 answers LastHitOnly per key. Detection reads that from its answers, so a
+    client whose version reads "unknown" (a source build) still hits with every checkpoint
+    complete, where reading the version string took it for RFC 4255 and rejected the answer."""
+    from moonlease_connector.adapters.mooncake_store import ProbeContractDetector
+    from moonlease_connector.core.capabilities import StoreCapabilities
+    from moonlease_connector.core.last_hit import ProbeContract
+
+    master, connect = store
+    client = connect(master)
+    detector = ProbeContractDetector(client, key_prefix="contract-test")
+    assert detector.detect() is ProbeContract.PER_KEY_EXISTENCE
+    assert list(client.batch_probe_key([f"contract-test@{i}" for i in range(3)], "none", 1)) == [0, 0, 0], \
+        "the probe removes its own keys"
+
+    scenario = SCENARIOS["complete"]
+    save(connect(master), scenario)
+    worker = build_lookup(scenario.layout, client, MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY),
+                          capabilities=StoreCapabilities("unknown", True, ("none", "LastHitOnly")))
+    assert worker.lookup(NUM_TOKENS, HASHES).hit_length == scenario.expected_checkpoint
+    assert worker.probe_contract.contract is ProbeContract.PER_KEY_EXISTENCE

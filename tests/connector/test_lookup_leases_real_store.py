@@ -12,20 +12,19 @@ import pytest
 
 from moonlease.testbed.mooncake import OLD_VERSION
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_worker
+from moonlease_connector.adapters.vllm_lookup import StoreLookup
+from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_lookup
 
 pytestmark = pytest.mark.store
 
 LEASED = -706
 
 
-def candidate_keys(worker: MoonleaseStoreWorker, num_tokens: int, hashes: list[bytes]) -> list[str]:
+def candidate_keys(lookup: StoreLookup, num_tokens: int, hashes: list[bytes]) -> list[str]:
     from moonlease_connector.core.lookup import build_candidates
 
-    groups = worker.store_groups()
-    length = worker.coord.align_lookup_length(num_tokens)
-    return list(build_candidates(groups, worker.lookup_chunk_hashes(groups, length, hashes)).keys)
+    length = lookup.coord.align_lookup_length(num_tokens)
+    return list(build_candidates(lookup.groups, lookup.lookup_chunk_hashes(lookup.groups, length, hashes)).keys)
 
 
 @pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[3], LAYOUTS[5]], ids=lambda l: l.name)
@@ -37,7 +36,7 @@ def test_default_lookup_leases_every_existing_candidate(layout, mooncake_master_
     hashes = [random.Random(7).randbytes(8) + bytes([i]) for i in range(16)]
     num_tokens = len(hashes) * HASH_BLOCK
 
-    worker = build_worker(MoonleaseStoreWorker, layout, store)
+    worker = build_lookup(layout, store)
     candidates = candidate_keys(worker, num_tokens, hashes)
     rng = random.Random(layout.name)
     stored = {key for key in candidates if rng.random() < 0.85}
@@ -51,11 +50,9 @@ def test_default_lookup_leases_every_existing_candidate(layout, mooncake_master_
     leased = {key for key in candidates if store.remove(key) == LEASED}
     assert leased == stored, "default mode leases exactly the existing candidates (upstream)"
     assert store.remove(bystander) == 0, "keys outside the lookup keep no lease"
-    stats = worker.get_kv_connector_stats()
-    lookup_record = stats.data["__moonlease_lookups__"][-1]
-    assert lookup_record["keys_leased"] == len(stored)
-    assert lookup_record["keys_probed"] == len(candidates)
-    assert (lookup_record["result"] == "hit") == (result.hit_length > 0)
+    assert result.outcome.keys_leased == len(stored)
+    assert result.outcome.keys_probed == len(candidates)
+    assert (result.outcome.miss_reason is None) == (result.hit_length > 0)
 
 
 def test_capabilities_of_the_current_client(mooncake_master, store_pool, store_client_factory):

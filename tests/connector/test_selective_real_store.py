@@ -14,11 +14,17 @@ import pytest
 
 from moonlease.testbed.mooncake import OLD_VERSION
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from moonlease_connector.adapters.vllm_worker import refuse_unsupported_mode
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
-from moonlease_connector.core.lookup import build_candidates
-from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_worker, keys_the_load_reads
+from moonlease_connector.core.lookup import MissReason, build_candidates
+from tests.support.lookup_workers import (
+    HASH_BLOCK,
+    LAYOUTS,
+    OperationRecorder,
+    build_lookup,
+    keys_the_load_reads,
+)
 
 pytestmark = pytest.mark.store
 
@@ -50,10 +56,9 @@ def filled_store(mooncake_master_factory, store_pool_factory, store_client_facto
     master = mooncake_master_factory(default_kv_lease_ttl=30_000)
     store_pool_factory(master)
     client = store_client_factory(master)
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, client, SELECTIVE)
-    groups = worker.store_groups()
-    length = worker.coord.align_lookup_length(NUM_TOKENS)
-    candidates = build_candidates(groups, worker.lookup_chunk_hashes(groups, length, HASHES)).keys
+    lookup = build_lookup(FULL_SWA, client, SELECTIVE)
+    length = lookup.coord.align_lookup_length(NUM_TOKENS)
+    candidates = build_candidates(lookup.groups, lookup.lookup_chunk_hashes(lookup.groups, length, HASHES)).keys
     for key in candidates:
         assert client.put(key, b"kv" * 64) == 0
     return master, client, store_client_factory(master), list(candidates)
@@ -65,7 +70,7 @@ def leased(client: Any, keys: list[str]) -> set[str]:
 
 def test_selective_lookup_leases_only_what_the_load_reads(filled_store):
     _, client, _, candidates = filled_store
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, client, SELECTIVE)
+    worker = build_lookup(FULL_SWA, client, SELECTIVE)
     result = worker.lookup(NUM_TOKENS, HASHES)
     assert result.hit_length > 0
     reads = keys_the_load_reads(worker, HASHES, result)
@@ -75,7 +80,7 @@ def test_selective_lookup_leases_only_what_the_load_reads(filled_store):
 
 def test_eviction_between_probe_and_lease_gives_a_shorter_fully_leased_hit(filled_store):
     _, client, evictor, candidates = filled_store
-    full = build_worker(MoonleaseStoreWorker, FULL_SWA, client, SELECTIVE)
+    full = build_lookup(FULL_SWA, client, SELECTIVE)
     first_reads = sorted(keys_the_load_reads(full, HASHES, full.lookup(NUM_TOKENS, HASHES)))
     victim = next(key for key in first_reads if "group:0" in key and key.endswith(HASHES[8].hex()))
     for key in candidates:  # drop the first lookup's leases so the second starts clean
@@ -83,23 +88,22 @@ def test_eviction_between_probe_and_lease_gives_a_shorter_fully_leased_hit(fille
         client.put(key, b"kv" * 64)
 
     store = EvictingStore(client, evictor, [{victim}])
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, store, SELECTIVE)
+    worker = build_lookup(FULL_SWA, store, SELECTIVE)
     result = worker.lookup(NUM_TOKENS, HASHES)
     assert 0 < result.hit_length <= 8 * HASH_BLOCK
     reads = keys_the_load_reads(worker, HASHES, result)
     assert reads <= leased(client, candidates)
-    outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
-    assert outcome["result"] == "hit" and outcome["rounds"] == 2
+    assert result.outcome.miss_reason is None and result.outcome.rounds == 2
 
 
 def test_continued_eviction_gives_no_hit(filled_store):
     _, client, evictor, candidates = filled_store
     evictions = [{k for k in candidates if k.endswith(HASHES[i].hex())} for i in (12, 6, 2, 0)]
     store = EvictingStore(client, evictor, evictions)
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, store, SELECTIVE)
-    assert worker.lookup(NUM_TOKENS, HASHES).hit_length == 0
-    outcome = worker.get_kv_connector_stats().data["__moonlease_lookups__"][-1]
-    assert outcome["result"] == "miss" and outcome["reason"] == "lease_lost"
+    worker = build_lookup(FULL_SWA, store, SELECTIVE)
+    result = worker.lookup(NUM_TOKENS, HASHES)
+    assert result.hit_length == 0
+    assert result.outcome.miss_reason is MissReason.LEASE_LOST
 
 
 def test_a_raising_lease_rpc_is_a_miss(filled_store):
@@ -109,12 +113,13 @@ def test_a_raising_lease_rpc_is_a_miss(filled_store):
         def batch_is_exist(self, keys: list[str]) -> list[int]:
             raise RuntimeError("connection reset by master")
 
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, LeaseFails(client, client, []), SELECTIVE)
-    assert worker.lookup(NUM_TOKENS, HASHES).hit_length == 0
-    stats = worker.get_kv_connector_stats().data
-    assert stats["__moonlease_lookups__"][-1]["reason"] == "store_error"
-    assert stats["lookup_probe"][-1]["status"] == "ok"
-    assert stats["lookup_lease"][-1]["status"] == "error"
+    operations = OperationRecorder()
+    worker = build_lookup(FULL_SWA, LeaseFails(client, client, []), SELECTIVE, record=operations)
+    result = worker.lookup(NUM_TOKENS, HASHES)
+    assert result.hit_length == 0
+    assert result.outcome.miss_reason is MissReason.STORE_ERROR
+    status = {record["operation"]: record["status"] for record in operations.records}
+    assert status == {"lookup_probe": "ok", "lookup_lease": "error"}
 
 
 def test_start_up_refuses_selective_lease_on_a_0_3_13_client(mooncake_master_factory, store_pool_factory,
@@ -127,10 +132,7 @@ def test_start_up_refuses_selective_lease_on_a_0_3_13_client(mooncake_master_fac
     assert problem is not None and "Mooncake >= 0.3.14 on the master and every client" in problem
     assert missing_capability(LeaseMode.LEASE_ALL, capabilities) is None
 
-    worker = build_worker(MoonleaseStoreWorker, FULL_SWA, old, SELECTIVE)
-    worker.capabilities = capabilities
     closed = []
-    worker.close = lambda: closed.append(True)
     with pytest.raises(ConnectorConfigError, match="batch_probe_key"):
-        worker._check_mode_requirements()
+        refuse_unsupported_mode(SELECTIVE, capabilities, release=lambda: closed.append(True))
     assert closed == [True], "the store handle is released before start-up fails"

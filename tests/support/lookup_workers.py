@@ -1,8 +1,9 @@
-"""Test-only recorders around the lookup workers of `moonlease.bench.workers`.
+"""Test-only recorders around the lookups of `moonlease.bench.workers`.
 
-The workers themselves (layouts, `build_worker`, `keys_the_load_reads`) are product code of
-`moonlease bench replay`; this module re-exports them for the tests and adds stores that
-record every call, and the universe of keys random existence patterns are drawn over.
+The lookups themselves (layouts, `build_lookup`, `build_upstream_lookup`, `keys_the_load_reads`)
+are product code of `moonlease bench`; this module re-exports them for the tests and adds stores
+that record every call, a recorder of store-call metrics, and the universe of keys random
+existence patterns are drawn over.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from typing import Any
 from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
     HASH_BLOCK,
     LAYOUTS,
+    CLIENT_0_3_14,
     Layout,
-    build_worker,
+    LayoutParts,
+    build_layout_parts,
+    build_lookup,
+    build_upstream_lookup,
     full_attention,
     keys_the_load_reads,
     layout_by_name,
@@ -42,6 +47,14 @@ class PatternStore(RecordingStore):
         self.calls.append((f"batch_probe_key:{policy}:{candidate_size}", tuple(keys)))
         return [self.answer_for.get(key, 0) for key in keys]
 
+    def put(self, key: str, value: bytes) -> int:
+        self.answer_for[key] = 1
+        return 0
+
+    def remove(self, key: str, force: bool = False) -> int:
+        self.answer_for.pop(key, None)
+        return 0
+
     def leased_keys(self) -> set[str]:
         return {key for name, keys in self.calls if name == "batch_is_exist"
                 for key, answer in zip(keys, (self.answer_for.get(k, 0) for k in keys)) if answer == 1}
@@ -50,13 +63,26 @@ class PatternStore(RecordingStore):
         return {key for name, keys in self.calls if name.startswith("batch_probe_key") for key in keys}
 
 
-def every_possible_key(worker: Any, hashes: list[bytes]) -> list[str]:
+class OperationRecorder:
+    """Receives every store-call record (upstream's `_record_kv_connector_operation` signature)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, operation: str, duration_seconds: float, num_keys: int, *,
+                 num_bytes: int = 0, status: str = "ok", num_failed_keys: int = 0) -> None:
+        self.records.append({"operation": operation, "num_keys": num_keys, "status": status,
+                             "num_failed_keys": num_failed_keys})
+
+
+def every_possible_key(layout: Layout | LayoutParts, hashes: list[bytes]) -> list[str]:
     """Every key a lookup over `hashes` could ask about (per-hash and per-chunk, all namespaces),
     sorted: the universe random existence patterns are drawn over."""
+    parts = layout if isinstance(layout, LayoutParts) else build_layout_parts(layout)
     keys: set[str] = set()
-    for group, prefixes in enumerate(worker._lookup_key_prefixes):
-        spec = worker._kv_cache_groups[group].kv_cache_spec
-        group_hashes = worker.coord.block_hashes_for_spec(hashes, spec)
+    for group, prefixes in enumerate(parts.key_prefixes):
+        spec = parts.coordinator.kv_cache_groups[group].kv_cache_spec
+        group_hashes = parts.coordinator.block_hashes_for_spec(hashes, spec)
         for chunk_hash in list(hashes) + [group_hashes[i] for i in range(len(group_hashes))]:
             keys.update(f"{prefix}@{bytes(chunk_hash).hex()}" for prefix in prefixes)
     return sorted(keys)

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.lookup_protocol import JUNCTION_GROUP_ID, parse_wire_entries
 from tests.support.lookup_workers import (
@@ -28,7 +28,8 @@ from tests.support.lookup_workers import (
     LAYOUTS,
     Layout,
     PatternStore,
-    build_worker,
+    build_layout_parts,
+    build_lookup,
     full_attention,
     mamba_align,
     sliding_window,
@@ -82,12 +83,12 @@ def test_store_junction_equals_the_local_coordinators(case):
     layout, hashes, num_tokens, seed, density, mode = case
     rng = random.Random(seed)
     config = MoonleaseConnectorConfig.for_mode(mode, junction_retention=True)
-    probe = build_worker(MoonleaseStoreWorker, layout, PatternStore({}), config)
+    parts = build_layout_parts(layout)
     present: set[tuple[int, bytes]] = set()
     answers: dict[str, int] = {}
-    for group, prefixes in enumerate(probe._lookup_key_prefixes):
-        spec = probe._kv_cache_groups[group].kv_cache_spec
-        group_hashes = probe.coord.block_hashes_for_spec(hashes, spec)
+    for group, prefixes in enumerate(parts.key_prefixes):
+        spec = parts.coordinator.kv_cache_groups[group].kv_cache_spec
+        group_hashes = parts.coordinator.block_hashes_for_spec(hashes, spec)
         count = len(group_hashes)
         # A stored prefix with holes (what dense saves leave), or a few short runs (what
         # sparse retention leaves: tails at other prompts' boundaries).
@@ -104,13 +105,13 @@ def test_store_junction_equals_the_local_coordinators(case):
             for prefix in prefixes:
                 answers[f"{prefix}@{bytes(group_hashes[index]).hex()}"] = 1
 
-    worker = build_worker(MoonleaseStoreWorker, layout, PatternStore(answers), config)
+    worker = build_lookup(parts, PatternStore(answers), config)
     result = worker.lookup(num_tokens, hashes)
     response = parse_wire_entries(result.hit_length,
                                   [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries])
     # The store knows only what its lookup asked about: the candidates up to the aligned
     # lookup length (as for its own hit, an EAGLE peek past that length is not probed).
-    groups = worker.store_groups()
+    groups = worker.groups
     length = worker.coord.align_lookup_length(num_tokens)
     asked = {(group, chunk_hash) for group, chunk_hashes
              in worker.lookup_chunk_hashes(groups, length, hashes).items() for chunk_hash in chunk_hashes}
@@ -118,8 +119,7 @@ def test_store_junction_equals_the_local_coordinators(case):
     assert response.junctions == ((expected,) if expected else ()), (layout.name, result)
     assert all(j > response.hit_length for j in response.junctions)
 
-    off = build_worker(MoonleaseStoreWorker, layout, PatternStore(answers),
-                       MoonleaseConnectorConfig.for_mode(mode))
+    off = build_lookup(parts, PatternStore(answers), MoonleaseConnectorConfig.for_mode(mode))
     plain = off.lookup(num_tokens, hashes)
     assert plain.hit_length == result.hit_length
     assert plain.tail_key_boundaries == response_tails(result)
@@ -138,11 +138,12 @@ def test_a_sibling_of_a_stored_prompt_gets_a_junction_and_no_hit():
     sibling = stored[:8] + [bytes([100 + i]) * 8 for i in range(4)]  # shares 128 tokens
     answers = {f"tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.hex()}": 1 for h in stored}
     answers.update({f"tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:1@{h.hex()}": 1 for h in stored[8:11]})
-    worker = build_worker(MoonleaseStoreWorker, layout, PatternStore(answers), config)
+    worker = build_lookup(layout, PatternStore(answers), config)
     result = worker.lookup(len(sibling) * HASH_BLOCK, sibling)
     assert result.hit_length == 0
     assert parse_wire_entries(0, [(b.group_id, b.num_tokens) for b in result.tail_key_boundaries]) \
         .junctions == (128,)
-    stats = worker.get_kv_connector_stats()
-    assert stats.data["__moonlease_lookups__"][-1]["junctions"] == 1
+    assert result.outcome.junctions == 1
+    stats = MoonleaseConnectorStats()
+    stats.record_lookup(result.outcome)
     assert stats.reduce()["lookup_junctions"] == 1

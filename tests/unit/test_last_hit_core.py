@@ -9,8 +9,11 @@ import pytest
 from moonlease_connector.core.last_hit import (
     ProbeContract,
     build_checkpoint_candidates,
-    contract_for,
+    HitPass,
+    HitPlan,
+    contract_from_probe,
     legal_checkpoints,
+    plan_hit_passes,
     select_checkpoint,
 )
 from moonlease_connector.core.lookup import GroupNamespaces
@@ -89,9 +92,20 @@ def test_answers_outside_the_contract_are_misses(answers, contract, why) -> None
     assert not selection.valid and selection.index is None and why in selection.problem
 
 
-def test_contract_follows_the_release() -> None:
-    assert contract_for("0.3.14") is ProbeContract.PER_KEY_EXISTENCE
-    assert contract_for("0.3.15") is ProbeContract.SELECTED_ONLY
+@pytest.mark.parametrize(("answers", "contract"), [
+    ([1, 1, 0], ProbeContract.PER_KEY_EXISTENCE),  # Mooncake 0.3.14
+    ((0, 1, 0), ProbeContract.SELECTED_ONLY),  # Mooncake RFC 4255
+    ([1, 1, 1], None), ([0, 0, 0], None), ([1, 1], None), ([-600] * 3, None), (None, None),
+])
+def test_the_contract_is_read_from_the_probe_answer(answers, contract) -> None:
+    assert contract_from_probe(answers) is contract
+
+
+def test_selected_only_misfits_are_flagged_for_redetection() -> None:
+    per_key_answer = [1] * 8 + [0] * 4  # two complete checkpoints: fine per key, not RFC 4255
+    assert select_checkpoint(candidates(), per_key_answer, ProbeContract.SELECTED_ONLY).contract_misfit
+    broken = select_checkpoint(candidates(), [1] * 11, ProbeContract.SELECTED_ONLY)
+    assert not broken.valid and not broken.contract_misfit, "a malformed answer is no contract question"
 
 
 def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> None:
@@ -99,3 +113,28 @@ def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> No
     assert legal_checkpoints(64, 191, lambda p: True) == (64, 128)
     assert legal_checkpoints(64, 256, lambda p: p != 128) == (64, 192, 256)
     assert legal_checkpoints(64, 63, lambda p: True) == ()
+
+
+def test_one_pass_when_even_every_state_stays_below_num_tokens() -> None:
+    calls = []
+
+    def longest(length: int, with_final: bool) -> int:
+        calls.append((length, with_final))
+        return 192
+
+    assert plan_hit_passes(256, 256, 240, longest) == HitPlan(HitPass(256, 192))
+    assert calls == [(256, True)], "no second run of the rule when the final state cannot matter"
+
+
+def test_a_reachable_final_state_plans_both_of_upstreams_passes() -> None:
+    """The recompute pass (length 240) may hit less than the first pass without the final
+    state (partial-hash hits: the tail block is keyed at 256); both are kept."""
+    hits = {(256, True): 256, (256, False): 240, (240, True): 192}
+    plan = plan_hit_passes(256, 256, 240, lambda length, final: hits[(length, final)])
+    assert plan == HitPlan(HitPass(256, 240), HitPass(240, 192))
+    assert plan.pass_for(True) == HitPass(240, 192) and plan.pass_for(False) == HitPass(256, 240)
+
+
+def test_no_recompute_room_means_a_present_final_state_hits_nothing() -> None:
+    plan = plan_hit_passes(16, 16, 0, lambda length, final: 16 if final else 0)
+    assert plan.pass_for(True) == HitPass(0, 0) and plan.pass_for(False) == HitPass(16, 0)

@@ -96,3 +96,11 @@ def test_resolve_hit_keeps_the_last_token_for_sampling(num_tokens: int, longest:
         return length // 16 * 16
 
     assert resolve_hit(num_tokens, align(num_tokens), lambda n: longest.get(n, 0), align) == expected
+
+
+def test_a_miss_with_error_codes_is_the_stores_failure() -> None:
+    from moonlease_connector.core.lookup import MissReason, miss_reason_of
+
+    assert miss_reason_of([0, 0, 0]) is MissReason.NOT_FOUND
+    assert miss_reason_of([-900, -900]) is MissReason.STORE_ERROR  # master unreachable
+    assert miss_reason_of([1, 0, -900]) is MissReason.STORE_ERROR

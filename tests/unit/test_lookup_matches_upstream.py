@@ -1,7 +1,7 @@
 """Default-mode lookup is upstream's lookup: same store calls, same hit, same tail keys.
 
 Property test over random existence patterns and group layouts, run against upstream's own
-`MooncakeStoreWorker.lookup` from the installed vLLM. Both workers are built around the same
+`MooncakeStoreWorker.lookup` from the installed vLLM. Both lookups are built around the same
 real `MooncakeStoreCoordinator`; the store is a recorder that answers from the drawn pattern
 (no server is involved: this compares two pieces of lookup logic, call for call).
 """
@@ -13,16 +13,16 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.core.lookup import MissReason
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     LAYOUTS,
     Layout,
     RecordingStore,
-    build_worker,
+    OperationRecorder,
+    build_lookup,
+    build_upstream_lookup,
     every_possible_key,
 )
 
@@ -54,12 +54,11 @@ def existence_pattern(keys: set[str], density: float, seed: int) -> dict[str, in
 @given(lookups())
 def test_default_lookup_equals_upstream(case: tuple[Layout, int, list[bytes], dict[str, float], int]) -> None:
     layout, num_tokens, hashes, knobs, seed = case
-    probe = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
-    pattern = existence_pattern(every_possible_key(probe, hashes), knobs["density"], seed)
+    pattern = existence_pattern(every_possible_key(layout, hashes), knobs["density"], seed)
 
     upstream_store, our_store = RecordingStore(pattern), RecordingStore(pattern)
-    upstream = build_worker(MooncakeStoreWorker, layout, upstream_store).lookup(num_tokens, hashes)
-    ours = build_worker(MoonleaseStoreWorker, layout, our_store).lookup(num_tokens, hashes)
+    upstream = build_upstream_lookup(layout, upstream_store)(num_tokens, hashes)
+    ours = build_lookup(layout, our_store).lookup(num_tokens, hashes)
 
     assert our_store.calls == upstream_store.calls
     assert ours.hit_length == upstream.hit_length
@@ -71,17 +70,19 @@ def test_a_raising_store_is_a_miss_with_a_reason() -> None:
         def batch_is_exist(self, keys: list[str]) -> list[int]:
             raise RuntimeError("master unreachable")
 
-    worker = build_worker(MoonleaseStoreWorker, LAYOUTS[0], Broken({}))
+    operations = OperationRecorder()
+    lookup = build_lookup(LAYOUTS[0], Broken({}), record=operations)
     hashes = [bytes([i]) * 8 for i in range(4)]
-    assert worker.lookup(64, hashes).hit_length == 0
-    stats = worker.get_kv_connector_stats()
-    assert stats.data["__moonlease_lookups__"][-1]["reason"] == MissReason.STORE_ERROR.value
-    assert stats.data["lookup_exists"][-1]["status"] == "error"
+    answer = lookup.lookup(64, hashes)
+    assert answer.hit_length == 0
+    assert answer.outcome.miss_reason is MissReason.STORE_ERROR
+    assert operations.records[-1]["operation"] == "lookup_exists"
+    assert operations.records[-1]["status"] == "error"
 
 
 def test_an_unexpected_bug_is_a_miss_not_a_dead_lookup_server() -> None:
-    worker = build_worker(MoonleaseStoreWorker, LAYOUTS[0], RecordingStore({}))
-    worker.coord = None  # any exception inside the lookup
-    assert worker.lookup(64, [b"x" * 8] * 4).hit_length == 0
-    stats = worker.get_kv_connector_stats()
-    assert stats.data["__moonlease_lookups__"][-1]["reason"] == MissReason.INTERNAL_ERROR.value
+    lookup = build_lookup(LAYOUTS[0], RecordingStore({}))
+    lookup.coord = None  # any exception inside the lookup
+    answer = lookup.lookup(64, [b"x" * 8] * 4)
+    assert answer.hit_length == 0
+    assert answer.outcome.miss_reason is MissReason.INTERNAL_ERROR

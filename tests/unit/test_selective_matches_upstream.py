@@ -15,9 +15,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
 
-from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from tests.support.lookup_workers import (
     HASH_BLOCK,
@@ -25,7 +23,8 @@ from tests.support.lookup_workers import (
     Layout,
     PatternStore,
     RecordingStore,
-    build_worker,
+    build_lookup,
+    build_upstream_lookup,
     every_possible_key,
     keys_the_load_reads,
 )
@@ -41,10 +40,9 @@ def cases(draw: st.DrawFn) -> tuple[Layout, int, list[bytes], dict[str, int]]:
     num_hashes = draw(st.integers(min_value=1, max_value=24))
     hashes = [bytes([index, 7]) * 4 for index in range(num_hashes)]
     num_tokens = draw(st.integers(min_value=1, max_value=num_hashes * HASH_BLOCK))
-    probe_worker = build_worker(MooncakeStoreWorker, layout, RecordingStore({}))
     rng = random.Random(draw(st.integers(min_value=0, max_value=2**32 - 1)))
     density = draw(st.sampled_from([1.0, 1.0, 0.97, 0.85, 0.6]))
-    pattern = {key: int(rng.random() < density) for key in every_possible_key(probe_worker, hashes)}
+    pattern = {key: int(rng.random() < density) for key in every_possible_key(layout, hashes)}
     return layout, num_tokens, hashes, pattern
 
 
@@ -53,18 +51,18 @@ def cases(draw: st.DrawFn) -> tuple[Layout, int, list[bytes], dict[str, int]]:
 def test_selective_hit_equals_upstream_and_leases_exactly_the_load(case) -> None:
     layout, num_tokens, hashes, pattern = case
     upstream_store = RecordingStore(pattern)
-    upstream = build_worker(MooncakeStoreWorker, layout, upstream_store).lookup(num_tokens, hashes)
+    upstream = build_upstream_lookup(layout, upstream_store)(num_tokens, hashes)
 
     store = PatternStore(pattern)
-    worker = build_worker(MoonleaseStoreWorker, layout, store, SELECTIVE)
-    ours = worker.lookup(num_tokens, hashes)
+    lookup = build_lookup(layout, store, SELECTIVE)
+    ours = lookup.lookup(num_tokens, hashes)
 
     event(f"{layout.name}: {'hit' if ours.hit_length else 'miss'}")
     assert (ours.hit_length, ours.tail_key_boundaries) == (upstream.hit_length, upstream.tail_key_boundaries)
     assert all(name in ("batch_probe_key:none:1", "batch_is_exist") for name, _ in store.calls)
     leased = store.leased_keys()
     assert leased <= store.probed_keys()
-    assert leased == keys_the_load_reads(worker, hashes, ours)
+    assert leased == keys_the_load_reads(lookup, hashes, ours)
     if upstream.hit_length == 0:
         assert not any(name == "batch_is_exist" for name, _ in store.calls) or leased == set()
 
@@ -74,7 +72,7 @@ def test_selective_hit_equals_upstream_and_leases_exactly_the_load(case) -> None
 def test_default_mode_leases_every_probed_candidate(case) -> None:
     layout, num_tokens, hashes, pattern = case
     store = PatternStore(pattern)
-    build_worker(MoonleaseStoreWorker, layout, store).lookup(num_tokens, hashes)
+    build_lookup(layout, store).lookup(num_tokens, hashes)
     lease_calls = [keys for name, keys in store.calls if name == "batch_is_exist"]
     assert not store.probed_keys()
     assert len(lease_calls) <= 1

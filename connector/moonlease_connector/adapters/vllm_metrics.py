@@ -139,3 +139,18 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             self._capability.labels(*engine_labels, record["mooncake_version"],
                                     record["batch_probe_key"], record["last_hit_only"],
                                     record["lease_mode"]).set(1)
+
+
+def record_lookup_outcome(worker: Any, outcome: LookupOutcome) -> None:
+    """Record one lookup on a worker's stats, whatever stats type the worker holds now.
+
+    Upstream code (and upstream's own tests) may leave a plain `MooncakeStoreConnectorStats`
+    on the worker; it is upgraded in place to ours over the same `data`, so nothing it already
+    recorded is lost and the lookup record is not dropped.
+    """
+    with worker._kv_connector_stats_lock:
+        stats = worker.kv_connector_stats
+        if not isinstance(stats, MoonleaseConnectorStats):
+            stats = MoonleaseConnectorStats(data=stats.data)
+            worker.kv_connector_stats = stats
+        stats.record_lookup(outcome)

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
@@ -40,16 +41,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     ReqMeta,
     TailKeyBoundary,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import LOOKUP_MSG
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import (
+    LOOKUP_MSG,
+    RESET_MSG,
+    RESP_OK,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
     MooncakeStoreScheduler,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyClient
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    LookupKeyClient,
+    get_zmq_rpc_path_lookup,
+)
+from vllm.utils.network_utils import make_zmq_socket
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.adapters.vllm_settings import connector_settings
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
@@ -119,26 +128,82 @@ class JunctionLookupClient(LookupKeyClient):
         self._junctions.pop(req_id, None)
 
 
-class MoonleaseStoreScheduler(MooncakeStoreScheduler):
-    """Upstream's scheduler side, carrying store junctions from the lookup to the save mask."""
+#: How long `reset_store` waits for the worker to drain its saves and wipe the store.
+RESET_TIMEOUT_S = 60.0
 
-    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-                 config: MoonleaseConnectorConfig) -> None:
+
+def bounded_reset(client: LookupKeyClient, vllm_config: VllmConfig, timeout_s: float) -> bool:
+    """Upstream's reset request with a deadline; runs on the client's own executor thread.
+
+    Upstream's `LookupKeyClient._reset` waits for the reply forever. Past the deadline the REQ
+    socket still expects that reply, so it is replaced by a fresh one (by this thread, which
+    owns it) and later lookups are unaffected; the reset reports failure.
+    """
+    client.socket.send(RESET_MSG)
+    if client.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+        return bytes(client.socket.recv()) == RESP_OK
+    client.socket.close(linger=0)
+    client.socket = make_zmq_socket(client.ctx, get_zmq_rpc_path_lookup(vllm_config), zmq.REQ,
+                                    bind=False)
+    return False
+
+
+class MoonleaseStoreScheduler(MooncakeStoreScheduler):
+    """Upstream's scheduler side; a reset never hangs; with junction retention on, store
+    junctions are carried from the lookup to the save mask.
+
+    Takes upstream's constructor arguments; the settings come from the vLLM config and the
+    environment (`connector_settings`), exactly as the connector reads them. With junction
+    retention off it is upstream's scheduler plus the bounded reset. The class defaults keep an
+    instance built without this constructor (by code written for upstream's) upstream's.
+    """
+
+    junction_retention: bool = False
+    reset_timeout_s: float = RESET_TIMEOUT_S
+    _vllm_config: VllmConfig | None = None
+
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, kv_cache_config)
-        self.moonlease_config = config
-        # Upstream built a plain client in its constructor; ours replaces it before any use.
-        upstream_client = self.client
-        self.client: JunctionLookupClient = JunctionLookupClient(vllm_config)
-        upstream_client.close()
-        upstream_client.ctx.term()
+        self._vllm_config = vllm_config
+        self.reset_timeout_s = RESET_TIMEOUT_S
+        self.moonlease_config = connector_settings(vllm_config)
+        self.junction_retention = self.moonlease_config.mooncake_junction_retention
         #: request id -> every junction its saves keep tails at (core's and the store's).
         self.request_junctions: dict[str, tuple[int, ...]] = {}
+        if self.junction_retention:
+            # Upstream built a plain client in its constructor; ours replaces it before any use.
+            upstream_client = self.client
+            self.client = JunctionLookupClient(vllm_config)
+            upstream_client.close()
+            upstream_client.ctx.term()
+
+    def reset_store(self) -> bool:
+        """Upstream's reset (`remove_all` on worker rank 0), bounded: vLLM's reset-prefix-cache
+        path calls it and must never hang (no worker listening, a wedged drain)."""
+        client = self.client
+        if not isinstance(client, LookupKeyClient) or self._vllm_config is None:
+            return super().reset_store()  # someone else's client, or not built by us: upstream's
+        future = client.executor.submit(bounded_reset, client, self._vllm_config, self.reset_timeout_s)
+        try:
+            ok = future.result(timeout=self.reset_timeout_s + 5.0)
+        except Exception as error:  # includes the backstop timeout (a lookup ahead of it stuck)
+            future.cancel()
+            logger.error("Mooncake reset_store failed or timed out after %.0f s: %s",
+                         self.reset_timeout_s, error or type(error).__name__)
+            return False
+        if ok:
+            logger.info("Mooncake store reset via remove_all succeeded.")
+        else:
+            logger.error("Mooncake store reset failed: no ACK from worker rank 0 within %.0f s "
+                         "(or a NACK)", self.reset_timeout_s)
+        return ok
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         matched = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        if matched[0] is None:  # asynchronous lookup still in flight: asked again later
+        if not self.junction_retention or matched[0] is None:  # None: asynchronous lookup in flight
             return matched
+        assert isinstance(self.client, JunctionLookupClient)
         store_junctions = self.client.take_junctions(request.request_id)
         local = int(request.shared_prefix_boundary or 0)
         self.request_junctions[request.request_id] = merge_junctions(local, store_junctions)
@@ -149,9 +214,11 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         return matched
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = super().build_connector_meta(scheduler_output)
+        if not self.junction_retention:
+            return meta
         for req_id in scheduler_output.finished_req_ids:
             self.request_junctions.pop(req_id, None)
-        meta = super().build_connector_meta(scheduler_output)
         assert isinstance(meta, MooncakeStoreConnectorMetadata)
         for index, req_meta in enumerate(meta.requests):
             junctions = self.request_junctions.get(req_meta.req_id, ())

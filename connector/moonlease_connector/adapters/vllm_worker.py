@@ -1,74 +1,105 @@
 """vLLM worker binding: upstream's MooncakeStoreWorker with Moonlease's lookup and save guard.
 
-I/O adapter. Everything it decides comes from `moonlease_connector.core`; this module gathers
-vLLM's inputs (key namespaces, chunk hashes, lookup masks, the coordinator's hit rule), makes
-the store calls through `StoreCalls`, and hands results back in upstream's types.
+I/O adapter. The worker gathers the lookup's inputs once (key namespaces, the coordinator, the
+store calls, the settings, the client's capabilities), builds the lookup object of its lease
+mode (`vllm_lookup.build_store_lookup`) and forwards every lookup to it; saves are upstream's.
 
 Two deliberate differences from upstream in the default mode, both safety fixes:
 - the lookup never raises (upstream's lookup server thread dies on an unexpected exception and
   every later lookup hangs); anything unexpected is logged and reported as a miss;
 - `wait_for_save` publishes nothing from a step whose forward pass raised (upstream runs it in
-  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2).
+  a `finally` and stores that step's blocks, so garbage KV reaches the shared store: NOTES §2);
+  the step is judged by its own exception (`StepOutcomeWatch`), and its skipped jobs are
+  reported finished so the scheduler releases their blocks.
 
 With junction retention (seed 004) on, a lookup — in either lease mode, hit or miss — also
-returns the shared-prefix junction by vLLM's local rule (`longest_single_group_hit`), as
-sentinel entries of the response (`core.lookup_protocol`), and saves run on
-`JunctionSendingThread`, whose save mask adds the tails at each job's junctions.
+returns the shared-prefix junction by vLLM's local rule, as sentinel entries of the response
+(`core.lookup_protocol`), and saves run on `JunctionSendingThread`, whose save mask adds the
+tails at each job's junctions.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.config import VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
-    ExternalCachedBlockPool,
-)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreConnectorMetadata,
-    TailKeyBoundary,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import MooncakeStoreWorker
-from vllm.v1.core.kv_cache_utils import eagle_proof_margin
-from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    LookupKeyServer,
+    MooncakeStoreWorker,
+    get_zmq_rpc_path_lookup,
+)
+from vllm.v1.kv_cache_interface import KVCacheConfig
 
-from moonlease_connector.adapters.mooncake_store import StoreCalls, detect_capabilities
-from moonlease_connector.adapters.vllm_last_hit import lookup_last_hit_only
-from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
-from moonlease_connector.adapters.vllm_save import JunctionSendingThread
-from moonlease_connector.adapters.vllm_specs import is_recurrent
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
-from moonlease_connector.core.capabilities import missing_capability
-from moonlease_connector.core.junctions import find_junctions
-from moonlease_connector.core.lookup import (
-    GroupNamespaces,
-    LookupOutcome,
-    MissReason,
-    TailKey,
-    Unit,
-    build_candidates,
-    build_tail_keys,
-    present_units,
-    resolve_hit,
+from moonlease_connector.adapters.mooncake_store import (
+    ProbeContractDetector,
+    StoreCalls,
+    detect_capabilities,
 )
-from moonlease_connector.core.lookup_protocol import LookupResponse, build_wire_entries
-from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_selectively
+from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
+from moonlease_connector.adapters.vllm_lookup import (
+    LookupInputs,
+    StoreLookup,
+    build_store_lookup,
+    store_groups_of,
+)
+from moonlease_connector.adapters.vllm_lookup_server import (
+    BoundedLookupServer,
+    stop_upstream_lookup_server,
+)
+from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
+from moonlease_connector.adapters.vllm_save import JunctionSendingThread
+from moonlease_connector.adapters.vllm_settings import connector_settings
+from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
+from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
+from moonlease_connector.core.lookup import GroupNamespaces
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
 
+#: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
+CLOSE_TIMEOUT_S = 15.0
+#: `MoonleaseStoreWorker.store_lookup` before (or without) our constructor.
+_NOT_BUILT: Any = object()
+#: What lease-all needs to know of a client no one probed: nothing (plain upstream calls).
+UNDETECTED_CAPABILITIES = StoreCapabilities("unknown", False, ())
+
+
+def refuse_unsupported_mode(settings: MoonleaseConnectorConfig, capabilities: StoreCapabilities, *,
+                            release: Callable[[], None]) -> None:
+    """Refuse a lease mode the installed Mooncake client cannot serve, after `release`-ing the
+    store handle (start-up fails; nothing should stay connected)."""
+    problem = missing_capability(settings.lease_mode, capabilities)
+    if problem is not None:
+        release()
+        raise ConnectorConfigError(problem)
+
 
 class MoonleaseStoreWorker(MooncakeStoreWorker):
-    """Upstream's worker; lookups go through Moonlease's core, saves skip failed steps."""
+    """Upstream's worker; lookups go through Moonlease's lookup object, saves skip failed steps.
 
-    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig,
-                 config: MoonleaseConnectorConfig) -> None:
+    Takes upstream's constructor arguments; the settings come from the vLLM config and the
+    environment (`connector_settings`), exactly as the connector reads them.
+
+    Code written for upstream's worker (upstream's own unit tests among it) may build an
+    instance without running this constructor and set only upstream's attributes; the class
+    defaults below make such an instance behave as upstream's: every mode off, lookups built
+    from upstream's attributes at call time, no step-outcome watch (saves as upstream).
+    """
+
+    moonlease_config: MoonleaseConnectorConfig = MoonleaseConnectorConfig()
+    step_outcome: StepOutcomeWatch | None = None
+
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
+        config = connector_settings(vllm_config)
         self.moonlease_config = config
+        self.step_outcome = StepOutcomeWatch()
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
         self.kv_connector_stats = MoonleaseConnectorStats()
@@ -79,14 +110,41 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                     ",".join(self.capabilities.probe_policies) or "-", config.lease_mode.value)
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
-        self._check_mode_requirements()
+        refuse_unsupported_mode(config, self.capabilities, release=self.close)
+        #: The store's LastHitOnly response contract, detected from its answers and kept across
+        #: lookup objects (README: Last-hit-only).
+        self.probe_contract = ProbeContractDetector(self.store)
+        #: One deadline for every lookup of this worker: at most one abandoned store call.
+        self.lookup_deadline = BoundedCaller(config.mooncake_lookup_timeout_ms / 1000,
+                                             name="moonlease-lookup")
+        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
+            # Under the lookup deadline: a store that does not answer leaves the contract
+            # unknown (lookups miss and re-detect later) instead of hanging start-up.
+            self.lookup_deadline.call(self.probe_contract.detect)
+        #: The current lookup; replaced as a whole (`apply_settings`), never modified.
+        self.store_lookup: StoreLookup | None = (
+            None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
+        if type(self.lookup_server) is LookupKeyServer:
+            # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
+            stop_upstream_lookup_server(self.lookup_server)
+            self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
 
-    def _check_mode_requirements(self) -> None:
-        """Refuse to start in a mode the installed Mooncake client cannot serve."""
-        problem = missing_capability(self.moonlease_config.lease_mode, self.capabilities)
-        if problem is not None:
-            self.close()
-            raise ConnectorConfigError(problem)
+    def close(self) -> None:
+        """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
+        handle), bounded: a store that does not answer cannot hold shutdown. Idempotent."""
+        deadline = getattr(self, "lookup_deadline", None)
+        if deadline is not None:
+            deadline.close()
+        server = getattr(self, "lookup_server", None)
+        if isinstance(server, BoundedLookupServer):
+            server.close()
+        closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
+        outcome = closer.call(super().close)
+        closer.close()
+        if outcome.status is CallStatus.TIMED_OUT:
+            logger.warning("Mooncake store did not close within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
+        elif outcome.status is CallStatus.RAISED:
+            logger.warning("Mooncake store close failed: %r", outcome.error)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
@@ -97,155 +155,38 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
     # ----------------------------------------------------------------- lookup
 
-    def store_groups(self) -> list[GroupNamespaces]:
+    def store_groups(self) -> tuple[GroupNamespaces, ...]:
         """The prefix-cacheable groups with the rank namespaces a load reads."""
-        return [
-            GroupNamespaces(group_id, db.block_size, tuple(self._lookup_key_prefixes[group_id]),
-                            is_recurrent=is_recurrent(self._kv_cache_groups[group_id].kv_cache_spec))
-            for group_id, db in enumerate(self.token_dbs)
-            if self._kv_cache_groups[group_id].kv_cache_spec.prefix_cacheable
-        ]
+        return store_groups_of(self._kv_cache_groups, [db.block_size for db in self.token_dbs],
+                               self._lookup_key_prefixes)
 
-    def lookup_chunk_hashes(self, groups: Sequence[GroupNamespaces], lookup_length: int,
-                            block_hashes: Sequence[Any]) -> dict[int, list[bytes]]:
-        """Per group, the chunk hashes vLLM's lookup masks say may end a hit."""
-        if self.coord.enable_partial_hash_hits:
-            units = min(len(block_hashes), lookup_length // self.hash_block_size)
-            every = [bytes(block_hashes[i]) for i in range(units)]
-            return {group.group_id: every for group in groups}
-        masks = self.coord.lookup_mask(lookup_length)
-        chunk_hashes: dict[int, list[bytes]] = {}
-        for group in groups:
-            spec = self._kv_cache_groups[group.group_id].kv_cache_spec
-            group_hashes = self.coord.block_hashes_for_spec(block_hashes, spec)
-            chunks = min(len(group_hashes), -(-lookup_length // group.block_size))
-            mask = masks[group.group_id]
-            limit = chunks if mask is None else min(chunks, len(mask))
-            chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in range(limit)
-                                            if mask is None or mask[c]]
-        return chunk_hashes
+    def lookup_inputs(self, settings: MoonleaseConnectorConfig) -> LookupInputs:
+        return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
+                            hash_block_size=self.hash_block_size, store_calls=self.store_calls,
+                            settings=settings, capabilities=self.capabilities,
+                            probe_contract=self.probe_contract, deadline=self.lookup_deadline)
+
+    def _lookup_from_upstream_attributes(self) -> StoreLookup | None:
+        """A lease-all lookup over upstream's attributes, for an instance our constructor did
+        not build (not cached: such code may change those attributes between lookups)."""
+        if getattr(self, "_capacity_only", False):
+            return None
+        return build_store_lookup(LookupInputs(
+            groups=self.store_groups(), coordinator=self.coord, hash_block_size=self.hash_block_size,
+            store_calls=StoreCalls(self.store, self._record_kv_connector_operation),
+            settings=self.moonlease_config, capabilities=UNDETECTED_CAPABILITIES))
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
-        try:
-            result, outcome = self._lookup(num_tokens, block_hashes)
-        except Exception:
-            logger.exception("Moonlease lookup failed; reporting a miss")
-            result, outcome = MooncakeLookupResult(0), LookupOutcome.miss(MissReason.INTERNAL_ERROR)
-        with self._kv_connector_stats_lock:
-            self.kv_connector_stats.record_lookup(outcome)
-        return result
-
-    def longest_single_group_hit(self, block_hashes: Sequence[Any], max_length: int,
-                                 pool: ExternalCachedBlockPool) -> int:
-        """The hit of the group vLLM's convergence loop evaluates first, at `max_length`.
-
-        Mirrors the first step of `MooncakeStoreCoordinator._find_hit_blocks` (and of core's
-        `HybridKVCacheCoordinator.find_longest_cache_hit`, whose ``longest_hit_length`` it is:
-        every later step is bounded by the hit before it). With one spec group there is no
-        lagging group, so no junction: 0.
-        """
-        coord = self.coord
-        if len(coord.attention_groups) < 2:
-            return 0
-        spec, group_ids, manager_cls, group_eagle = coord.attention_groups[0]
-        fine_grained = coord.enable_partial_hash_hits
-        length = max_length
-        if group_eagle and not isinstance(spec, MambaSpec):
-            margin = eagle_proof_margin(spec.block_size, coord.hash_block_size,
-                                        fine_grained and manager_cls.supports_fine_grained_hash_lookup)
-            length = min(max_length + margin, len(block_hashes) * coord.hash_block_size)
-        _, hit = manager_cls.find_longest_cache_hit(
-            block_hashes=block_hashes, max_length=length, kv_cache_group_ids=group_ids,
-            block_pool=pool, kv_cache_spec=spec, drop_eagle_block=group_eagle,
-            alignment_tokens=coord.hash_block_size if fine_grained else coord.lcm_block_size)
-        return int(hit)
-
-    def store_junctions(self, num_tokens: int, block_hashes: Sequence[Any], hit_length: int,
-                        present: frozenset[Unit]) -> tuple[int, ...]:
-        """Junctions to return with a lookup (none unless junction retention is on).
-
-        Bounded like core's local lookup (``num_tokens - 1``: the last token is recomputed),
-        so the store and the local cache agree on where a shared prefix ends.
-        """
-        if not self.moonlease_config.mooncake_junction_retention or num_tokens <= 1:
-            return ()
-        bound = min(num_tokens - 1, len(block_hashes) * self.hash_block_size)
-        pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
-        try:
-            longest = self.longest_single_group_hit(block_hashes, bound, pool)
-        except Exception:
-            # A junction only helps later siblings: failing to find one must not cost this hit.
-            logger.exception("Moonlease junction search failed; returning the hit without one")
-            return ()
-        return find_junctions(hit_length, (longest,))
-
-    def _respond(self, hit: int, tails: Sequence[TailKey], junctions: tuple[int, ...],
-                 outcome: LookupOutcome) -> tuple[MooncakeLookupResult, LookupOutcome]:
-        """Upstream's result type; junctions ride in it as sentinel tail entries."""
-        entries = build_wire_entries(LookupResponse(hit, tuple(tails), junctions))
-        result = MooncakeLookupResult(hit, tuple(TailKeyBoundary(g, n) for g, n in entries))
-        if junctions:
-            outcome = dataclasses.replace(outcome, junctions=len(junctions))
-        return result, outcome
-
-    def _lookup(self, num_tokens: int, block_hashes: Sequence[Any]
-                ) -> tuple[MooncakeLookupResult, LookupOutcome]:
-        if self._capacity_only:
-            return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
-        lookup_length = self.coord.align_lookup_length(num_tokens)
-        if not block_hashes or lookup_length <= 0:
-            return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
-        groups = self.store_groups()
-
-        def hit_for(present: frozenset[tuple[int, bytes]]) -> int:
-            pool = ExternalCachedBlockPool(self.hash_block_size, set(present))
-            return resolve_hit(num_tokens, lookup_length,
-                               lambda length: self.coord.find_longest_cache_hit(block_hashes, length, pool)[1],
-                               self.coord.align_lookup_length)
-
-        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
-            # Builds its own candidates: KV keys as below, recurrent keys per checkpoint.
-            return lookup_last_hit_only(self, num_tokens, lookup_length, block_hashes, groups, hit_for)
-
-        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
-                                                                       block_hashes))
-        if not candidates.keys:
-            return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.NO_CANDIDATES)
-        hashes = [bytes(h) for h in block_hashes]
-
-        if self.moonlease_config.lease_mode is LeaseMode.SELECTIVE:
-            def plan_for(hit: int, present: frozenset[tuple[int, bytes]]) -> LoadPlan:
-                masks = self.coord.load_mask(block_hashes, hit)
-                return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                       hashes, self.hash_block_size, hit, present)
-
-            selective = lease_selectively(
-                candidates,
-                probe=self.store_calls.probe,
-                lease=lambda keys: self.store_calls.exists_with_lease(keys, operation="lookup_lease"),
-                hit_for=hit_for, plan_for=plan_for,
-                max_rounds=self.moonlease_config.mooncake_max_lease_rounds)
-            junctions = self.store_junctions(num_tokens, block_hashes, selective.hit_length,
-                                             selective.present)
-            tails = selective.plan.tails if selective.plan is not None else ()
-            return self._respond(selective.hit_length, tails, junctions, selective.outcome)
-
-        answers = self.store_calls.exists_with_lease(candidates.keys)
-        if answers is None:
-            return MooncakeLookupResult(0), LookupOutcome.miss(
-                MissReason.STORE_ERROR, rounds=1, keys_probed=len(candidates))
-        present = present_units(candidates, answers)
-        leased = sum(1 for answer in answers if answer == 1)
-        hit = hit_for(present)
-        junctions = self.store_junctions(num_tokens, block_hashes, max(hit, 0), present)
-        if hit <= 0:
-            return self._respond(0, (), junctions, LookupOutcome.miss(
-                MissReason.NOT_FOUND, rounds=1, keys_probed=len(candidates), keys_leased=leased))
-        tails = build_tail_keys(groups, hashes, self.hash_block_size, hit,
-                                lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
-        return self._respond(hit, tails, junctions,
-                             LookupOutcome(hit, None, 1, len(candidates), leased))
+        # Read once: a concurrent swap of the lookup takes effect at the next lookup.
+        store_lookup = self.__dict__.get("store_lookup", _NOT_BUILT)
+        if store_lookup is _NOT_BUILT:
+            store_lookup = self._lookup_from_upstream_attributes()
+        if store_lookup is None:  # capacity-only: upstream answers 0 without a store call
+            return MooncakeLookupResult(0)
+        answer = store_lookup.lookup(num_tokens, block_hashes)
+        record_lookup_outcome(self, answer.outcome)
+        return answer.result
 
     # ------------------------------------------------------------------- save
 
@@ -286,15 +227,35 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """Publish this step's blocks, unless the forward pass that filled them raised.
 
         vLLM calls this from a `finally` after the forward (kv_connector_model_runner_mixin);
-        an exception in flight there means the blocks hold no valid KV for their hashes.
+        if the step raised, its blocks hold no valid KV for their hashes. The skipped jobs are
+        still finished (as failures): upstream's scheduler holds their blocks until every rank
+        reports the job, so a job never reported would keep them for the rest of the run.
         """
-        failure = sys.exc_info()[1]
-        if failure is not None:
-            skipped = [request.req_id for request in metadata.requests if request.can_save]
-            if skipped:
-                logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
-                             type(failure).__name__, failure, len(skipped), ", ".join(skipped))
-                self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
-                                                    status="error", num_failed_keys=len(skipped))
+        failure = self.step_outcome.failure() if self.step_outcome is not None else None
+        if failure is None:
+            super().wait_for_save(metadata)
             return
-        super().wait_for_save(metadata)
+        skipped = [request for request in metadata.requests if request.can_save]
+        if not skipped:
+            return
+        logger.error("Forward pass failed (%s: %s); not storing KV of %d request(s): %s",
+                     type(failure).__name__, failure, len(skipped),
+                     ", ".join(request.req_id for request in skipped))
+        self._record_kv_connector_operation("save_skipped_failed_step", 0.0, len(skipped),
+                                            status="error", num_failed_keys=len(skipped))
+        if self._capacity_only or not self.can_put or self.kv_send_thread is None:
+            return  # upstream would not have queued these jobs either
+        for request in skipped:
+            if request.store_job_id is not None:
+                self.kv_send_thread.finish_store_job(request)
+
+    def build_connector_worker_meta(self) -> Any:
+        """Upstream's completed-save report, held back while the step is failing.
+
+        A failed step's output never reaches the scheduler, so completions drained into it
+        (the skipped jobs above, and jobs the send thread finished meanwhile) would be lost
+        and their blocks stay pinned; they go out with the next step's output instead.
+        """
+        if self.step_outcome is not None and self.step_outcome.failure() is not None:
+            return None
+        return super().build_connector_worker_meta()

@@ -19,11 +19,12 @@ class StoreCapabilities:
         return self.batch_probe_key and policy in self.probe_policies
 
 
-#: The `batch_probe_key` policy each mode relies on (None: plain upstream calls only).
-REQUIRED_PROBE_POLICY: dict[LeaseMode, str | None] = {
-    LeaseMode.LEASE_ALL: None,
-    LeaseMode.SELECTIVE: "none",
-    LeaseMode.LAST_HIT_ONLY: "LastHitOnly",
+#: The `batch_probe_key` policies each mode relies on (empty: plain upstream calls only).
+#: Last-hit-only also asks a lease-free question when the final-token pass depends on it.
+REQUIRED_PROBE_POLICIES: dict[LeaseMode, tuple[str, ...]] = {
+    LeaseMode.LEASE_ALL: (),
+    LeaseMode.SELECTIVE: ("none",),
+    LeaseMode.LAST_HIT_ONLY: ("LastHitOnly", "none"),
 }
 
 _SWITCH = {
@@ -34,9 +35,10 @@ _SWITCH = {
 
 def missing_capability(mode: LeaseMode, capabilities: StoreCapabilities) -> str | None:
     """None when the client can serve `mode`; otherwise the start-up error, saying what to do."""
-    policy = REQUIRED_PROBE_POLICY[mode]
-    if policy is None or capabilities.supports(policy):
+    missing = [policy for policy in REQUIRED_PROBE_POLICIES[mode] if not capabilities.supports(policy)]
+    if not missing:
         return None
+    policy = missing[0]
     what = ("MooncakeDistributedStore.batch_probe_key" if policy == "none"
             else f"batch_probe_key(policy={policy!r})")
     return (f"{_SWITCH[mode]} needs Mooncake >= 0.3.14 on the master and every client ({what}); "

@@ -4,9 +4,11 @@ Pure. For full-attention + align-mode Mamba models, upstream's lookup asks `batc
 about every recurrent state of the prompt, so every checkpoint gets a read lease — including
 states past the point the KV evidence lets the request resume from. Here:
 
-1. the KV (full-attention) keys are looked up as upstream does; vLLM's hit rule, run once with
-   every recurrent state assumed present, bounds the legal checkpoints (EAGLE and final-token
-   recomputation included, since it is the same rule);
+1. the KV (full-attention) keys are looked up as upstream does; vLLM's hit rule, run with
+   every recurrent state assumed present, bounds the legal checkpoints (EAGLE included, since
+   it is the same rule). The final-token recompute pass is planned separately
+   (`plan_hit_passes`): the hit rule is monotone in the states present at a fixed length, but
+   which length upstream runs it at depends on whether the state at `num_tokens` exists;
 2. the recurrent keys of those checkpoints go to the store in checkpoint-major order across the
    actual group/rank namespaces, with `batch_probe_key(keys, "LastHitOnly", candidate_size)`:
    the store leases the last complete checkpoint only;
@@ -15,9 +17,11 @@ states past the point the KV evidence lets the request resume from. Here:
 
 Two response contracts exist (NOTES §3): Mooncake 0.3.14 answers per-key existence and leases
 the last complete candidate; Mooncake RFC 4255 answers a selected-only mask with at most one
-all-true candidate. Anything outside the contract in force — wrong length, values other than
-0/1, several selected candidates under RFC 4255, error codes — is a miss, and so is a failed
-RPC. There is deliberately no fallback to a lease-renewing existence check.
+all-true candidate. Which one a store follows is detected from its answer to a probe of keys
+the connector writes itself (`contract_from_probe`), never from a release string. Anything
+outside the contract in force — wrong length, values other than 0/1, several selected
+candidates under RFC 4255, error codes — is a miss, and so is a failed RPC. There is
+deliberately no fallback to a lease-renewing existence check.
 """
 
 from __future__ import annotations
@@ -38,10 +42,24 @@ class ProbeContract(str, Enum):
     SELECTED_ONLY = "selected-only"  # Mooncake RFC 4255: 1s only on the selected candidate
 
 
-def contract_for(mooncake_version: str) -> ProbeContract:
-    """0.3.14 shipped per-key answers; later releases follow RFC 4255's selected-only mask."""
-    return ProbeContract.PER_KEY_EXISTENCE if mooncake_version.startswith("0.3.14") \
-        else ProbeContract.SELECTED_ONLY
+#: The contract probe: three one-key candidates, the first two stored, the third never.
+#: A per-key store answers (1, 1, 0); an RFC 4255 store selects the last complete one: (0, 1, 0).
+CONTRACT_PROBE_STORED: tuple[bool, ...] = (True, True, False)
+_CONTRACT_ANSWERS: dict[tuple[int, ...], ProbeContract] = {
+    (1, 1, 0): ProbeContract.PER_KEY_EXISTENCE,
+    (0, 1, 0): ProbeContract.SELECTED_ONLY,
+}
+
+
+def contract_from_probe(answers: Sequence[int] | None) -> ProbeContract | None:
+    """The contract a store follows, read from its answer to the contract probe (pure).
+
+    Decided by behaviour, never by release string: source builds report no version, and later
+    releases may keep either contract. None when the answer fits neither (or the probe failed).
+    """
+    if answers is None:
+        return None
+    return _CONTRACT_ANSWERS.get(tuple(int(answer) for answer in answers))
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,8 @@ class Selection:
 
     index: int | None
     problem: str | None = None  # set when the answer broke the contract
+    #: the answer was well-formed but fits another contract (re-detect the store's contract)
+    contract_misfit: bool = False
 
     @property
     def valid(self) -> bool:
@@ -107,10 +127,64 @@ def select_checkpoint(candidates: CheckpointCandidates, answers: Sequence[int] |
                 if all(answers[index * size + offset] == 1 for offset in range(size))]
     if contract is ProbeContract.SELECTED_ONLY:
         if len(complete) > 1:
-            return Selection(None, f"{len(complete)} candidates selected; the contract allows one")
+            return Selection(None, f"{len(complete)} candidates selected; the contract allows one",
+                             contract_misfit=True)
         if sum(answers) != size * len(complete):
-            return Selection(None, "keys outside the selected candidate marked present")
+            return Selection(None, "keys outside the selected candidate marked present",
+                             contract_misfit=True)
     return Selection(complete[-1] if complete else None)
+
+
+@dataclass(frozen=True)
+class HitPass:
+    """One run of vLLM's hit rule: at `length`, over the checkpoints up to `bound` (the hit
+    with every recurrent state assumed present, which no real existence pattern exceeds)."""
+
+    length: int
+    bound: int
+
+
+@dataclass(frozen=True)
+class HitPlan:
+    """Which run(s) of vLLM's hit rule can produce upstream's answer.
+
+    Upstream runs the rule at `lookup_length`; if that reaches `num_tokens` it re-runs it at
+    `align(num_tokens - 1)` so the last token is recomputed. Only a state *at* `num_tokens` can
+    take the first run that far, and with partial-hash hits the re-run may be shorter than the
+    first run without that state would be (the block keyed at `num_tokens` also holds the KV
+    tail the shorter run cannot see). So when the state at `num_tokens` is reachable there are
+    two candidate passes, and which one applies depends on that state's existence:
+    `with_final` when it exists, `without_final` when not. `with_final` is None when the state
+    at `num_tokens` cannot matter.
+    """
+
+    without_final: HitPass
+    with_final: HitPass | None = None
+
+    def pass_for(self, final_state_present: bool) -> HitPass:
+        if final_state_present and self.with_final is not None:
+            return self.with_final
+        return self.without_final
+
+
+def plan_hit_passes(num_tokens: int, lookup_length: int, usable_length: int,
+                    longest: Callable[[int, bool], int]) -> HitPlan:
+    """Plan the hit passes (pure): `longest(length, with_final)` is vLLM's longest hit at
+    `length` with the KV evidence and every recurrent state assumed present — the state at
+    `num_tokens` included only when `with_final`.
+
+    Upstream's rule, decided from existence: if even with every state the first pass stays
+    below `num_tokens`, the final state cannot switch passes (one pass). Otherwise it reaches
+    `num_tokens` exactly when the state there exists (any hit that long ends at that state), and
+    then upstream's answer comes from the re-run at `usable_length` (0 when that is empty).
+    """
+    every = longest(lookup_length, True)
+    if every < num_tokens:
+        return HitPlan(HitPass(lookup_length, every))
+    without = HitPass(lookup_length, longest(lookup_length, False))
+    with_final = HitPass(usable_length, longest(usable_length, True)) if usable_length > 0 \
+        else HitPass(0, 0)
+    return HitPlan(without, with_final)
 
 
 def legal_checkpoints(recurrent_block_size: int, bound: int, reachable: Callable[[int], bool]

@@ -15,7 +15,7 @@ Conventions (upstream's, kept exactly so the default mode issues the same store 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 #: A `(group_id, chunk hash)` pair: the unit vLLM's hit rule reasons about.
@@ -34,9 +34,16 @@ class GroupNamespaces:
     block_size: int
     key_prefixes: tuple[str, ...]
     is_recurrent: bool = False  # Mamba / linear attention: one state per boundary
+    #: `prefix + "@"` per namespace, built once: a lookup builds hundreds of keys per call.
+    _heads: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_heads", tuple(prefix + "@" for prefix in self.key_prefixes))
 
     def keys_for(self, chunk_hash: bytes) -> tuple[str, ...]:
-        return tuple(store_key(prefix, chunk_hash) for prefix in self.key_prefixes)
+        """`store_key` in every namespace, the hash's hex computed once."""
+        hex_hash = chunk_hash.hex()
+        return tuple([head + hex_hash for head in self._heads])
 
 
 @dataclass(frozen=True)
@@ -58,10 +65,14 @@ def build_candidates(groups: Sequence[GroupNamespaces],
     units: list[Unit] = []
     spans: list[int] = []
     for group in groups:
-        for chunk_hash in chunk_hashes.get(group.group_id, ()):
-            keys.extend(group.keys_for(chunk_hash))
-            units.append((group.group_id, bytes(chunk_hash)))
-            spans.append(len(group.key_prefixes))
+        group_hashes = [bytes(chunk_hash) for chunk_hash in chunk_hashes.get(group.group_id, ())]
+        heads = group._heads
+        for chunk_hash in group_hashes:
+            hex_hash = chunk_hash.hex()
+            keys.extend([head + hex_hash for head in heads])
+        group_id = group.group_id
+        units.extend([(group_id, chunk_hash) for chunk_hash in group_hashes])
+        spans.extend([len(heads)] * len(group_hashes))
     return CandidateSet(tuple(keys), tuple(units), tuple(spans))
 
 
@@ -73,12 +84,15 @@ def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset
     """
     if len(answers) != len(candidates.keys):
         return frozenset()
-    present: set[Unit] = set()
+    if len(candidates.units) == len(answers):  # one namespace per unit: answers line up
+        return frozenset([unit for unit, answer in zip(candidates.units, answers) if answer == 1])
+    present: list[Unit] = []
     position = 0
     for unit, span in zip(candidates.units, candidates.namespaces_per_unit, strict=True):
-        if all(answers[position + offset] == 1 for offset in range(span)):
-            present.add(unit)
-        position += span
+        end = position + span
+        if answers[position:end].count(1) == span:
+            present.append(unit)
+        position = end
     return frozenset(present)
 
 
@@ -149,8 +163,17 @@ class MissReason(str, Enum):
     NO_CANDIDATES = "no_candidates"  # prompt shorter than one aligned block: nothing to ask
     NOT_FOUND = "not_found"  # the store holds no usable prefix
     STORE_ERROR = "store_error"  # an RPC raised or returned a malformed or error reply
+    STORE_TIMEOUT = "store_timeout"  # no answer within mooncake_lookup_timeout_ms, or an
+    #                                   earlier abandoned store call has not returned yet
     LEASE_LOST = "lease_lost"  # keys vanished between probe and lease in every round
     INTERNAL_ERROR = "internal_error"  # a bug caught by the lookup guard (logged with a trace)
+
+
+def miss_reason_of(answers: Sequence[int]) -> MissReason:
+    """Why a lookup whose store answered `answers` found nothing: a store that answered any
+    key with an error code (Mooncake's negative codes: -900 while the master is unreachable)
+    failed, rather than holding no prefix."""
+    return MissReason.STORE_ERROR if any(answer < 0 for answer in answers) else MissReason.NOT_FOUND
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,220 @@
+"""Seed 000's benchmark: last-hit-only vs lease-all lookup latency on a hybrid model's shape.
+
+Shape (seed 000): 128 recurrent checkpoints, one KV namespace and four recurrent namespaces
+(full attention + align-mode Mamba, 64-token blocks, 16-token hash blocks), every recurrent
+state present; `--kv-divisor D` keeps KV blocks for the first 128/D checkpoints only (1: all
+128 KV-supported, 8: 16). Paths, interleaved in every iteration (order alternating):
+- `upstream`: vLLM's own `MooncakeStoreWorker.lookup` (the reference lease-all);
+- `leaseAll`: our lookup object in lease-all mode (upstream's calls, our code);
+- `lastHitOnly`: our lookup object in last-hit-only mode;
+- `bare`: one `batch_is_exist` over lease-all's candidate keys — the store's own cost, the
+  limit no lookup can beat.
+Stores: the in-memory double (`memory`) and a real master + store pool over loopback TCP
+(`tcp`). Each run: `--warmup` then `--iterations` lookups per path, in `--processes` fresh
+processes; the report gives the median of per-process p50s, p95, keys leased, RPCs and keys
+sent per lookup.
+
+    .venv/bin/python benchmarks/last_hit_only.py --out benchmarks/results/last_hit_only.md
+
+Tiny run (what the test does): `--iterations 20 --warmup 2 --processes 1 --stores memory`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PATHS = ("upstream", "leaseAll", "lastHitOnly", "bare")
+CHECKPOINTS = 128
+BLOCK = 64
+HASH_BLOCK = 16
+#: Seed 000's reported p50 speedups of last-hit-only over lease-all, by (store, KV checkpoints).
+SEED_SPEEDUP = {("memory", 128): 1.06, ("memory", 16): 1.90, ("tcp", 128): 1.65, ("tcp", 16): 2.50}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One fresh process: every store × divisor, the four paths interleaved."""
+    from moonlease import devenv
+
+    devenv.preload()
+    import gc
+
+    from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
+    from moonlease.bench.workers import (
+        Layout,
+        build_layout_parts,
+        build_lookup,
+        build_upstream_lookup,
+        full_attention,
+        mamba_align,
+    )
+    from moonlease_connector.config import LeaseMode
+
+    layout = Layout("seed000", (full_attention(BLOCK), mamba_align(BLOCK)), BLOCK, (1, 4))
+    parts = build_layout_parts(layout)
+    hashes = [os.urandom(16) for _ in range(CHECKPOINTS * BLOCK // HASH_BLOCK)]
+    num_tokens = len(hashes) * HASH_BLOCK
+    per_block = BLOCK // HASH_BLOCK
+    results = []
+    bed = None
+    gc.collect()
+    gc.freeze()
+    try:
+        for store_name in spec["stores"]:
+            for divisor in spec["divisors"]:
+                kv_checkpoints = CHECKPOINTS // divisor
+                keys = []
+                for index in range(CHECKPOINTS):
+                    chunk_hash = hashes[(index + 1) * per_block - 1].hex()
+                    if index < kv_checkpoints:
+                        keys.append(f"{parts.key_prefixes[0][0]}@{chunk_hash}")
+                    keys.extend(f"{prefix}@{chunk_hash}" for prefix in parts.key_prefixes[1])
+                if store_name == "memory":
+                    inner: Any = DictStore(keys)
+                else:
+                    if bed is None:
+                        bed = MooncakeBed(segment_mib=256, lease_ttl_ms=50,
+                                          log_dir=Path(spec["log_dir"]))
+                    bed.client.remove_all(True)
+                    assert bed.client.put_batch(keys, [b"\0" * 64] * len(keys)) == 0
+                    inner = bed.client
+                counting = CountingStore(inner)
+                ours = {mode: build_lookup(parts, counting, mode)
+                        for mode in (LeaseMode.LEASE_ALL, LeaseMode.LAST_HIT_ONLY)}
+                upstream = build_upstream_lookup(parts, counting)
+                candidates = [f"{prefix}@{h.hex()}" for group in parts.groups
+                              for h in [hashes[(i + 1) * per_block - 1] for i in range(CHECKPOINTS)]
+                              for prefix in group.key_prefixes]
+
+                def lookup_path(path: str) -> tuple[int, int]:
+                    if path == "upstream":
+                        return upstream(num_tokens, hashes).hit_length, -1
+                    if path == "bare":
+                        answers = counting.batch_is_exist(candidates)
+                        return 0, answers.count(1)
+                    answer = ours[LeaseMode(path)].lookup(num_tokens, hashes)
+                    return answer.hit_length, answer.outcome.keys_leased
+
+                samples = {path: {"ns": [], "rpcs": [], "keys_sent": [], "leased": [], "hit": []}
+                           for path in PATHS}
+                for iteration in range(spec["warmup"] + spec["iterations"]):
+                    order = PATHS if iteration % 2 == 0 else PATHS[::-1]
+                    for path in order:
+                        counting.reset()
+                        started = time.perf_counter_ns()
+                        hit, leased = lookup_path(path)
+                        elapsed = time.perf_counter_ns() - started
+                        if iteration >= spec["warmup"]:
+                            record = samples[path]
+                            record["ns"].append(elapsed)
+                            record["rpcs"].append(counting.rpcs)
+                            record["keys_sent"].append(counting.keys_sent)
+                            record["leased"].append(leased)
+                            record["hit"].append(hit)
+                results.append({"store": store_name, "kv_checkpoints": kv_checkpoints, "paths": {
+                    path: {"p50_us": percentile(r["ns"], 0.5) / 1e3, "p95_us": percentile(r["ns"], 0.95) / 1e3,
+                           "rpcs": statistics.mean(r["rpcs"]), "keys_sent": statistics.mean(r["keys_sent"]),
+                           "keys_leased": statistics.mean(r["leased"]), "hit": r["hit"][-1]}
+                    for path, r in samples.items()}})
+    finally:
+        if bed is not None:
+            bed.close()
+    return {"pid": os.getpid(), "configs": results}
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration: the median over processes of each path's p50 (and p95)."""
+    rows = []
+    for index, config in enumerate(runs[0]["configs"]):
+        row = {"store": config["store"], "kv_checkpoints": config["kv_checkpoints"], "paths": {}}
+        for path in PATHS:
+            per_run = [run["configs"][index]["paths"][path] for run in runs]
+            row["paths"][path] = {
+                "p50_us": statistics.median(r["p50_us"] for r in per_run),
+                "p95_us": statistics.median(r["p95_us"] for r in per_run),
+                "p50_range": (min(r["p50_us"] for r in per_run), max(r["p50_us"] for r in per_run)),
+                **{k: per_run[0][k] for k in ("rpcs", "keys_sent", "keys_leased", "hit")}}
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = ["# Seed 000: last-hit-only vs lease-all lookup latency", "",
+             f"Shape: {CHECKPOINTS} recurrent checkpoints, 1 KV + 4 recurrent namespaces, every "
+             f"state present; {args.warmup} warm-ups + {args.iterations} lookups per path, "
+             f"{args.processes} fresh process(es), paths interleaved (alternating order). "
+             "Median of per-process p50s (µs); `bare` is one `batch_is_exist` over lease-all's "
+             "candidate keys (the store's own cost: the limit).", "",
+             "Reproduce: `.venv/bin/python benchmarks/last_hit_only.py "
+             f"--iterations {args.iterations} --warmup {args.warmup} --processes {args.processes} "
+             f"--stores {','.join(args.stores)} --out benchmarks/results/last_hit_only.md`", "",
+             "| store | KV checkpoints | path | p50 µs | p95 µs | p50 range | RPCs | keys sent | keys leased |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        for path in PATHS:
+            p = row["paths"][path]
+            leased = "-" if path == "upstream" else f"{p['keys_leased']:.0f}"
+            lines.append(f"| {row['store']} | {row['kv_checkpoints']} | {path} | {p['p50_us']:.0f} | "
+                         f"{p['p95_us']:.0f} | {p['p50_range'][0]:.0f}–{p['p50_range'][1]:.0f} | "
+                         f"{p['rpcs']:.0f} | {p['keys_sent']:.0f} | {leased} |")
+    lines += ["", "Where we stand against seed 000 (p50 speedup of last-hit-only):", ""]
+    for row in rows:
+        paths = row["paths"]
+        target = SEED_SPEEDUP.get((row["store"], row["kv_checkpoints"]))
+        ours = paths["leaseAll"]["p50_us"] / paths["lastHitOnly"]["p50_us"]
+        vs_upstream = paths["upstream"]["p50_us"] / paths["lastHitOnly"]["p50_us"]
+        bare = paths["lastHitOnly"]["p50_us"] / paths["bare"]["p50_us"]
+        verdict = "meets" if target is not None and ours >= target else "below"
+        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: ×{ours:.2f} vs our "
+                     f"leaseAll, ×{vs_upstream:.2f} vs upstream's lookup; seed ×{target} → {verdict}; "
+                     f"last-hit-only takes ×{bare:.1f} of one bare store call (aim ≤ ×1.3)")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--kv-divisor", type=int, action="append", dest="divisors")
+    parser.add_argument("--stores", type=lambda v: v.split(","), default=["memory", "tcp"])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(json.loads(args.child))))
+        return
+    divisors = args.divisors or [1, 8]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="moonlease-seed000-") as log_dir:
+        for _ in range(args.processes):
+            spec = {"stores": args.stores, "divisors": divisors, "warmup": args.warmup,
+                    "iterations": args.iterations, "log_dir": log_dir}
+            child = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                                   capture_output=True, text=True, cwd=REPO, check=False)
+            if child.returncode != 0:
+                raise SystemExit(child.stderr[-4000:])
+            runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    report = render(summarize(runs), args)
+    if args.out:
+        args.out.write_text(report)
+        args.out.with_suffix(".json").write_text(json.dumps(summarize(runs), indent=1))
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

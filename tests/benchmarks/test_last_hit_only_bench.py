@@ -1,0 +1,42 @@
+"""Seed 000's benchmark runs end to end, tiny, against the in-memory double and a real master.
+
+Assertions are about accounting — RPCs, keys sent and leased per lookup, equal hits — never
+about timing (speed claims live in the committed results).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.store
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "last_hit_only.py"
+
+
+def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
+    out = tmp_path / "report.md"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--iterations", "5", "--warmup", "1",
+                          "--processes", "1", "--stores", "memory,tcp", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert {(row["store"], row["kv_checkpoints"]) for row in rows} == {
+        ("memory", 128), ("memory", 16), ("tcp", 128), ("tcp", 16)}
+    for row in rows:
+        paths, kv = row["paths"], row["kv_checkpoints"]
+        assert paths["upstream"]["hit"] == paths["leaseAll"]["hit"] == paths["lastHitOnly"]["hit"] > 0
+        assert paths["upstream"]["keys_sent"] == paths["leaseAll"]["keys_sent"] == 128 + 4 * 128
+        assert paths["upstream"]["rpcs"] == paths["leaseAll"]["rpcs"] == 1
+        assert paths["leaseAll"]["keys_leased"] == kv + 4 * 128
+        # Last-hit-only: the KV keys as upstream, then one probe over the legal checkpoints.
+        assert paths["lastHitOnly"]["rpcs"] == 2
+        assert paths["lastHitOnly"]["keys_sent"] <= 128 + 4 * kv
+        assert paths["lastHitOnly"]["keys_leased"] == kv + 4, "the KV hit and one checkpoint"
+    report = out.read_text()
+    assert report.count("seed ×") == 4 and "| tcp | 16 | lastHitOnly |" in report
