@@ -60,10 +60,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="longer prompts of the trace are left out (default 1536)")
     parser.add_argument("--max-output-tokens", type=int, default=8,
                         help="answer length cap (default 8: TTFT is the point)")
-    parser.add_argument("--kv-cache-mib", type=int, default=2,
-                        help="the engine's own KV cache (default 2 MiB: a few prompts, so most reuse "
-                             "has to come from the store, as on a fleet where a session's next turn "
-                             "may land on another engine)")
+    parser.add_argument("--kv-cache-mib", type=int,
+                        help="the engine's own KV cache (default per model, about two of the longest "
+                             "prompts: hybrid-serve 4 MiB, swa-serve 2 MiB; so most reuse has to come "
+                             "from the store, as on a fleet where a session's next turn may land on "
+                             "another engine)")
     parser.add_argument("--lease-ttl-ms", type=int, default=2000,
                         help="the master's default_kv_lease_ttl (default 2000)")
     parser.add_argument("--calibrate-tokens", type=int, default=1024,
@@ -98,8 +99,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from moonlease.bench.environment import fetch_environment
     from moonlease.bench.serve_plan import plan_requests
-    from moonlease.bench.serve_run import DENSE_RETENTION_INTERVAL, run_case
+    from moonlease.bench.serve_run import DENSE_RETENTION_INTERVAL, KV_CACHE_MIB, run_case
     from moonlease.bench.workload import build_named_trace
+    from moonlease.testbed.processes import ServerStartError
     from moonlease.testbed.tiny_models import build_tiny_model
 
     def say(message: str) -> None:
@@ -126,6 +128,7 @@ def run_serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
     calibrated: set[str] = set()
+    failed: list[str] = []
     total = sum(len(plans[c.workload][1]) for c in args.cases) * len(args.pressures)
     interrupted = False
     with tqdm(total=total, desc="serve", unit="req", file=sys.stderr) as progress:
@@ -134,13 +137,19 @@ def run_serve(args: argparse.Namespace) -> int:
                 for case in args.cases:
                     progress.set_postfix_str(f"{case.model} {case.label} @ {pressure.name}")
                     calibrate = args.calibrate_tokens if case.model not in calibrated else 0
-                    record = run_case(case, pressure, plans[case.workload][1], log_dir,
-                                      concurrency=args.concurrency, kv_cache_mib=args.kv_cache_mib,
-                                      max_model_len=args.max_prompt_tokens + args.max_output_tokens,
-                                      lease_ttl_ms=args.lease_ttl_ms, calibrate_tokens=calibrate,
-                                      retention_interval=DENSE_RETENTION_INTERVAL
-                                      if plans[case.workload][0].header.retention == "dense" else None,
-                                      say=say, on_done=lambda _r: progress.update(1))
+                    try:
+                        record = run_case(case, pressure, plans[case.workload][1], log_dir,
+                                          concurrency=args.concurrency,
+                                          kv_cache_mib=args.kv_cache_mib or KV_CACHE_MIB.get(case.model, 4),
+                                          max_model_len=args.max_prompt_tokens + args.max_output_tokens,
+                                          lease_ttl_ms=args.lease_ttl_ms, calibrate_tokens=calibrate,
+                                          retention_interval=DENSE_RETENTION_INTERVAL
+                                          if plans[case.workload][0].header.retention == "dense" else None,
+                                          say=say, on_done=lambda _r: progress.update(1))
+                    except ServerStartError as error:
+                        failed.append(f"{case.model} {case.label} @ {pressure.name}: {error}")
+                        say(f"  FAILED to start, skipped: {str(error).splitlines()[0]}")
+                        continue
                     calibrated.add(case.model)
                     summary = record["summary"]
                     say(f"  {case.model} {case.label} @ {pressure.name}: TTFT p50 {summary['ttft_p50_s']:.2f} s, "
@@ -166,12 +175,14 @@ def run_serve(args: argparse.Namespace) -> int:
                "traces": {w: {"requests": len(p), "left_out": n, "prompt_tokens": sum(len(r.token_ids) for r in p),
                               "virtual_s": t.span_s, "layout": t.header.layout}
                           for w, (t, p, n) in plans.items()},
-               "wall_seconds": time.monotonic() - started, "runs": runs}
+               "wall_seconds": time.monotonic() - started, "runs": runs, "failed_cases": failed}
     if runs:
         _write_report(results, args.out)
-    if not args.keep_logs and not interrupted:
+    if not args.keep_logs and not interrupted and not failed:
         shutil.rmtree(log_dir, ignore_errors=True)
-    return 130 if interrupted else 0
+    if interrupted:
+        return 130
+    return 1 if failed else 0
 
 
 def _pct(value: float | None) -> str:

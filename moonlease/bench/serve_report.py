@@ -88,10 +88,12 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
     lines += ["## Prefill vs load on this machine", "",
               "Per model, on its first engine: a fresh prompt's TTFT (everything prefilled), then the "
               "engine's own prefix cache dropped (`POST /reset_prefix_cache`) and the same prompt sent "
-              "again (its KV loaded from the store, the rest prefilled); a one-token prompt's TTFT "
-              "subtracted from both.", "",
+              "again (its KV loaded from the store, the rest prefilled). Prefill per token: the cold TTFT "
+              "less a one-token prompt's, over the prompt; load per token: the from-store TTFT less the "
+              "prefill of the tokens the store did not give, over the tokens it gave (an upper bound: "
+              "scheduling and the first decode step included). Medians of 3.", "",
               "| model | prompt tokens | cold TTFT (s) | from-store TTFT (s) | tokens from store | "
-              "prefill ms/token | load ms/token |", "| --- | --- | --- | --- | --- | --- | --- |"]
+              "prefill ms/token | load ms/token (upper bound) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for run in results["runs"]:
         cal = run.get("calibration")
         if cal:

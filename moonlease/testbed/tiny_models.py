@@ -153,16 +153,17 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         TinyModelSpec(
             name="hybrid-serve",
             description="NemotronHForCausalLM, layers M-*-M- (Mamba2, MLP, attention, MLP, Mamba2, "
-                        "MLP), hidden 768, MLP 3072, 8 heads x 64, 1 KV head; block 128; the serving "
+                        "MLP), hidden 768, MLP 3072, 8 heads x 64, 4 KV heads, Mamba expand 1 (a state small "
+                        "enough for 128-token blocks); the serving "
                         "benchmark's hybrid model",
             config_class="NemotronHConfig",
             model_class="NemotronHForCausalLM",
             config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 3072,
                     "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp",
                                           "linear_attention", "mlp"],
-                    "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 64,
-                    "max_position_embeddings": 4096, "mamba_num_heads": 24, "mamba_head_dim": 64,
-                    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 2,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+                    "max_position_embeddings": 4096, "mamba_num_heads": 12, "mamba_head_dim": 64,
+                    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 1,
                     "chunk_size": 128, "mlp_hidden_act": "relu2", "n_routed_experts": 0,
                     "num_experts_per_tok": 0, "layer_norm_epsilon": 1e-5},
             block_size=None,
