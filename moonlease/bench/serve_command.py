@@ -52,8 +52,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     parser.add_argument("--duration-s", type=float, default=SERVE_KNOBS["duration_s"],
                         help=f"virtual seconds of trace arrivals (default {SERVE_KNOBS['duration_s']:g})")
-    parser.add_argument("--wall-s", type=float, default=60.0,
-                        help="wall seconds the trace's arrivals are scaled to (default 60)")
+    parser.add_argument("--wall-s", type=float, default=30.0,
+                        help="wall seconds the trace's arrivals are scaled to (default 30)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests in flight at most (default 4)")
     parser.add_argument("--max-prompt-tokens", type=int, default=1536,

@@ -78,7 +78,7 @@ DEFAULT_PRESSURES: tuple[Pressure, ...] = (
 #: Trace knobs for serving on a CPU: no document-sized prompts, shorter system prompts.
 SERVE_KNOBS: dict[str, Any] = {"p_long": 0.0, "system_blocks": 16, "first_blocks": (4, 16),
                                "turn_blocks": (2, 6), "output_blocks": (1, 4),
-                               "duration_s": 600.0, "sessions_per_min": 3.0}
+                               "duration_s": 300.0, "sessions_per_min": 3.0}
 
 
 def parse_cases(text: str) -> tuple[ServeCase, ...]:
