@@ -54,17 +54,17 @@ def render_seed_comparison(results: dict[str, Any]) -> list[str]:
     lines += ["",
               "Seed 002 reports TTFT P90 12.8 s with lease-all and 3.83 s with selective lease at a 95 % "
               "watermark, on GPU engines serving a production-sized model, where recomputing a prefix "
-              "costs far more than loading it from the store and the store holds a large share of the "
-              "fleet's working set. Here everything is scaled down: a tiny random-weight model on a "
-              "shared 2-core CPU (the calibration table shows how much cheaper a load is than a "
-              "prefill on this machine, which bounds what any hit can save), a store of tens of MiB, "
-              "a trace compressed to about a minute, and one engine whose own prefix cache serves "
-              "most short-range reuse before the store is asked. A lease mode can only change TTFT "
-              "through the store hits it wins back, so the differences below are at most the hit-rate "
-              "difference times the load-vs-prefill gap, and the machine's load (see the header) adds "
-              "noise of the same order. Treat the table as a check that the modes run end to end "
-              "under real serving and move hit rate and TTFT in the direction the replay predicts, "
-              "not as a reproduction of seed 002's factor.", ""]
+              "costs far more than loading it and a fleet's working set overflows the store. Here "
+              "everything is scaled down: a tiny random-weight model on a shared 2-core CPU (the "
+              "calibration table shows how much cheaper a load is than a prefill here, which bounds "
+              "what any hit can save), a store of tens of MiB, five virtual minutes of trace in half "
+              "a wall minute, one engine with a small prefix cache of its own, and CPU contention "
+              "from other work on the machine (the load average above). A lease mode changes TTFT "
+              "only through the store hits it wins back, so the TTFT differences above are at most "
+              "the hit-rate difference times the prefill-vs-load gap; each cell is one run (no "
+              "spread measured), so small TTFT differences are within noise. Read the table as the "
+              "modes running end to end under real serving, with the direction of their hit-rate "
+              "effect, not as a reproduction of seed 002's factor.", ""]
     return lines
 
 
@@ -79,6 +79,8 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
              "store, every case of a workload replaying the same requests.", ""]
     if results.get("interrupted"):
         lines += ["**This run was interrupted: the tables hold only the cases that finished.**", ""]
+    for failure in results.get("failed_cases", []):
+        lines += [f"**Not measured** (its engine did not start): {failure.splitlines()[0]}", ""]
     lines += ["| | |", "| --- | --- |"]
     for key in ("date", "machine", "os", "python", "vllm", "mooncake", "torch", "commit", "load_average"):
         if key in env:
