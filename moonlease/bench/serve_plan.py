@@ -73,7 +73,7 @@ DEFAULT_CASES: tuple[ServeCase, ...] = (
 )
 DEFAULT_PRESSURES: tuple[Pressure, ...] = (
     Pressure("low", segment_mib=512, watermark=0.95),
-    Pressure("high", segment_mib=12, watermark=0.95),
+    Pressure("high", segment_mib=16, watermark=0.95),
 )
 #: Trace knobs for serving on a CPU: no document-sized prompts, shorter system prompts.
 SERVE_KNOBS: dict[str, Any] = {"p_long": 0.0, "system_blocks": 16, "first_blocks": (4, 16),
