@@ -148,7 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                           say=say, on_done=lambda _r: progress.update(1))
                     except ServerStartError as error:
                         failed.append(f"{case.model} {case.label} @ {pressure.name}: {error}")
-                        say(f"  FAILED to start, skipped: {str(error).splitlines()[0]}")
+                        say(f"  FAILED to start, skipped:\n{error}")
                         continue
                     calibrated.add(case.model)
                     summary = record["summary"]

@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -89,8 +91,10 @@ class ServeEngine:
             argv += ["--prefix-cache-retention-interval", str(retention_interval)]
         if spec.engine_kwargs.get("mamba_cache_mode"):
             argv += ["--mamba-cache-mode", str(spec.engine_kwargs["mamba_cache_mode"])]
-        rpc_dir = workdir / f"rpc-{self.port}"
-        rpc_dir.mkdir(parents=True, exist_ok=True)
+        # The connector's lookup socket lives under VLLM_RPC_BASE_PATH; an IPC path may not be
+        # longer than 107 characters, so a short folder of its own under /tmp, not the workdir.
+        rpc_dir = Path(tempfile.mkdtemp(prefix="moonlease-rpc-"))
+        self.rpc_dir = rpc_dir
         from moonlease import devenv
 
         env = devenv.library_path_env()
@@ -249,6 +253,7 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
         stack.enter_context(pool)
         engine = ServeEngine(case, master, workdir, kv_cache_mib=kv_cache_mib, max_model_len=max_model_len,
                              retention_interval=retention_interval)
+        stack.callback(shutil.rmtree, engine.rpc_dir, ignore_errors=True)
         say(f"{case.model} {case.label} @ {pressure.name}: starting vllm serve (log: {engine.process.log_path})")
         stack.enter_context(engine.process)
         calibration = None
