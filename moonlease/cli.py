@@ -130,6 +130,12 @@ def _cmd_bench_replay(args: argparse.Namespace) -> int:
     return run_replay(args)
 
 
+def _cmd_bench_serve(args: argparse.Namespace) -> int:
+    from moonlease.bench.serve_command import run_serve
+
+    return run_serve(args)
+
+
 def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     from moonlease.bench.command import add_generate_arguments, add_replay_arguments
 
@@ -141,6 +147,12 @@ def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     replay = actions.add_parser("replay", help="replay traces per lease mode against a real store")
     add_replay_arguments(replay)
     replay.set_defaults(func=_cmd_bench_replay)
+    from moonlease.bench.serve_command import add_serve_arguments
+
+    serve = actions.add_parser("serve", help="TTFT per lease mode: real vllm serve engines, a real store "
+                                             "under pressure, an agentic trace over the OpenAI API")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_cmd_bench_serve)
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:

@@ -80,13 +80,19 @@ class ManagedProcess:
         finally:
             log.close()
         deadline = time.monotonic() + self._ready_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise ServerStartError(f"{self.name} exited with code {self._process.returncode} "
-                                       f"before it was ready.\n{self.log_tail()}")
-            if self._ready():
-                return self
-            time.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                if self._process.poll() is not None:
+                    raise ServerStartError(f"{self.name} exited with code {self._process.returncode} "
+                                           f"before it was ready.\n{self.log_tail()}")
+                if self._ready():
+                    return self
+                time.sleep(0.05)
+        except BaseException:
+            # Ctrl-C (or a failing probe) while waiting: `with` never reached __exit__, so the
+            # half-started process would outlive us.
+            self.stop()
+            raise
         self.stop()
         raise ServerStartError(f"{self.name} was not ready after {self._ready_timeout:.0f} s.\n"
                                f"{self.log_tail()}")

@@ -147,6 +147,42 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                     "query_pre_attn_scalar": 32, "rms_norm_eps": 1e-6},
             block_size=32,
         ),
+        # The serving benchmark's models (`moonlease bench serve`): wide enough that prefilling
+        # a token clearly costs more on a CPU than loading its KV from the store (one KV head,
+        # few attention layers: little KV per token, much compute per token).
+        TinyModelSpec(
+            name="hybrid-serve",
+            description="NemotronHForCausalLM, layers M-*-M- (Mamba2, MLP, attention, MLP, Mamba2, "
+                        "MLP), hidden 768, MLP 3072, 8 heads x 64, 4 KV heads, Mamba expand 1 (a state small "
+                        "enough for 128-token blocks); the serving "
+                        "benchmark's hybrid model",
+            config_class="NemotronHConfig",
+            model_class="NemotronHForCausalLM",
+            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 3072,
+                    "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp",
+                                          "linear_attention", "mlp"],
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
+                    "max_position_embeddings": 4096, "mamba_num_heads": 12, "mamba_head_dim": 64,
+                    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 1,
+                    "chunk_size": 128, "mlp_hidden_act": "relu2", "n_routed_experts": 0,
+                    "num_experts_per_tok": 0, "layer_norm_epsilon": 1e-5},
+            block_size=None,
+            engine_kwargs={"mamba_cache_mode": "align", "enable_prefix_caching": True},
+        ),
+        TinyModelSpec(
+            name="swa-serve",
+            description="Gemma3ForCausalLM (text): 4 layers alternating sliding_attention (window "
+                        "64) and full_attention, hidden 768, MLP 3072, 8 heads x 64, 1 KV head; the "
+                        "serving benchmark's sliding-window model",
+            config_class="Gemma3TextConfig",
+            model_class="Gemma3ForCausalLM",
+            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 3072,
+                    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1,
+                    "head_dim": 64, "max_position_embeddings": 4096, "sliding_window": 64,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2,
+                    "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6},
+            block_size=32,
+        ),
     )
 }
 
