@@ -420,6 +420,40 @@ async def test_a_master_restart_waits_for_approval(kube: LocalApiServer, running
     assert reasons(kube).index("StageAwaitingApproval") < reasons(kube).index("MasterRestart")
 
 
+async def test_a_master_drift_repair_waits_for_its_own_approval(kube: LocalApiServer,
+                                                               running_operator: OperatorThread) -> None:
+    """Someone edits the master's flags after the rollout: putting them back would restart the
+    master (and empty the store), so the repair waits for an approval of its own."""
+    await create_fleet(kube)
+    await kube.create(policy(**{"master.requireApprovalForRestart": True}))
+    await kube.wait_for(lambda: phase(kube) == "AwaitingApproval", timeout=WAIT, what="AwaitingApproval")
+    first = status(kube)["pendingApproval"]
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: first}}})
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+
+    master = copy.deepcopy(workload(kube, "mooncake-master"))
+    containers = master["spec"]["template"]["spec"]["containers"]
+    args = containers[0]["args"]
+    edited = [a for a in args if not a.startswith("--eviction_ratio=")] + ["--eviction_ratio=0.3"]
+    containers[0]["args"] = edited
+    await kube.patch(WORKLOADS["mooncake-master"], NS, "mooncake-master",
+                     {"spec": {"template": {"spec": {"containers": containers}}}})
+    mark = len(kube.api_calls())
+    await kube.wait_for(lambda: phase(kube) == "AwaitingApproval", timeout=WAIT, what="the drift repair's approval")
+    pending = status(kube)["pendingApproval"]
+    assert pending != first and pending.startswith("forward:2:")
+    assert "--eviction_ratio: 0.3 -> 0.1" in status(kube)["stages"][0]["message"]
+    await kube.wait_for(lambda: reconciles(kube, mark) >= 3, what="more reconciles")
+    # Nothing restarts the master meanwhile: the user's edit stays until the approval.
+    assert workload(kube, "mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"] == edited
+    assert ("patch", "deployments") not in operator_writes(kube, mark)
+
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: pending}}})
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready after the repair")
+    repaired = workload(kube, "mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--eviction_ratio=0.1" in repaired and "--eviction_ratio=0.3" not in repaired
+
+
 async def test_paused_between_stages_and_by_the_spec(kube: LocalApiServer) -> None:
     await create_fleet(kube)
     clock = ManualClock()
