@@ -8,8 +8,11 @@
   tolerations, affinity), extra env/volumes/mounts, extraObjects;
 * image digests and a global registry;
 * `prometheus.io/*` annotations; opt-in PodMonitors, a ServiceMonitor and a PrometheusRule,
-  validated against tests/chart/data/prometheus-operator-schemas.json (minimal schemas written
-  for these tests, see its $comment) and, for the rules, by Prometheus' own `promtool`;
+  validated against the Prometheus Operator's own CRD types (`cloudcoil-models-prometheus-operator`,
+  pydantic models generated from the operator's CRDs: types, required fields, and no field
+  the CRD does not know), against tests/chart/data/prometheus-operator-schemas.json (minimal
+  schemas written for these tests: what this chart relies on, see its $comment) and, for the
+  rules, by Prometheus' own `promtool`;
 * vLLM pods get what their arguments need (GPUs for tensor parallelism, the RDMA device).
 """
 
@@ -26,6 +29,7 @@ import helm_python as helm
 import jsonschema
 import pytest
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
 
 from tests.chart.rendering import (
     CHART_DIR,
@@ -239,6 +243,7 @@ def test_monitors_validate_and_scrape_every_metrics_port(chart: helm.Chart, name
     monitoring = [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
     for obj in monitoring:
         jsonschema.validate(obj, PROMETHEUS_OPERATOR_SCHEMAS[obj["kind"]])
+        _validate_against_crd_types(obj)
     # Every pod's announced metrics port is scraped by exactly one PodMonitor endpoint, by name.
     pod_monitors = find(objects, "PodMonitor")
     for workload, spec in pod_specs(objects):
@@ -255,6 +260,24 @@ def test_monitors_validate_and_scrape_every_metrics_port(chart: helm.Chart, name
         service = one(objects, "Service", "moonlease-operator-metrics")
         assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
         assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+
+
+def _validate_against_crd_types(obj: JsonObj) -> None:
+    """The object parses as the Prometheus Operator's CRD type of its kind and survives a round
+    trip unchanged: a wrong type or a field the CRD does not have (which the model would drop)
+    fails."""
+    model = getattr(prometheus_operator_v1, obj["kind"]).model_validate(obj)
+    assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == obj, obj["kind"]
+
+
+def test_the_crd_type_check_refuses_unknown_fields_and_wrong_types() -> None:
+    good = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor", "metadata": {"name": "m"},
+            "spec": {"selector": {"matchLabels": {"a": "b"}}, "podMetricsEndpoints": [{"port": "http"}]}}
+    _validate_against_crd_types(good)
+    with pytest.raises(AssertionError):
+        _validate_against_crd_types({**good, "spec": {**good["spec"], "podMetricsEndpoints": [{"prot": "http"}]}})
+    with pytest.raises(ValueError):
+        _validate_against_crd_types({**good, "spec": {**good["spec"], "podMetricsEndpoints": [{"port": 9}]}})
 
 
 def test_the_ab_test_set_works_with_prometheus_operator_out_of_the_box(chart: helm.Chart) -> None:
