@@ -174,23 +174,35 @@ def test_a_new_configuration_starts_a_new_test_and_the_same_one_carries_on() -> 
     assert fresh.phase is ABTestPhase.DEPLOYING and fresh.config_hash == "cfg2" and fresh.samples == 0
 
 
-@pytest.mark.parametrize("annotation, phase", [
-    ("promote:cfg1", ABTestPhase.PROMOTING),
-    ("rollback:cfg1", ABTestPhase.ROLLING_BACK),
-    ("promote:cfg0", ABTestPhase.AWAITING_DECISION),  # a stale decision, for an earlier test
-    ("promote", ABTestPhase.AWAITING_DECISION),
-    ("keep:cfg1", ABTestPhase.AWAITING_DECISION),
-    (None, ABTestPhase.AWAITING_DECISION),
+@pytest.mark.parametrize("annotation, phase, why", [
+    ("promote:cfg1", ABTestPhase.PROMOTING, None),
+    ("rollback:cfg1", ABTestPhase.ROLLING_BACK, None),
+    ("promote:cfg0", ABTestPhase.AWAITING_DECISION, "names configuration 'cfg0'"),  # a stale decision
+    ("promote", ABTestPhase.AWAITING_DECISION, "names configuration ''"),
+    ("keep:cfg1", ABTestPhase.AWAITING_DECISION, "unknown decision 'keep'"),
+    (None, ABTestPhase.AWAITING_DECISION, None),
 ])
-def test_a_held_test_is_decided_only_by_an_annotation_naming_it(annotation: str | None, phase: ABTestPhase) -> None:
+def test_a_held_test_is_decided_only_by_an_annotation_naming_it(annotation: str | None, phase: ABTestPhase,
+                                                                why: str | None) -> None:
     held = ABTestStatus(phase=ABTestPhase.AWAITING_DECISION, config_hash="cfg1", verdict="Inconclusive")
     decided, events = apply_decision_annotation(held, annotation, T0)
-    assert decided.phase is phase and (len(events) == 1) == (phase is not ABTestPhase.AWAITING_DECISION)
+    assert decided.phase is phase
+    if why is not None:  # refused out loud, once
+        assert [e.reason for e in events] == ["VerbIgnored"] and why in events[0].message
+        assert apply_decision_annotation(decided, annotation, T0) == (decided, [])
+    else:
+        assert len(events) == (0 if annotation is None else 1)
 
 
-def test_an_annotation_never_decides_a_test_still_measuring() -> None:
+def test_an_annotation_never_decides_a_test_still_measuring_and_says_so_once() -> None:
     running = ABTestStatus(phase=ABTestPhase.MEASURING, config_hash="cfg1")
-    assert apply_decision_annotation(running, "promote:cfg1", T0) == (running, [])
+    seen, events = apply_decision_annotation(running, "promote:cfg1", T0)
+    assert seen.phase is ABTestPhase.MEASURING and seen.decision_annotation == "promote:cfg1"
+    assert [e.reason for e in events] == ["VerbIgnored"]
+    assert "not AwaitingDecision" in events[0].message and "moonlease promote NAME" in events[0].message
+    # Handled: it does not decide the test later either (the promote verb does, in any phase).
+    held = seen.model_copy(update={"phase": ABTestPhase.AWAITING_DECISION})
+    assert apply_decision_annotation(held, "promote:cfg1", T0) == (held, [])
 
 
 def test_measurement_is_due_once_per_interval_while_measuring() -> None:

@@ -421,6 +421,9 @@ class ABTestStatus(StatusModel):
     """When the arms were last read (the baseline, then the end of each interval)."""
     decided_at: datetime | None = None
     """When the test reached its outcome."""
+    decision_annotation: Annotated[str, Field(max_length=256)] | None = None
+    """The last `moonlease.io/ab-decision` value the operator handled (applied, or ignored with
+    a VerbIgnored event saying why): each value is acted on, or refused, once."""
     control: ArmValues | None = None
     """The control's estimates over every measured interval."""
     treatment: ArmValues | None = None

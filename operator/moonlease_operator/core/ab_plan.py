@@ -314,18 +314,33 @@ def decision_hint(status: ABTestStatus) -> str:
 
 def apply_decision_annotation(status: ABTestStatus, annotation: str | None,
                               now: datetime.datetime) -> tuple[ABTestStatus, list[EventNote]]:
-    """A held test decided by a human: `promote:<configHash>` or `rollback:<configHash>`."""
-    if status.phase is not ABTestPhase.AWAITING_DECISION or not annotation:
+    """A held test decided by a human: `promote:<configHash>` or `rollback:<configHash>`.
+
+    Each annotation value is handled once (`decision_annotation`): applied while the test awaits
+    a decision, otherwise refused with a VerbIgnored event that says why and what to use instead
+    (the `promote`/`abort` verbs work in every phase) — never silently ignored."""
+    if not annotation or annotation == status.decision_annotation:
         return status, []
+    seen = status.model_copy(update={"decision_annotation": annotation[:256]})
     decision, _, config_hash = annotation.partition(":")
-    if config_hash != status.config_hash or decision not in ("promote", "rollback"):
-        return status, []
+    shown = annotation[:80]
+    why = None
+    if decision not in ("promote", "rollback"):
+        why = f"unknown decision {decision[:20]!r}: the value is promote:<configHash> or rollback:<configHash>"
+    elif config_hash != status.config_hash:
+        why = f"it names configuration {config_hash[:20]!r}; the test runs {status.config_hash}"
+    elif status.phase is not ABTestPhase.AWAITING_DECISION:
+        why = (f"the test is {status.phase.value}, not AwaitingDecision; `moonlease promote NAME` or"
+               f" `moonlease abort NAME` decide in any phase")
+    if why is not None:
+        return seen, [EventNote("Warning", Reason.VERB_IGNORED.value,
+                                f"{AB_DECISION_ANNOTATION}={shown} ignored: {why}")]
     if decision == "promote":
-        return status.model_copy(update={"phase": ABTestPhase.PROMOTING, "action": ABAction.PROMOTE.value,
-                                         "decided_at": now}), [
+        return seen.model_copy(update={"phase": ABTestPhase.PROMOTING, "action": ABAction.PROMOTE.value,
+                                       "decided_at": now}), [
             EventNote("Normal", Reason.AB_TEST_PROMOTING.value, "Promoting the treatment's configuration to the control, as annotated")]
-    return status.model_copy(update={"phase": ABTestPhase.ROLLING_BACK, "action": ABAction.ROLL_BACK.value,
-                                     "decided_at": now}), [
+    return seen.model_copy(update={"phase": ABTestPhase.ROLLING_BACK, "action": ABAction.ROLL_BACK.value,
+                                   "decided_at": now}), [
         EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value, "Rolling the treatment back, as annotated")]
 
 
