@@ -24,6 +24,7 @@ cd "$(dirname "$0")/.."
 
 PREFIX=${MOONLEASE_IMAGE_PREFIX:-moonlease}
 CACHE=${MOONLEASE_CACHE_DIR:-$PWD/.cache}/images
+mkdir -p "$CACHE"  # build logs go here even when every base is already imported
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 BASE_IMAGE=localhost/moonlease-base/python:3.11-bookworm
 BUILD_BASE_IMAGE=localhost/moonlease-base/python-build:3.11-bookworm

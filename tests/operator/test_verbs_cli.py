@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from moonlease.testbed.kube import LocalApiServer
+from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
@@ -201,7 +202,7 @@ async def test_promote_and_abort_mid_measurement(kube: LocalApiServer, exporters
         assert code == 0 and "rolling the treatment's configuration out to the control" in out, out
         await kube.wait_for(lambda: phase(kube, "ab") == "Ready", timeout=WAIT, what="promoted")
         assert status(kube, "ab")["abTest"]["phase"] == "Promoted"
-        templates = {n: (kube.get("deployments", NS, n) or {})["spec"]["template"] for n in CONTROL + TREATMENT}
-        assert all(templates[c]["metadata"]["annotations"]["moonlease.io/config-hash"]
-                   == templates[t]["metadata"]["annotations"]["moonlease.io/config-hash"]
-                   for c, t in zip(CONTROL, TREATMENT))
+        # The control now runs the treatment's settings: its settings ConfigMaps say the same.
+        settings = {n: (kube.get("configmaps", NS, settings_config_map_name(n)) or {}).get("data")
+                    for n in CONTROL + TREATMENT}
+        assert all(settings[c] and settings[c] == settings[t] for c, t in zip(CONTROL, TREATMENT)), settings

@@ -104,5 +104,5 @@ def test_concurrent_cli_builds_agree_and_are_deterministic(tmp_path, tiny_models
 def test_unknown_model_is_refused(tmp_path):
     with pytest.raises(KeyError, match="unknown tiny model"):
         tm.build_tiny_model("gpt5", tmp_path)
-    assert set(tm.TINY_MODELS) == {"llama", "hybrid", "swa"}
+    assert set(tm.TINY_MODELS) == {"llama", "hybrid", "swa", "hybrid-serve", "swa-serve"}
     assert all(spec.description for spec in tm.TINY_MODELS.values())

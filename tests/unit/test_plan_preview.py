@@ -22,7 +22,8 @@ def preview(cluster: Cluster, spec: dict[str, Any]) -> PolicyPreview:
     before = json.dumps(list(cluster.workloads.values()), sort_keys=True, default=str)
     result = plan_preview(raw_spec=spec, policy=PolicyRef("fleet", "ns", 1, "2026-01-01T00:00:00Z"),
                           previous=read_status(cluster.status_json),
-                          observed=Observed(workloads=copy.deepcopy(cluster.workloads)), now=T0)
+                          observed=Observed(workloads=copy.deepcopy(cluster.workloads),
+                                            config_maps=copy.deepcopy(cluster.config_maps)), now=T0)
     assert json.dumps(list(cluster.workloads.values()), sort_keys=True, default=str) == before  # a dry run
     return result
 
