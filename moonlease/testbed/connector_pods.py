@@ -4,8 +4,9 @@ Test-bed component (real parts, no vLLM): for every pod that mounts a connector-
 ConfigMap, `ConnectorPods` plays the kubelet — it keeps a ConfigMap-shaped directory
 (`ConfigMapVolume`: timestamped directory, atomic `..data` symlink swap) in step with the
 ConfigMap's data — and runs the connector's own `SettingsWatcher` and `SettingsExporter` on that
-file, serving the settings endpoint on loopback. The pod is annotated with the endpoint's port
-(`moonlease.io/settings-metrics-port`), since every simulated pod shares the IP 127.0.0.1.
+file, serving the settings endpoint on `host` (loopback unless an operator in a container must
+reach it). The pod is annotated with the endpoint's port (`moonlease.io/settings-metrics-port`),
+since every simulated pod shares one IP (the simulator's `pod_ip`, which must equal `host`).
 
 `freeze(workload)` stops the kubelet's updates for a workload's pods (their connectors keep
 reporting the settings they have): a fleet where a change never takes effect.
@@ -75,6 +76,7 @@ class ConnectorPods:
     root: Path
     namespace: str | None = None  # None: every namespace
     interval: float = 0.05
+    host: str = "127.0.0.1"  # where the endpoints listen: the simulated pods' status.podIP
     frozen: set[str] = field(default_factory=set)
     _pods: dict[str, _Pod] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
@@ -87,7 +89,7 @@ class ConnectorPods:
         self.frozen.discard(workload)
 
     def endpoint(self, pod: str) -> str:
-        return f"127.0.0.1:{self._pods[pod].port}"
+        return f"{self.host}:{self._pods[pod].port}"
 
     async def sync(self) -> None:
         """One pass: start connectors for new pods, update files, stop those of gone pods."""
@@ -126,7 +128,7 @@ class ConnectorPods:
         live = LiveSettings(ActiveSettings(defaults, SettingsSource.STARTUP))
         exporter = SettingsExporter()
         exporter.show(live.current())
-        port = exporter.serve(0, "127.0.0.1")
+        port = exporter.serve(0, self.host)
         watcher = SettingsWatcher(volume.path, live, defaults=defaults, capabilities=POD_CLIENT,
                                   layout_problem=lambda mode: None, exporter=exporter,
                                   poll_interval_s=self.interval)

@@ -229,6 +229,27 @@ def reset_local_prefix_cache(llm: LLM, timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def wait_for_saves(llm: LLM, timeout: float = 60.0) -> None:
+    """Wait until the store connector's send thread has done every queued save, then step once.
+
+    Saves run on the worker's send thread after `generate` returns, and what they record (for
+    instance the connector's retention counters) reaches vLLM's metrics only with a later
+    engine step. So: wait for the thread's queue to drain, then run a request shorter than one
+    block (it saves nothing) whose step carries the saves' stats.
+    """
+    deadline = time.monotonic() + timeout
+    threads = [thread for connector in _kv_connectors(llm)
+               if (thread := getattr(getattr(connector, "connector_worker", None), "kv_send_thread", None))]
+    if not threads:
+        raise RuntimeError("this engine has no store connector that saves (no send thread)")
+    for thread in threads:
+        while thread.request_queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the store connector still had saves queued after {timeout:.0f} s")
+            time.sleep(0.02)
+    generate_greedy(llm, [[5, 6, 7]], max_tokens=1)
+
+
 def _close_lookup_channel(connector: Any) -> None:
     """Close the Mooncake store connector's ZMQ lookup channel, which its shutdown leaves open.
 

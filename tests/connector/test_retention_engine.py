@@ -65,6 +65,7 @@ def test_retention_keeps_outputs_and_writes_and_pins_only_the_resume_set(
 
         writer = vllm_engine("swa", **settings)
         warm = {"A": ve.generate_greedy(writer, [A], max_tokens=8, logprobs=True)[0]}
+        ve.wait_for_saves(writer)  # the send thread records after its puts; a step carries it
         reported = {decision: retention_keys(writer, decision) for decision in ("pinned", "skipped")}
         vllm_engine.stop(writer)
         written = master.metrics()

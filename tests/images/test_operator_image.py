@@ -1,6 +1,8 @@
 """The operator image, run as the chart runs it (read-only root, uid 65532, a tmpfs /tmp): it prints
 the CRD the chart ships, and it reconciles a policy against the local API server, reached over the
-podman network (the server listens on the network's gateway address, not on a public one)."""
+podman network (the server listens on the network's gateway address, not on a public one). The
+simulated pods run the connector's real settings endpoints (`ConnectorPods`) on that address too,
+so the operator in its container verifies each stage against them, as it does in a cluster."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import local_api_server
 from tests.chart.rendering import CHART_DIR
 from tests.images.conftest import Images
 from tests.images.podman import Network, podman, run_detached
-from tests.operator.fleet import create_fleet, phase, policy
+from tests.operator.fleet import create_fleet, phase, policy, status
 
 pytestmark = pytest.mark.images
 
@@ -34,7 +37,10 @@ def _free_port(host: str) -> int:
 async def test_the_operator_image_reconciles_a_policy(images: Images, network: Network,
                                                       tmp_path: Path) -> None:
     network.bring_up(images["operator"])
-    async with local_api_server(tick_interval=0.02, host=network.gateway, port=_free_port(network.gateway)) as kube:
+    async with local_api_server(tick_interval=0.02, host=network.gateway, port=_free_port(network.gateway),
+                                pod_ip=network.gateway) as kube:
+        pods = ConnectorPods(kube, tmp_path / "connector-pods", host=network.gateway)
+        pods.start()
         await create_fleet(kube)
         kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig")
         kubeconfig.chmod(0o644)
@@ -50,7 +56,8 @@ async def test_the_operator_image_reconciles_a_policy(images: Images, network: N
         finally:
             logs = operator.logs()
             operator.stop()
-        assert phase(kube) == "Ready", logs
+            await pods.stop()
+        assert phase(kube) == "Ready", (status(kube), logs)
         # The operator in the container made the calls (kopf and our client identify themselves).
         agents = {call.user_agent.split("/")[0] for call in kube.api_calls()}
         assert {"kopf", "moonlease-operator"} <= agents, agents

@@ -184,18 +184,20 @@ async def local_api_server(*, crds: Sequence[Mapping[str, Any]] | None = None,
                            namespaces: Sequence[str] = ("default",), simulate: bool = True,
                            tick_interval: float = 0.05, host: str = "127.0.0.1",
                            port: int | None = None, watch_history: int = DEFAULT_WATCH_HISTORY,
-                           bookmark_interval: float = 60.0) -> AsyncIterator[LocalApiServer]:
+                           bookmark_interval: float = 60.0,
+                           pod_ip: str = "127.0.0.1") -> AsyncIterator[LocalApiServer]:
     """Start the emulator on a free port (or `port`) with the backbone resources, `namespaces`,
     the CRDs (default: MooncakeLeasePolicy) and, if `simulate`, a ticking RolloutSimulator.
 
     `watch_history` (changes per resource type a watch can resume from) and `bookmark_interval`
     (seconds between BOOKMARK events) tune the watch semantics; see `ApiServerEmulator`.
+    `pod_ip` is every simulated pod's address (the pods' servers listen there).
     Runs in the current event loop; clients in other threads (kopf's runner) reach it over HTTP.
     """
     crds = default_crds() if crds is None else list(crds)
     async with ApiServerEmulator(watch_history=watch_history, bookmark_interval=bookmark_interval) as emulator:
         async with kmock.Server(emulator, host=host, port=port, server_cls=_HttpServer) as server:
-            api = LocalApiServer(emulator, server, RolloutSimulator(emulator))
+            api = LocalApiServer(emulator, server, RolloutSimulator(emulator, pod_ip=pod_ip))
             for ns in namespaces:
                 await api.create(namespace_manifest(ns))
             for crd in crds:

@@ -79,9 +79,12 @@ class RolloutSimulator:
     Drive it with `await tick()` for determinism, or `start()` a background task.
     """
 
-    def __init__(self, emulator: ApiServerEmulator, *, fail_after_ticks: int = 2) -> None:
+    def __init__(self, emulator: ApiServerEmulator, *, fail_after_ticks: int = 2,
+                 pod_ip: str = "127.0.0.1") -> None:
         self.emulator = emulator
         self.fail_after_ticks = fail_after_ticks
+        #: status.podIP of every pod: where the pods' servers (e.g. `ConnectorPods`) listen.
+        self.pod_ip = pod_ip
         self._rules: dict[tuple[str, str, str], _Rule] = {}
         self._state: dict[tuple[str, str, str], WorkloadRollout] = {}
         self._task: asyncio.Task[None] | None = None
@@ -273,7 +276,7 @@ class RolloutSimulator:
         for pod_name, (template, rev, unready) in wanted.items():
             if existing.get(pod_name):
                 pod = existing[pod_name]
-                status = _pod_status(template, ready=not unready)
+                status = _pod_status(template, ready=not unready, pod_ip=self.pod_ip)
                 if pod.get("status", {}).get("phase") != status["phase"] or \
                         _pod_ready(pod) != (not unready):
                     await self.emulator.patch_object(PODS, namespace, pod_name, {"status": status},
@@ -292,7 +295,7 @@ class RolloutSimulator:
             }
             await self.emulator.create_object(PODS, pod, namespace=namespace)
             await self.emulator.patch_object(PODS, namespace, pod_name,
-                                             {"status": _pod_status(template, ready=not unready)},
+                                             {"status": _pod_status(template, ready=not unready, pod_ip=self.pod_ip)},
                                              subresource="status")
 
 
@@ -312,13 +315,13 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
                for c in pod.get("status", {}).get("conditions", []))
 
 
-def _pod_status(template: Mapping[str, Any], *, ready: bool) -> JsonObj:
+def _pod_status(template: Mapping[str, Any], *, ready: bool, pod_ip: str) -> JsonObj:
     containers = template.get("spec", {}).get("containers", [])
     flag = "True" if ready else "False"
     now = now_rfc3339()
     return {
         "phase": "Running",
-        "podIP": "127.0.0.1",  # every pod's servers run on this machine's loopback
+        "podIP": pod_ip,  # every pod's servers run on this machine, on this one address
         "conditions": [{"type": "Ready", "status": flag, "lastTransitionTime": now},
                        {"type": "ContainersReady", "status": flag, "lastTransitionTime": now}],
         "containerStatuses": [
