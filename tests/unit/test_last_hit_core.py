@@ -12,7 +12,10 @@ from moonlease_connector.core.last_hit import (
     HitPass,
     HitPlan,
     contract_from_probe,
+    hit_known_from_selection,
+    kv_reach,
     legal_checkpoints,
+    plan_checkpoint_probes,
     plan_hit_passes,
     select_checkpoint,
 )
@@ -109,10 +112,22 @@ def test_selected_only_misfits_are_flagged_for_redetection() -> None:
 
 
 def test_legal_checkpoints_stop_at_the_bound_and_respect_the_lookup_mask() -> None:
-    assert legal_checkpoints(64, 200, lambda p: True) == (64, 128, 192)
-    assert legal_checkpoints(64, 191, lambda p: True) == (64, 128)
-    assert legal_checkpoints(64, 256, lambda p: p != 128) == (64, 192, 256)
-    assert legal_checkpoints(64, 63, lambda p: True) == ()
+    assert legal_checkpoints(64, 200) == (64, 128, 192)
+    assert legal_checkpoints(64, 191) == (64, 128)
+    assert legal_checkpoints(64, 256, ([True, False, True, True],)) == (64, 192, 256)
+    assert legal_checkpoints(64, 256, ([True, True, True, True], [True, True, False, True])) \
+        == (64, 128, 256), "every recurrent group's mask must keep a checkpoint"
+    assert legal_checkpoints(64, 256, ([True, True],)) == (64, 128), "past a mask's end: not kept"
+    assert legal_checkpoints(64, 63) == ()
+
+
+def test_the_kv_reach_is_the_shortest_leading_run_of_present_chunks() -> None:
+    hashes = {0: [b"a", b"b", b"c", b"d"], 2: [b"w", b"x"]}
+    every = frozenset({(0, b"a"), (0, b"b"), (0, b"c"), (0, b"d"), (2, b"w"), (2, b"x")})
+    assert kv_reach(hashes, {0: 16, 2: 64}, every) == 64
+    assert kv_reach(hashes, {0: 16, 2: 64}, every - {(0, b"b")}) == 16, "a missing chunk ends the run"
+    assert kv_reach(hashes, {0: 16, 2: 64}, every - {(2, b"w")}) == 0
+    assert kv_reach({}, {}, every) == 0
 
 
 def test_one_pass_when_even_every_state_stays_below_num_tokens() -> None:
@@ -145,3 +160,29 @@ def test_without_partial_hash_hits_the_final_state_never_splits_the_plan() -> No
     plan = plan_hit_passes(256, 256, 192, lambda length, final: hits[(length, final)],
                            final_state_can_matter=False)
     assert plan == HitPlan(HitPass(256, 192)) and plan.pass_for(True) == HitPass(256, 192)
+
+
+def test_without_partial_hash_hits_the_plan_is_one_run_of_the_rule() -> None:
+    calls = []
+
+    def longest(length: int, with_final: bool) -> int:
+        calls.append((length, with_final))
+        return 192
+
+    assert plan_hit_passes(256, 256, 192, longest, final_state_can_matter=False) == HitPlan(HitPass(256, 192))
+    assert calls == [(256, False)]
+
+
+def test_the_last_checkpoint_is_probed_alone_first_then_the_rest_together() -> None:
+    assert plan_checkpoint_probes((64, 128, 192)) == ((192,), (64, 128))
+    assert plan_checkpoint_probes((192, 64, 64)) == ((192,), (64,)), "ordered, each once"
+    assert plan_checkpoint_probes((64,)) == ((64,),)
+    assert plan_checkpoint_probes(()) == ()
+
+
+def test_the_hit_is_the_bound_only_when_the_bound_itself_was_selected_on_whole_blocks() -> None:
+    assert hit_known_from_selection(HitPass(256, 192), 192, final_state_can_matter=False) == 192
+    assert hit_known_from_selection(HitPass(256, 192), 128, final_state_can_matter=False) is None
+    assert hit_known_from_selection(HitPass(256, 192), 192, final_state_can_matter=True) is None, \
+        "partial-hash hits: the final-token re-run may pick another length"
+    assert hit_known_from_selection(HitPass(256, 0), 0, final_state_can_matter=False) is None

@@ -109,10 +109,11 @@ class StoreCalls:
             logger.error("Mooncake %s returned %r for %d keys", operation,
                          type(answers).__name__, len(keys))
             return None
-        failed = sum(1 for answer in answers if answer < 0)
+        answers = list(map(int, answers))
+        failed = sum(1 for answer in answers if answer < 0) if answers and min(answers) < 0 else 0
         self._record(operation, elapsed, len(keys), status="error" if failed else "ok",
                      num_failed_keys=failed)
-        return [int(answer) for answer in answers]
+        return answers
 
 
 #: How long after a detection attempt another may run (a misfitting answer or a failed

@@ -2,8 +2,9 @@
 
 I/O adapter, called by `MoonleaseStoreWorker` when `mooncake_kda_last_hit_only` is on: it
 gathers vLLM's inputs (which groups are recurrent, their chunk hashes, the lookup mask, the
-coordinator's hit rule) and makes two store calls — upstream's leasing existence check for the
-KV keys, and one LastHitOnly probe for the recurrent keys of the legal checkpoints.
+coordinator's hit rule) and makes its store calls — upstream's leasing existence check for the
+KV keys, then LastHitOnly probes for the recurrent keys of the legal checkpoints (the last one
+alone first, the rest only when it is incomplete).
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from moonlease_connector.adapters.vllm_specs import unwrap_spec
 from moonlease_connector.config import ConnectorConfigError
 from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
+    CheckpointCandidates,
     HitPass,
     build_checkpoint_candidates,
+    hit_known_from_selection,
+    kv_reach,
     legal_checkpoints,
+    plan_checkpoint_probes,
     plan_hit_passes,
 )
 from moonlease_connector.core.last_hit_layout import (
@@ -92,23 +97,27 @@ def _probe_final_state(worker: Any, recurrent: Sequence[GroupNamespaces], chunk_
 def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any],
                          groups: Sequence[GroupNamespaces], longest_hit: LongestHit
                          ) -> tuple[MooncakeLookupResult, LookupOutcome]:
-    """KV keys as upstream; recurrent keys through one LastHitOnly probe of the legal checkpoints.
+    """KV keys as upstream; recurrent keys through LastHitOnly probes of the legal checkpoints.
 
     `longest_hit(present, length)` is vLLM's hit rule (the coordinator's longest hit) at one
     length; which length(s) upstream runs it at is planned by `core.last_hit.plan_hit_passes`.
-    A second, lease-free probe of the state at num_tokens is made only when the answer depends
-    on it (partial-hash hits whose prompt ends on a stored state).
+    The checkpoints are probed last-first (`core.last_hit.plan_checkpoint_probes`): one small
+    probe when the last legal checkpoint is complete, a second over the rest otherwise. A
+    lease-free probe of the state at num_tokens is made only when the answer depends on it
+    (partial-hash hits whose prompt ends on a stored state).
     """
-    hashes = [bytes(h) for h in block_hashes]
+    coord = worker.coord
+    hash_block_size = worker.hash_block_size
     kv_groups = [g for g in groups if not g.is_recurrent]
     recurrent = [g for g in groups if g.is_recurrent]
 
     kv_present: frozenset[Unit] = frozenset()
     kv_leased = kv_asked = 0
     kv_miss_reason = MissReason.NOT_FOUND
+    kv_chunk_hashes: dict[int, list[bytes]] = {}
     if kv_groups:
-        kv_candidates = build_candidates(kv_groups, worker.lookup_chunk_hashes(kv_groups, lookup_length,
-                                                                               block_hashes))
+        kv_chunk_hashes = worker.lookup_chunk_hashes(kv_groups, lookup_length, block_hashes)
+        kv_candidates = build_candidates(kv_groups, kv_chunk_hashes)
         if kv_candidates.keys:
             answers = worker.store_calls.exists_with_lease(kv_candidates.keys)
             if answers is None:
@@ -116,7 +125,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
                     MissReason.STORE_ERROR, rounds=1, keys_probed=len(kv_candidates))
             kv_present = present_units(kv_candidates, answers)
             kv_miss_reason = miss_reason_of(answers)
-            kv_leased = sum(1 for answer in answers if answer == 1)
+            kv_leased = answers.count(1)
             kv_asked = len(kv_candidates)
 
     def respond(hit: int, tails: tuple[TailKey, ...], outcome: LookupOutcome,
@@ -128,37 +137,38 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     # Where a recurrent state can be keyed: at every hash block with partial-hash hits (upstream
     # probes every hash unit then), else at the recurrent group's block boundaries. A state is
     # keyed by the hash of the prefix it ends, which is the chunk hash at a block boundary.
-    fine_grained = worker.coord.enable_partial_hash_hits
-    step = worker.hash_block_size if fine_grained else recurrent[0].block_size
-    limit = min(lookup_length, len(hashes) * worker.hash_block_size)
+    fine_grained = coord.enable_partial_hash_hits
+    step = hash_block_size if fine_grained else recurrent[0].block_size
+    limit = min(lookup_length, len(block_hashes) * hash_block_size)
+    recurrent_ids = [g.group_id for g in recurrent]
 
     def state_hash(position: int) -> bytes:
-        return hashes[position // worker.hash_block_size - 1]
+        return bytes(block_hashes[position // hash_block_size - 1])
 
-    def states_at(position: int) -> frozenset[Unit]:
-        return frozenset((g.group_id, state_hash(position)) for g in recurrent)
-
-    masks = None if fine_grained else worker.coord.lookup_mask(lookup_length)
-
-    def reachable(position: int) -> bool:
-        if masks is None:
-            return True
-        chunk = position // step - 1
-        return all(masks[g.group_id] is None or (chunk < len(masks[g.group_id]) and masks[g.group_id][chunk])
-                   for g in recurrent)
+    recurrent_masks: list[Any] = []
+    if not fine_grained:
+        masks = coord.lookup_mask(lookup_length)
+        recurrent_masks = [masks[g] for g in recurrent_ids if masks[g] is not None]
+        if kv_groups and all(masks[g.group_id] is None for g in kv_groups):
+            # Every KV chunk was asked about, in order: no hit reaches past their leading run.
+            limit = min(limit, kv_reach(kv_chunk_hashes, {g.group_id: g.block_size for g in kv_groups},
+                                        kv_present))
 
     # The states a lookup may ask about, and among them the one at num_tokens (if any): only it
     # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
-    every_position = legal_checkpoints(step, limit, reachable)
-    final_position = num_tokens if num_tokens in every_position else None
-    every_state = frozenset().union(*(states_at(p) for p in every_position))
-    final_states = states_at(final_position) if final_position is not None else frozenset()
+    every_position = legal_checkpoints(step, limit, recurrent_masks)
+    final_position = num_tokens if every_position and every_position[-1] == num_tokens else None
+    state_hashes = {position: state_hash(position) for position in every_position}
+    final_states: frozenset[Unit] = frozenset(
+        (gid, state_hashes[final_position]) for gid in recurrent_ids) if final_position else frozenset()
+    states_below_final = frozenset([(gid, chunk_hash) for position, chunk_hash in state_hashes.items()
+                                    if position != final_position for gid in recurrent_ids])
 
     def longest_with_every_state(length: int, with_final: bool) -> int:
-        states = every_state if with_final else every_state - final_states
+        states = states_below_final | final_states if with_final else states_below_final
         return longest_hit(kv_present | states, length)
 
-    plan = plan_hit_passes(num_tokens, lookup_length, worker.coord.align_lookup_length(num_tokens - 1),
+    plan = plan_hit_passes(num_tokens, lookup_length, coord.align_lookup_length(num_tokens - 1),
                            longest_with_every_state, final_state_can_matter=fine_grained)
     probed = kv_asked
     final_present: bool | None = None
@@ -175,39 +185,48 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     if not positions:  # the KV evidence allows no checkpoint (or the store answered errors)
         return respond(0, (), LookupOutcome.miss(
             kv_miss_reason, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
-    candidates = build_checkpoint_candidates(recurrent, positions,
-                                             lambda group, position: state_hash(position))
-    answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
-                                       candidate_size=candidates.candidate_size,
-                                       operation="lookup_last_hit_probe")
-    selection = worker.probe_contract.read(candidates, answers)
-    probed += len(candidates.keys)
-    if not selection.valid:
-        logger.error("LastHitOnly probe answer rejected (%s); reporting a miss", selection.problem)
-        return MooncakeLookupResult(0), LookupOutcome.miss(
-            MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
-    if selection.index is None:
+    selected: tuple[int, CheckpointCandidates] | None = None
+    for probe_positions in plan_checkpoint_probes(positions):
+        candidates = build_checkpoint_candidates(recurrent, probe_positions,
+                                                 lambda group, position: state_hashes[position])
+        answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
+                                           candidate_size=candidates.candidate_size,
+                                           operation="lookup_last_hit_probe")
+        selection = worker.probe_contract.read(candidates, answers)
+        probed += len(candidates.keys)
+        if not selection.valid:
+            logger.error("LastHitOnly probe answer rejected (%s); reporting a miss", selection.problem)
+            return MooncakeLookupResult(0), LookupOutcome.miss(
+                MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
+        if selection.index is not None:
+            selected = (selection.index, candidates)
+            break
+    if selected is None:
         return respond(0, (), LookupOutcome.miss(
             MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
 
-    present = kv_present | frozenset(candidates.units[selection.index])
+    index, candidates = selected
+    present = kv_present | frozenset(candidates.units[index])
 
     def hit_of(chosen: HitPass) -> int:
         return longest_hit(present, chosen.length) if chosen.length > 0 else 0
 
-    hit = hit_of(hit_pass)  # the without-final pass unless the final state was asked about
-    if final_present is None and plan.with_final is not None and hit_of(plan.with_final) != hit:
-        # Same checkpoints, different answers: only the state at num_tokens decides.
-        final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
-        probed += asked
-        if final_present is None:
-            return MooncakeLookupResult(0), LookupOutcome.miss(
-                MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
-        hit = hit_of(plan.pass_for(final_present))
+    hit = hit_known_from_selection(hit_pass, candidates.positions[index],
+                                   final_state_can_matter=fine_grained)
+    if hit is None:
+        hit = hit_of(hit_pass)  # the without-final pass unless the final state was asked about
+        if final_present is None and plan.with_final is not None and hit_of(plan.with_final) != hit:
+            # Same checkpoints, different answers: only the state at num_tokens decides.
+            final_present, asked = _probe_final_state(worker, recurrent, state_hash(num_tokens))
+            probed += asked
+            if final_present is None:
+                return MooncakeLookupResult(0), LookupOutcome.miss(
+                    MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
+            hit = hit_of(plan.pass_for(final_present))
     leased = kv_leased + candidates.candidate_size
     if hit <= 0:
         return respond(0, (), LookupOutcome.miss(
             MissReason.NOT_FOUND, rounds=1, keys_probed=probed, keys_leased=leased), present)
-    tails = build_tail_keys(groups, hashes, worker.hash_block_size, hit,
+    tails = build_tail_keys(groups, block_hashes, hash_block_size, hit,
                             lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
     return respond(hit, tails, LookupOutcome(hit, None, 1, probed, leased), present)

@@ -19,6 +19,7 @@ sees half of each.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     TailKeyBoundary,
 )
-from vllm.v1.core.kv_cache_utils import eagle_proof_margin
+from vllm.v1.core.kv_cache_utils import BlockHashListWithBlockSize, eagle_proof_margin
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
@@ -128,6 +129,20 @@ class PresentPool(ExternalCachedBlockPool):
             if (group_id, chunk_hash) not in present:  # type: ignore[operator]
                 return None
         return [self._present_block] * len(group_ids)
+
+
+def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> Sequence[Any]:
+    """The first `chunks` chunk hashes of vLLM's per-group view, read in one slice.
+
+    vLLM's chunk view (`chunk_hashes_for_block_size`: a `BlockHashListWithBlockSize`) keys
+    chunk `c` by hash `(c + 1) * scale_factor - 1` of the hash-block list it wraps; a stepped
+    slice of that list reads the same hashes without a Python call per chunk. Any other view
+    is read through its own indexing.
+    """
+    if isinstance(group_hashes, BlockHashListWithBlockSize):
+        scale = group_hashes.scale_factor
+        return group_hashes.block_hashes[scale - 1:chunks * scale:scale]
+    return group_hashes[:chunks]
 
 
 def _miss(reason: MissReason, **counts: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -264,13 +279,10 @@ class StoreLookup(ABC):
         for group in groups:
             group_hashes = self.coord.block_hashes_for_spec(block_hashes, self._specs[group.group_id])
             chunks = min(len(group_hashes), -(-lookup_length // group.block_size))
+            every = [bytes(h) for h in _first_chunk_hashes(group_hashes, chunks)]
             mask = masks[group.group_id]
-            if mask is None:
-                chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in range(chunks)]
-            else:
-                limit = min(chunks, len(mask))
-                chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in range(limit)
-                                                if mask[c]]
+            chunk_hashes[group.group_id] = every if mask is None else list(
+                itertools.compress(every, mask))
         return chunk_hashes
 
     def hit_rule(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]) -> HitRule:

@@ -11,9 +11,13 @@ states past the point the KV evidence lets the request resume from. Here:
    which length upstream runs it at depends on whether the state at `num_tokens` exists;
 2. the recurrent keys of those checkpoints go to the store in checkpoint-major order across the
    actual group/rank namespaces, with `batch_probe_key(keys, "LastHitOnly", candidate_size)`:
-   the store leases the last complete checkpoint only;
+   the store leases the last complete checkpoint only. The last legal checkpoint is asked
+   about alone first (`plan_checkpoint_probes`): when it is complete — every state of a fully
+   stored prompt — the lookup sends its few keys instead of every checkpoint's; otherwise the
+   rest go in one more probe, which selects what a single probe of all of them would;
 3. the answer is validated against the store's response contract and the exact selected
-   checkpoint is what the lookup returns for loading.
+   checkpoint is what the lookup returns for loading; when it is the bound itself, the hit is
+   known without running the rule again (`hit_known_from_selection`).
 
 Two response contracts exist (NOTES §3): Mooncake 0.3.14 answers per-key existence and leases
 the last complete candidate; Mooncake RFC 4255 answers a selected-only mask with at most one
@@ -26,7 +30,8 @@ deliberately no fallback to a lease-renewing existence check.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -182,22 +187,88 @@ def plan_hit_passes(num_tokens: int, lookup_length: int, usable_length: int,
     `final_state_can_matter=False` (no partial-hash hits: every KV block is keyed at its own
     end and the lookup length is aligned to the recurrent block) says both runs give the same
     answer — the states below `num_tokens` all lie at or below `usable_length`, and the KV
-    evidence up to there is the same — so the plan is the run without the final state alone.
+    evidence up to there is the same — so the plan is the run without the final state alone,
+    and it is the only run made: when even every state stays below `num_tokens` the state at
+    `num_tokens` was never within reach of the recurrent finder (it only looks at or below the
+    hit so far, and a state found at `num_tokens` would end the hit there), so leaving it out
+    changes nothing.
     """
+    if not final_state_can_matter:
+        return HitPlan(HitPass(lookup_length, longest(lookup_length, False)))
     every = longest(lookup_length, True)
     if every < num_tokens:
         return HitPlan(HitPass(lookup_length, every))
     without = HitPass(lookup_length, longest(lookup_length, False))
-    if not final_state_can_matter:
-        return HitPlan(without)
     with_final = HitPass(usable_length, longest(usable_length, True)) if usable_length > 0 \
         else HitPass(0, 0)
     return HitPlan(without, with_final)
 
 
-def legal_checkpoints(recurrent_block_size: int, bound: int, reachable: Callable[[int], bool]
+def legal_checkpoints(step: int, bound: int, masks: Sequence[Sequence[bool]] = ()
                       ) -> tuple[int, ...]:
-    """Checkpoint positions a request may resume from: recurrent block boundaries up to `bound`
-    (vLLM's hit with every recurrent state assumed present) that vLLM's lookup mask keeps."""
-    return tuple(position for position in range(recurrent_block_size, bound + 1, recurrent_block_size)
-                 if reachable(position))
+    """Checkpoint positions a request may resume from: multiples of `step` up to `bound` that
+    every recurrent group's lookup mask keeps (vLLM's `lookup_mask`: `mask[i]` for the
+    checkpoint at `(i + 1) * step`; a position past a mask's end is not kept). No masks: all."""
+    count = bound // step
+    positions = range(step, count * step + 1, step)
+    if not masks:
+        return tuple(positions)
+    kept = masks[0] if len(masks) == 1 else [all(column) for column in zip(*masks)]
+    return tuple(itertools.compress(positions, kept))
+
+
+def kv_reach(chunk_hashes: Mapping[int, Sequence[bytes]], block_sizes: Mapping[int, int],
+             present: frozenset[Unit]) -> int:
+    """How far the full-attention evidence reaches, in tokens: the shortest run of leading
+    present chunks over the KV groups (pure; `chunk_hashes[g]` lists group g's chunks from the
+    first, in order).
+
+    vLLM's full-attention hit is a run of present blocks from the start (hashes are chained,
+    so a missing block ends it; FullAttentionManager's phase 1), and a hybrid hit is bounded
+    by every group's: no hit — so no checkpoint worth asking about — lies beyond it. Only for
+    whole-block hits: with partial-hash hits a KV tail may be keyed under a later hash.
+    """
+    reach: int | None = None
+    for group_id, hashes in chunk_hashes.items():
+        count = 0
+        for chunk_hash in hashes:
+            if (group_id, chunk_hash) not in present:
+                break
+            count += 1
+        tokens = count * block_sizes[group_id]
+        reach = tokens if reach is None else min(reach, tokens)
+    return 0 if reach is None else reach
+
+
+def plan_checkpoint_probes(positions: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """The LastHitOnly probes to make, in order, over the legal checkpoints (pure).
+
+    The store selects the last complete candidate, so the last legal checkpoint alone decides
+    whenever it is complete (a fully stored prompt: the common case), at the cost of its own
+    keys only; when it is not, the others go in a second probe, whose selection is what one
+    probe of all of them would have selected. Either way at most one checkpoint is leased.
+    """
+    ordered = tuple(sorted(set(positions)))
+    if not ordered:
+        return ()
+    if len(ordered) == 1:
+        return (ordered,)
+    return (ordered[-1:], ordered[:-1])
+
+
+def hit_known_from_selection(hit_pass: HitPass, selected: int, *, final_state_can_matter: bool
+                             ) -> int | None:
+    """vLLM's hit with the KV evidence and only the selected checkpoint, when it follows from
+    the bound without another run of the rule (pure); None when the rule must run.
+
+    The bound is the rule's hit with every legal state present, and it ends on a state. When
+    the store selected exactly that state, the rule gives the bound again: the full-attention
+    hits depend on KV evidence alone (unchanged); the recurrent finder picks the last present
+    state at or below the hit so far, which never drops below the bound on the way down (the
+    bound's state is present and every intermediate hit is at least the bound), and cannot
+    exceed it (the rule is monotone in the states present). With partial-hash hits the
+    final-token re-run may pick another length (`plan_hit_passes`), so the rule runs.
+    """
+    if final_state_can_matter or hit_pass.bound <= 0 or selected != hit_pass.bound:
+        return None
+    return hit_pass.bound

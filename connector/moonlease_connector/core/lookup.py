@@ -15,6 +15,7 @@ Conventions (upstream's, kept exactly so the default mode issues the same store 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -78,11 +79,15 @@ def build_candidates(groups: Sequence[GroupNamespaces],
     units: list[Unit] = []
     spans: list[int] = []
     for group in groups:
-        group_hashes = [bytes(chunk_hash) for chunk_hash in chunk_hashes.get(group.group_id, ())]
+        group_hashes = list(map(bytes, chunk_hashes.get(group.group_id, ())))
         heads = group._heads
-        for chunk_hash in group_hashes:
-            hex_hash = chunk_hash.hex()
-            keys.extend([head + hex_hash for head in heads])
+        if len(heads) == 1:
+            head = heads[0]
+            keys.extend([head + chunk_hash.hex() for chunk_hash in group_hashes])
+        else:
+            for chunk_hash in group_hashes:
+                hex_hash = chunk_hash.hex()
+                keys.extend([head + hex_hash for head in heads])
         group_id = group.group_id
         units.extend([(group_id, chunk_hash) for chunk_hash in group_hashes])
         spans.extend([len(heads)] * len(group_hashes))
@@ -98,7 +103,7 @@ def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset
     if len(answers) != len(candidates.keys):
         return frozenset()
     if len(candidates.units) == len(answers):  # one namespace per unit: answers line up
-        return frozenset([unit for unit, answer in zip(candidates.units, answers) if answer == 1])
+        return frozenset(itertools.compress(candidates.units, map((1).__eq__, answers)))
     present: list[Unit] = []
     position = 0
     for unit, span in zip(candidates.units, candidates.namespaces_per_unit, strict=True):
@@ -186,7 +191,7 @@ def miss_reason_of(answers: Sequence[int]) -> MissReason:
     """Why a lookup whose store answered `answers` found nothing: a store that answered any
     key with an error code (Mooncake's negative codes: -900 while the master is unreachable)
     failed, rather than holding no prefix."""
-    return MissReason.STORE_ERROR if any(answer < 0 for answer in answers) else MissReason.NOT_FOUND
+    return MissReason.STORE_ERROR if answers and min(answers) < 0 else MissReason.NOT_FOUND
 
 
 @dataclass(frozen=True)
