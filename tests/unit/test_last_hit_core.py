@@ -18,6 +18,7 @@ from moonlease_connector.core.last_hit import (
     plan_checkpoint_probes,
     plan_hit_passes,
     select_checkpoint,
+    whole_block_bound,
 )
 from moonlease_connector.core.lookup import GroupNamespaces
 
@@ -186,3 +187,14 @@ def test_the_hit_is_the_bound_only_when_the_bound_itself_was_selected_on_whole_b
     assert hit_known_from_selection(HitPass(256, 192), 192, final_state_can_matter=True) is None, \
         "partial-hash hits: the final-token re-run may pick another length"
     assert hit_known_from_selection(HitPass(256, 0), 0, final_state_can_matter=False) is None
+
+
+def test_the_whole_block_bound_is_the_last_aligned_legal_checkpoint_within_the_kv_reach() -> None:
+    positions = (64, 128, 192, 256)
+    assert whole_block_bound(positions, 256, 64, None) == 256
+    assert whole_block_bound(positions, 256, 64, 256) == 192, "the state at num_tokens is left out"
+    assert whole_block_bound(positions, 200, 64, None) == 192, "the KV reach, down to the grid"
+    assert whole_block_bound(positions, 256, 128, None) == 256
+    assert whole_block_bound(positions, 250, 128, None) == 128, "only checkpoints on the grid"
+    assert whole_block_bound((64, 192), 256, 64, None) == 192
+    assert whole_block_bound(positions, 63, 64, None) == 0

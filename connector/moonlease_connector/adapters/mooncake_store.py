@@ -109,7 +109,8 @@ class StoreCalls:
             logger.error("Mooncake %s returned %r for %d keys", operation,
                          type(answers).__name__, len(keys))
             return None
-        answers = list(map(int, answers))
+        if type(answers) is not list:  # Mooncake's binding answers a list of int already
+            answers = list(map(int, answers))
         failed = sum(1 for answer in answers if answer < 0) if answers and min(answers) < 0 else 0
         self._record(operation, elapsed, len(keys), status="error" if failed else "ok",
                      num_failed_keys=failed)

@@ -23,12 +23,14 @@ from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
     CheckpointCandidates,
     HitPass,
+    HitPlan,
     build_checkpoint_candidates,
     hit_known_from_selection,
     kv_reach,
     legal_checkpoints,
     plan_checkpoint_probes,
     plan_hit_passes,
+    whole_block_bound,
 )
 from moonlease_connector.core.last_hit_layout import (
     GroupServing,
@@ -81,6 +83,16 @@ def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dic
     if problems:
         raise ConnectorConfigError("mooncake_kda_last_hit_only cannot run on this model: "
                                    + "; ".join(problems) + ". Turn the mode off for this model.")
+
+
+def rule_reads_off_existence(coord: Any) -> bool:
+    """Whether vLLM's hit rule over this coordinator is the whole-block rule that
+    `core.last_hit.whole_block_bound` reads off the existence answers: no partial-hash hits,
+    no EAGLE group, every spec group served by `FullAttentionManager` or `MambaManager`.
+    Elsewhere the bound comes from the coordinator itself."""
+    return (not coord.enable_partial_hash_hits and not coord.use_eagle and not coord.eagle_group_ids
+            and all(group.manager_cls in (FullAttentionManager, MambaManager) and not group.use_eagle
+                    for group in coord.attention_groups))
 
 
 def _probe_final_state(worker: Any, recurrent: Sequence[GroupNamespaces], chunk_hash: bytes
@@ -146,30 +158,36 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return bytes(block_hashes[position // hash_block_size - 1])
 
     recurrent_masks: list[Any] = []
+    reach_known = False
     if not fine_grained:
         masks = coord.lookup_mask(lookup_length)
         recurrent_masks = [masks[g] for g in recurrent_ids if masks[g] is not None]
-        if kv_groups and all(masks[g.group_id] is None for g in kv_groups):
+        if all(masks[g.group_id] is None for g in kv_groups):
             # Every KV chunk was asked about, in order: no hit reaches past their leading run.
-            limit = min(limit, kv_reach(kv_chunk_hashes, {g.group_id: g.block_size for g in kv_groups},
-                                        kv_present))
+            reach_known = True
+            if kv_groups:
+                limit = min(limit, kv_reach(kv_chunk_hashes,
+                                            {g.group_id: g.block_size for g in kv_groups}, kv_present))
 
     # The states a lookup may ask about, and among them the one at num_tokens (if any): only it
     # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
     every_position = legal_checkpoints(step, limit, recurrent_masks)
     final_position = num_tokens if every_position and every_position[-1] == num_tokens else None
     state_hashes = {position: state_hash(position) for position in every_position}
-    final_states: frozenset[Unit] = frozenset(
-        (gid, state_hashes[final_position]) for gid in recurrent_ids) if final_position else frozenset()
-    states_below_final = frozenset([(gid, chunk_hash) for position, chunk_hash in state_hashes.items()
-                                    if position != final_position for gid in recurrent_ids])
 
     def longest_with_every_state(length: int, with_final: bool) -> int:
-        states = states_below_final | final_states if with_final else states_below_final
+        states = frozenset([(gid, chunk_hash) for position, chunk_hash in state_hashes.items()
+                            if with_final or position != final_position for gid in recurrent_ids])
         return longest_hit(kv_present | states, length)
 
-    plan = plan_hit_passes(num_tokens, lookup_length, coord.align_lookup_length(num_tokens - 1),
-                           longest_with_every_state, final_state_can_matter=fine_grained)
+    if reach_known and worker.rule_reads_off_existence:
+        # The bound without a run of the rule (the plan `plan_hit_passes` makes here: one pass,
+        # without the final state), read off the KV answers.
+        plan = HitPlan(HitPass(lookup_length, whole_block_bound(
+            every_position, limit, coord.lcm_block_size, final_position)))
+    else:
+        plan = plan_hit_passes(num_tokens, lookup_length, coord.align_lookup_length(num_tokens - 1),
+                               longest_with_every_state, final_state_can_matter=fine_grained)
     probed = kv_asked
     final_present: bool | None = None
     if plan.with_final is not None and plan.with_final.bound != plan.without_final.bound:

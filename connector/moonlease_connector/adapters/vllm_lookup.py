@@ -59,6 +59,9 @@ from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_
 
 logger = logging.getLogger("vllm.moonlease.connector.lookup")
 
+#: Distinct (hit, prompt length) pairs whose load masks a lookup object remembers.
+LOAD_MASK_MEMO_SIZE = 1024
+
 #: A hit rule: the hit vLLM's coordinator reports when exactly these units are present.
 HitRule = Callable[[frozenset[Unit]], int]
 
@@ -224,6 +227,7 @@ class StoreLookup(ABC):
                                 if inputs.settings.finds_junctions else None)
         self.deadline = inputs.deadline if inputs.deadline is not None else lookup_deadline_for(
             inputs.settings)
+        self._load_mask_memo: dict[tuple[int, int], tuple[Sequence[bool], ...]] = {}
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
         """Upstream's contract: how many prefix tokens the store can load, within the deadline.
@@ -316,6 +320,23 @@ class StoreLookup(ABC):
 
         return longest_hit
 
+    def load_masks(self, block_hashes: Sequence[Any], hit: int) -> tuple[Sequence[bool], ...]:
+        """vLLM's per-group load masks for a hit (`coord.load_mask`), remembered per lengths.
+
+        `load_mask` runs the hit rule over a pool where every block is present, so it reads
+        no hash's value: its answer depends on `hit` and the number of hashes only, and a
+        lookup object sees few distinct pairs (hits are block multiples). Bounded; a lookup
+        object is used by one thread at a time (the deadline's helper).
+        """
+        key = (hit, len(block_hashes))
+        masks = self._load_mask_memo.get(key)
+        if masks is None:
+            masks = tuple(tuple(mask) for mask in self.coord.load_mask(block_hashes, hit))
+            if len(self._load_mask_memo) >= LOAD_MASK_MEMO_SIZE:
+                self._load_mask_memo.clear()
+            self._load_mask_memo[key] = masks
+        return masks
+
     def store_junctions(self, num_tokens: int, block_hashes: Sequence[Any], hit_length: int,
                         present: frozenset[Unit]) -> tuple[int, ...]:
         """Junctions to return with a lookup (none unless junction retention is on)."""
@@ -373,13 +394,11 @@ class SelectiveLookup(StoreLookup):
                                                                               block_hashes))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
-        coord = self.coord
 
         def plan_for(hit: int, present: frozenset[Unit]) -> LoadPlan:
-            masks = coord.load_mask(block_hashes, hit)
+            masks = self.load_masks(block_hashes, hit)
             return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                   block_hashes, self.hash_block_size, hit, present,
-                                   built_keys=candidates.keys_by_unit)
+                                   block_hashes, self.hash_block_size, hit, present)
 
         store = self.store_calls
         selective = lease_selectively(
@@ -402,6 +421,10 @@ class LastHitOnlyLookup(StoreLookup):
         if inputs.probe_contract is None:
             raise ValueError("last-hit-only needs a ProbeContractDetector (LookupInputs.probe_contract)")
         super().__init__(inputs)
+        from moonlease_connector.adapters.vllm_last_hit import rule_reads_off_existence
+
+        #: Whole-block layouts without EAGLE: the checkpoint bound is read off the KV answers.
+        self.rule_reads_off_existence = rule_reads_off_existence(self.coord)
 
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:

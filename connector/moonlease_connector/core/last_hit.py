@@ -272,3 +272,25 @@ def hit_known_from_selection(hit_pass: HitPass, selected: int, *, final_state_ca
     if final_state_can_matter or hit_pass.bound <= 0 or selected != hit_pass.bound:
         return None
     return hit_pass.bound
+
+
+def whole_block_bound(positions: Sequence[int], reach: int, alignment: int,
+                      final_position: int | None) -> int:
+    """vLLM's hit with the KV evidence and every legal state present except the one at
+    `final_position` — the bound `plan_hit_passes` asks the coordinator for — read straight
+    off the existence answers (pure), for whole-block layouts without EAGLE.
+
+    There vLLM's rule is: each full-attention group hits its leading run of present blocks,
+    capped by the hit so far and rounded down to `alignment` (the scheduler block; nothing
+    widens or drops a block); each recurrent group then takes its last present state at or
+    below the hit so far on the alignment grid; the loop converges on the recurrent answer.
+    With every legal state present that is the last legal checkpoint at or below the KV
+    reach (`kv_reach`, already capped by the lookup length) on the grid. The adapter uses it
+    only where that reading holds (`vllm_last_hit.rule_reads_off_existence`); the property
+    tests compare it with vLLM's coordinator on random existence patterns.
+    """
+    top = reach - reach % alignment
+    for position in reversed(positions):
+        if position <= top and position % alignment == 0 and position != final_position:
+            return position
+    return 0

@@ -14,7 +14,6 @@ Conventions (upstream's, kept exactly so the default mode issues the same store 
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,18 +58,6 @@ class CandidateSet:
     def __len__(self) -> int:
         return len(self.keys)
 
-    @functools.cached_property
-    def keys_by_unit(self) -> dict[Unit, tuple[str, ...]]:
-        """Each unit's keys, as built once for the probe (later steps reuse the strings)."""
-        if len(self.units) == len(self.keys):
-            return {unit: (key,) for unit, key in zip(self.units, self.keys)}
-        by_unit: dict[Unit, tuple[str, ...]] = {}
-        position = 0
-        for unit, span in zip(self.units, self.namespaces_per_unit):
-            by_unit[unit] = self.keys[position:position + span]
-            position += span
-        return by_unit
-
 
 def build_candidates(groups: Sequence[GroupNamespaces],
                      chunk_hashes: Mapping[int, Sequence[bytes]]) -> CandidateSet:
@@ -85,9 +72,7 @@ def build_candidates(groups: Sequence[GroupNamespaces],
             head = heads[0]
             keys.extend([head + chunk_hash.hex() for chunk_hash in group_hashes])
         else:
-            for chunk_hash in group_hashes:
-                hex_hash = chunk_hash.hex()
-                keys.extend([head + hex_hash for head in heads])
+            keys.extend([head + hex_hash for hex_hash in map(bytes.hex, group_hashes) for head in heads])
         group_id = group.group_id
         units.extend([(group_id, chunk_hash) for chunk_hash in group_hashes])
         spans.extend([len(heads)] * len(group_hashes))

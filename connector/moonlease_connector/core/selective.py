@@ -20,6 +20,7 @@ Rules (seed 002):
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,17 +52,15 @@ class LoadPlan:
 
 def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, Sequence[bool]],
                     block_hashes: Sequence[bytes], hash_block_size: int, hit_length: int,
-                    present: frozenset[Unit],
-                    built_keys: Mapping[Unit, tuple[str, ...]] | None = None) -> LoadPlan:
+                    present: frozenset[Unit]) -> LoadPlan:
     """The keys the receiver reads for a hit, across every rank namespace that loads.
 
     Mirrors how the load is keyed: per group, the chunks its load mask keeps (a sliding
     window keeps only its tail, a Mamba group only the last state), each keyed by the hash at
-    the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary.
-    `built_keys` holds key strings already built for units (the probe's candidates); other
-    keys are built here.
+    the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary. The
+    key strings are built here, in one comprehension per group: cheaper than looking up the
+    probe's strings unit by unit (measured).
     """
-    built = built_keys or {}
     tails = build_tail_keys(groups, block_hashes, hash_block_size, hit_length,
                             lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
     tail_by_group = {tail.group_id: tail.num_tokens for tail in tails}
@@ -71,20 +70,25 @@ def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, 
         mask = load_masks.get(group.group_id, ())
         block_size = group.block_size
         chunks = min(-(-hit_length // block_size), len(mask))
-        span = len(group.key_prefixes)
-        for chunk in range(chunks):
-            if not mask[chunk]:
-                continue
-            end = (chunk + 1) * block_size
-            if end >= hit_length:
-                boundary = tail_by_group.get(group.group_id, hit_length)
-            else:
-                boundary = end
-            chunk_hash = bytes(block_hashes[boundary // hash_block_size - 1])
-            unit = (group.group_id, chunk_hash)
-            unit_keys = built.get(unit)
-            keys.extend(unit_keys if unit_keys is not None else group.keys_for(chunk_hash))
-            key_units.extend([unit] * span)
+        loaded = list(itertools.compress(range(chunks), mask))
+        if not loaded:
+            continue
+        scale = block_size // hash_block_size
+        ends_hit = (loaded[-1] + 1) * block_size >= hit_length  # keyed at the tail boundary
+        hashes = [bytes(block_hashes[(chunk + 1) * scale - 1])
+                  for chunk in (loaded[:-1] if ends_hit else loaded)]
+        if ends_hit:
+            boundary = tail_by_group.get(group.group_id, hit_length)
+            hashes.append(bytes(block_hashes[boundary // hash_block_size - 1]))
+        group_id = group.group_id
+        heads = group._heads
+        if len(heads) == 1:
+            head = heads[0]
+            keys.extend([head + chunk_hash.hex() for chunk_hash in hashes])
+            key_units.extend([(group_id, chunk_hash) for chunk_hash in hashes])
+        else:
+            keys.extend([head + hex_hash for hex_hash in map(bytes.hex, hashes) for head in heads])
+            key_units.extend([(group_id, chunk_hash) for chunk_hash in hashes for _ in heads])
     return LoadPlan(hit_length, tuple(keys), tuple(key_units), tails)
 
 
