@@ -68,6 +68,26 @@ def count_coordinator_passes(coordinator: Any, lookup_path: Any) -> dict[str, in
         del coordinator.find_longest_cache_hit  # the instance attribute; the method again
 
 
+def profile_lookup(lookup: Any, num_tokens: int, hashes: list[bytes], calls: int = 200,
+                   top: int = 8) -> list[dict[str, Any]]:
+    """cProfile's top entries (own time) of `calls` last-hit-only lookups, run inline — the
+    work the deadline's helper thread does; the hand-off itself is not in it. Untimed."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        lookup._lookup_now(num_tokens, hashes)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    entries = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return [{"function": f"{Path(file).name}:{line}({name})" if file != "~" else name,
+             "calls_per_lookup": count / calls, "own_us": own / calls * 1e6,
+             "cumulative_us": cumulative / calls * 1e6}
+            for (file, line, name), (_, count, own, cumulative, _) in entries]
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: every store × divisor, the four paths interleaved."""
     from moonlease import devenv
@@ -148,7 +168,10 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                             record["leased"].append(leased)
                             record["hit"].append(hit)
                 passes = count_coordinator_passes(parts.coordinator, lookup_path)
-                results.append({"store": store_name, "kv_checkpoints": kv_checkpoints, "paths": {
+                profile = profile_lookup(ours[LeaseMode.LAST_HIT_ONLY], num_tokens, hashes) \
+                    if spec.get("profile") else []
+                results.append({"store": store_name, "kv_checkpoints": kv_checkpoints, "profile": profile,
+                                "paths": {
                     path: {"p50_us": percentile(r["ns"], 0.5) / 1e3, "p95_us": percentile(r["ns"], 0.95) / 1e3,
                            "rpcs": statistics.mean(r["rpcs"]), "keys_sent": statistics.mean(r["keys_sent"]),
                            "keys_leased": statistics.mean(r["leased"]), "hit": r["hit"][-1],
@@ -164,7 +187,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per configuration: the median over processes of each path's p50 (and p95)."""
     rows = []
     for index, config in enumerate(runs[0]["configs"]):
-        row = {"store": config["store"], "kv_checkpoints": config["kv_checkpoints"], "paths": {}}
+        row = {"store": config["store"], "kv_checkpoints": config["kv_checkpoints"], "paths": {},
+               "profile": config.get("profile", [])}
         for path in PATHS:
             per_run = [run["configs"][index]["paths"][path] for run in runs]
             row["paths"][path] = {
@@ -219,9 +243,26 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines += ["", "Hit-rule passes: runs of vLLM's coordinator (`find_longest_cache_hit`) per lookup, "
               "counted on one untimed lookup per path. Last-hit-only answers exactly upstream's hit on "
               "every existence pattern (partial-hash hits and the final-token re-run included: "
-              "`core.last_hit.plan_hit_passes`), which takes more runs of the rule than upstream's "
-              "lookup when the prompt is fully stored; each run walks every KV block of the prompt, "
-              "and that walk, not the store, is most of the lookup's time in memory."]
+              "`core.last_hit.plan_hit_passes`); on this whole-block layout it reads the checkpoint "
+              "bound off the KV answers (`core.last_hit.whole_block_bound`) and, when the store selects "
+              "that checkpoint, the hit is the bound — no run of the rule. It asks about the last legal "
+              "checkpoint alone first (`core.last_hit.plan_checkpoint_probes`), hence 4 recurrent keys "
+              "sent where every checkpoint's would be 4 per checkpoint.", ""]
+    profiled = [row for row in rows if row.get("profile")]
+    if profiled:
+        lines += ["Where last-hit-only's own time goes (cProfile of 200 lookups run inline in the first "
+                  "process, after timing; own time per lookup, profiler overhead included — compare "
+                  "entries, not totals; the hand-off to the deadline's helper thread is not in it):", ""]
+        for row in profiled:
+            top = "; ".join(f"`{e['function']}` {e['own_us']:.0f} µs ({e['calls_per_lookup']:g}×)"
+                            for e in row["profile"][:6])
+            lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {top}")
+        lines.append("")
+    if getattr(args, "load", None):
+        lines += [f"Machine load (1-minute average, shared 2-core machine): {args.load}. Other "
+                  "engineers' work runs beside this benchmark; the paths are interleaved in every "
+                  "iteration so load falls on all of them alike, and the p50 ranges show how much "
+                  "it moved a figure between processes.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -240,15 +281,17 @@ def main() -> None:
         return
     divisors = args.divisors or [1, 8]
     runs = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="moonlease-seed000-") as log_dir:
-        for _ in range(args.processes):
+        for index in range(args.processes):
             spec = {"stores": args.stores, "divisors": divisors, "warmup": args.warmup,
-                    "iterations": args.iterations, "log_dir": log_dir}
+                    "iterations": args.iterations, "log_dir": log_dir, "profile": index == 0}
             child = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
                                    capture_output=True, text=True, cwd=REPO, check=False)
             if child.returncode != 0:
                 raise SystemExit(child.stderr[-4000:])
             runs.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    args.load = f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     report = render(summarize(runs), args)
     if args.out:
         args.out.write_text(report)

@@ -117,3 +117,24 @@ class LookupCosts:
                 "rpcs_per_lookup": sum(self.rpcs) / count,
                 "latency_p50_us": percentile(self.latency_us, 50),
                 "latency_p95_us": percentile(self.latency_us, 95)}
+
+
+def summarize_survival(universe: Sequence[str], loaded: set[str], present: bytes
+                       ) -> dict[str, dict[str, float]]:
+    """Which of the keys the trace stores are still in the store at the end of a run. Pure.
+
+    `universe` is every key the never-evicting replay stored, `loaded` those some of its
+    lookups read, `present[i]` whether `universe[i]` is still stored (a lease-free probe).
+    Two classes: `loaded`, and `passed_over` — stored but never read by any lookup (blocks
+    outside a sliding window, checkpoints before the one resumed). Seed 002's mechanism is the
+    gap between them: under lease-all, lookups renew the passed-over keys they find, so they
+    survive eviction as well as the keys that are read; under selective lease they age out
+    first.
+    """
+    counts = {"loaded": [0, 0], "passed_over": [0, 0]}
+    for key, alive in zip(universe, present, strict=True):
+        record = counts["loaded" if key in loaded else "passed_over"]
+        record[0] += 1
+        record[1] += 1 if alive else 0
+    return {name: {"keys": keys, "present": alive, "fraction": alive / keys if keys else 0.0}
+            for name, (keys, alive) in counts.items()}

@@ -4,7 +4,9 @@ I/O module. For each lease mode it starts a fresh real `mooncake_master` and sto
 segment is small enough to force eviction, builds `MoonleaseStoreWorker` in that mode around
 vLLM's real coordinator (no engine, no model: `moonlease.bench.workers`), and replays the
 trace: each request looks its prompt up (the connector's planning and store adapter, leases
-and all), then saves as upstream's worker does (`moonlease.bench.saves`). Offline, with the
+and all), then saves as upstream's worker does (`moonlease.bench.saves`). At the end a
+lease-free probe records which stored keys survived, loaded versus passed over
+(`accounting.summarize_survival`: seed 002's mechanism). Offline, with the
 same code against never-evicting and clairvoyant in-memory stores, it computes each
 request's ideal hit (for misses by age, `moonlease.bench.accounting`) and Belady's hit rate
 at the same capacity (`moonlease.bench.belady`).
@@ -28,7 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moonlease.bench.accounting import LookupCosts, RequestAccount, state_age, summarize_hits
+from moonlease.bench.accounting import (
+    LookupCosts,
+    RequestAccount,
+    state_age,
+    summarize_hits,
+    summarize_survival,
+)
 from moonlease.bench.belady import BeladyStore, build_read_index
 from moonlease.bench.saves import (
     ValueSizes,
@@ -37,7 +45,7 @@ from moonlease.bench.saves import (
     build_save_keys,
     build_save_retention,
 )
-from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
+from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence
 from moonlease.bench.trace import Trace
 from moonlease.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
@@ -117,6 +125,10 @@ class IdealReplay:
     @property
     def stored_bytes(self) -> int:
         return sum(self.key_sizes.values())
+
+    def loaded_keys(self) -> set[str]:
+        """Keys some lookup of the trace reads (the rest of the stored keys are only passed over)."""
+        return {key for reads in self.reads for key in reads}
 
 
 class Pacer:
@@ -305,9 +317,12 @@ def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplayS
                               pin_config=pin_config,
                               after_request=(lambda _: progress.update(1)) if progress else None)
         metrics = bed.metrics()
+        universe = sorted(ideal.key_sizes)
+        survival = summarize_survival(universe, ideal.loaded_keys(), fetch_presence(bed.client, universe))
     finally:
         bed.close()
-    return {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in MASTER_COUNTERS}}
+    return {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in MASTER_COUNTERS},
+            "survival": survival}
 
 
 def build_repeat_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:

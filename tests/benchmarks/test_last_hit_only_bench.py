@@ -35,10 +35,12 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
         assert paths["upstream"]["rpcs"] == paths["leaseAll"]["rpcs"] == 1
         assert paths["leaseAll"]["coordinator_passes"] == paths["upstream"]["coordinator_passes"] > 0
         assert paths["leaseAll"]["keys_leased"] == kv + 4 * 128
-        # Last-hit-only: the KV keys as upstream, then one probe over the legal checkpoints.
+        # Last-hit-only: the KV keys as upstream, then one probe of the last legal checkpoint
+        # (complete: every state is stored), its hit read off the answers without vLLM's rule.
         assert paths["lastHitOnly"]["rpcs"] == 2
-        assert paths["lastHitOnly"]["keys_sent"] <= 128 + 4 * kv
+        assert paths["lastHitOnly"]["keys_sent"] == 128 + 4
         assert paths["lastHitOnly"]["keys_leased"] == kv + 4, "the KV hit and one checkpoint"
+        assert paths["lastHitOnly"]["coordinator_passes"] == 0
         # Selective: a lease-free probe of lease-all's candidates, then a lease of the load set.
         assert paths["selective"]["hit"] == paths["upstream"]["hit"]
         assert paths["selective"]["rpcs"] == 2
@@ -47,3 +49,4 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
     report = out.read_text()
     assert report.count("seed ×") == 4 and "| tcp | 16 | lastHitOnly |" in report
     assert report.count("target ≤") == 4
+    assert "Where last-hit-only's own time goes" in report and "Machine load" in report

@@ -43,6 +43,7 @@ def test_report_and_plots_are_written(replay_run):
     out, results = replay_run
     markdown = out.read_text()
     for part in ("## Headline", "## How to reproduce", "**Belady**", "missed 2-10 min",
+                 "alive at end: loaded / passed over",
                  "replay_hit_rate.png", "replay_miss_age.png"):
         assert part in markdown
     for name in ("replay_hit_rate.png", "replay_miss_age.png"):
@@ -78,6 +79,25 @@ def test_accounting_adds_up_against_a_real_store(replay_run):
     lease_all, selective = capacity["modes"]["leaseAll"], capacity["modes"]["selective"]
     assert selective["keys_leased_per_lookup"] < lease_all["keys_leased_per_lookup"]
     assert selective["rpcs_per_lookup"] > lease_all["rpcs_per_lookup"] == 1
+
+
+def test_survival_at_the_end_accounts_for_every_stored_key(replay_run):
+    """What the store-pressure half of benchmarks/selective_lease.py measured, folded in here:
+    which stored keys are alive at the end, loaded versus only passed over."""
+    _, results = replay_run
+    (trace,) = results["traces"]
+    (capacity,) = trace["capacities"]
+    universes = set()
+    for mode in capacity["modes"].values():
+        survival = mode["survival"]
+        assert set(survival) == {"loaded", "passed_over"}
+        assert all(0 <= c["present"] <= c["keys"] and c["keys"] > 0 for c in survival.values()), \
+            "a sliding-window trace stores keys no lookup reads"
+        assert all(c["fraction"] == pytest.approx(c["present"] / c["keys"]) for c in survival.values())
+        assert sum(c["present"] for c in survival.values()) < sum(c["keys"] for c in survival.values()), \
+            "the store evicted"
+        universes.add(tuple(c["keys"] for c in survival.values()))
+    assert len(universes) == 1, "every mode is measured over the same stored keys"
 
 
 def test_render_rewrites_the_report_from_raw_json(replay_run, tmp_path):

@@ -1,8 +1,9 @@
-"""The selective-lease benchmark runs end to end (`--quick`) and its report adds up.
+"""The selective-lease lookup benchmark runs end to end (`--quick`) and its report adds up.
 
-One real run against real Mooncake masters (so: the `store` tier). The assertions are about
-accounting and behaviour — which keys each mode leases, how many RPCs it makes, what eviction
-kept — never about timing.
+One real run against a real Mooncake master (so: the `store` tier). The assertions are about
+accounting and behaviour — which keys each mode leases, how many RPCs it makes — never about
+timing. What survives eviction under each mode is `moonlease bench replay`'s
+(tests/benchmarks/test_replay_bench.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def test_every_configuration_is_measured_in_each_fresh_process(quick_run):
     assert measured == {(l, b, t) for l in LAYOUTS for b in SIZES for t in ("memory", "tcp")}
     for row in rows(results):
         assert row["processes"] == len(processes)
-        for mode in ("default", "selective"):
+        for mode in ("leaseAll", "selective"):
             for name in ("p50_us", "p95_us"):
                 latency = row["modes"][mode][name]
                 assert len(latency["per_process"]) == len(processes)
@@ -58,22 +59,22 @@ def test_every_configuration_is_measured_in_each_fresh_process(quick_run):
         assert len(row["paired_delta_us"]["per_process"]) == len(processes)
 
 
-def test_default_leases_every_candidate_in_one_rpc(quick_run):
+def test_lease_all_leases_every_candidate_in_one_rpc(quick_run):
     _, results = quick_run
     for row in rows(results):
-        default = row["modes"]["default"]
-        assert default["rpcs"] == 1
-        assert default["keys_leased"] == default["keys_sent"] == default["keys_probed"] == row["candidates"]
+        lease_all = row["modes"]["leaseAll"]
+        assert lease_all["rpcs"] == 1
+        assert lease_all["keys_leased"] == lease_all["keys_sent"] == lease_all["keys_probed"] == row["candidates"]
 
 
 def test_selective_probes_everything_then_leases_exactly_the_load_set(quick_run):
     _, results = quick_run
     for row in rows(results):
-        default, selective = row["modes"]["default"], row["modes"]["selective"]
+        lease_all, selective = row["modes"]["leaseAll"], row["modes"]["selective"]
         assert selective["rpcs"] == 2 and selective["rounds"] == 1
         assert selective["keys_leased"] == row["load_keys"] > 0
         assert selective["keys_sent"] == row["candidates"] + row["load_keys"]
-        assert selective["hit_tokens"] == default["hit_tokens"] > 0, "same hit in both modes"
+        assert selective["hit_tokens"] == lease_all["hit_tokens"] > 0, "same hit in both modes"
 
 
 def test_full_attention_leases_all_but_the_recomputed_last_block(quick_run):
@@ -81,10 +82,10 @@ def test_full_attention_leases_all_but_the_recomputed_last_block(quick_run):
     for row in rows(results):
         if row["layout"] != "full":
             continue
-        default, selective = row["modes"]["default"], row["modes"]["selective"]
+        lease_all, selective = row["modes"]["leaseAll"], row["modes"]["selective"]
         assert row["candidates"] == row["blocks"]
-        assert default["hit_tokens"] == (row["blocks"] - 1) * HASH_BLOCK
-        assert selective["keys_leased"] == default["keys_leased"] - 1
+        assert lease_all["hit_tokens"] == (row["blocks"] - 1) * HASH_BLOCK
+        assert selective["keys_leased"] == lease_all["keys_leased"] - 1
 
 
 def test_sliding_window_and_mamba_lease_far_fewer_keys(quick_run):
@@ -92,12 +93,12 @@ def test_sliding_window_and_mamba_lease_far_fewer_keys(quick_run):
     for row in rows(results):
         if row["layout"] == "full":
             continue
-        default, selective = row["modes"]["default"], row["modes"]["selective"]
+        lease_all, selective = row["modes"]["leaseAll"], row["modes"]["selective"]
         # Full attention reads every block of the hit; the other group only its tail.
-        hit_blocks = default["hit_tokens"] // HASH_BLOCK
-        assert hit_blocks < selective["keys_leased"] < default["keys_leased"]
+        hit_blocks = lease_all["hit_tokens"] // HASH_BLOCK
+        assert hit_blocks < selective["keys_leased"] < lease_all["keys_leased"]
         if row["blocks"] >= 64:
-            assert selective["keys_leased"] < 0.7 * default["keys_leased"]
+            assert selective["keys_leased"] < 0.7 * lease_all["keys_leased"]
 
 
 def test_accounting_is_the_same_in_memory_and_over_tcp(quick_run):
@@ -105,64 +106,22 @@ def test_accounting_is_the_same_in_memory_and_over_tcp(quick_run):
     by_transport: dict[str, dict[tuple[str, int], Any]] = {}
     for row in rows(results):
         accounting = {mode: {k: row["modes"][mode][k] for k in ("keys_leased", "rpcs", "keys_sent", "hit_tokens")}
-                      for mode in ("default", "selective")}
+                      for mode in ("leaseAll", "selective")}
         by_transport.setdefault(row["transport"], {})[(row["layout"], row["blocks"])] = accounting
     assert by_transport["memory"] == by_transport["tcp"]
 
 
-def test_pressure_runs_evict_and_account_for_every_key(quick_run):
-    _, results = quick_run
-    assert results["pressure"]
-    for run in results["pressure"]:
-        assert run["pressure"] > 1, "the trace stores more than fits below the watermark"
-        default, selective = run["modes"]["default"], run["modes"]["selective"]
-        for mode in (default, selective):
-            assert mode["master"]["master_evicted_key_count"] > 0
-            survival = mode["survival"]
-            assert survival["resume_load"]["keys"] == run["keys"]["resume_load"]
-            assert survival["branch_load"]["keys"] == run["keys"]["branch_load"]
-            assert sum(c["keys"] for c in survival.values()) == run["keys"]["universe"]
-            assert all(0 <= c["present"] <= c["keys"] for c in survival.values())
-            for name in ("resume", "branch"):
-                assert 0 <= mode["final"][name]["hit_tokens"] <= mode["final"][name]["ideal_tokens"]
-            assert mode["churn"]["hit_tokens"] <= mode["churn"]["ideal_tokens"] <= mode["churn"]["prompt_tokens"]
-        # Both modes replay the same trace.
-        for part in ("prompt_tokens", "ideal_tokens", "requests"):
-            assert default["churn"][part] == selective["churn"][part]
-        assert default["final"]["resume"]["ideal_tokens"] == selective["final"]["resume"]["ideal_tokens"]
-
-
-def test_under_selective_lease_passed_over_keys_age_out_first(quick_run):
-    """Seed 002's mechanism: keys lookups only pass over stop looking hot.
-
-    Under lease-all every lookup renews them, so eviction cannot tell them from keys that will
-    be loaded; under selective lease they are evicted before the keys later lookups read.
-    """
-    _, results = quick_run
-    dense = [run for run in results["pressure"] if run["retention"] == "dense"]
-    assert dense, "--quick runs the dense-retention scenario, where lookups pass over many keys"
-    for run in dense:
-        default, selective = run["modes"]["default"], run["modes"]["selective"]
-        assert selective["churn"]["keys_leased_per_lookup"] < default["churn"]["keys_leased_per_lookup"]
-        survived = {mode: {name: c["fraction"] for name, c in run["modes"][mode]["survival"].items()}
-                    for mode in ("default", "selective")}
-        assert survived["selective"]["passed_over"] < survived["selective"]["resume_load"]
-        assert survived["selective"]["passed_over"] < survived["default"]["passed_over"]
-
-
 def test_markdown_report_shows_the_measured_numbers(quick_run):
     markdown, results = quick_run
+    assert "pressure" not in results, "the store-pressure half is moonlease bench replay's"
     for heading in ("## Headline", "## 1. Lookup microbenchmark", "### Accounting per lookup",
                     "in-memory store", "TCP to a real Mooncake 0.3.14 master",
-                    "## 2. Store pressure", "### The mechanism over time", "--quick"):
+                    "--quick"):
         assert heading in markdown
     for row in rows(results):
         if row["transport"] != "memory":
             continue
-        default, selective = row["modes"]["default"], row["modes"]["selective"]
+        lease_all, selective = row["modes"]["leaseAll"], row["modes"]["selective"]
         line = (f"| {row['layout']} | {row['blocks']} | {row['candidates']} | {row['load_keys']} | "
-                f"{default['keys_leased']} | {selective['keys_leased']} | 1 | 2 |")
+                f"{lease_all['keys_leased']} | {selective['keys_leased']} | 1 | 2 |")
         assert line in markdown
-    for run in results["pressure"]:
-        fraction = run["modes"]["selective"]["survival"]["passed_over"]["fraction"]
-        assert f"{100 * fraction:.1f}%" in markdown

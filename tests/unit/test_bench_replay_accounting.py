@@ -139,3 +139,13 @@ def test_repeated_runs_average_every_number_and_keep_each_hit_rate():
         "hit_rate": pytest.approx(0.6), "put_failures": 1.5, "missed_points_by_age": {"< 2 min": 2.0},
         "hit_rate_runs": [0.5, 0.7]}
     assert build_repeat_summary(runs[:1]) == {**runs[0], "hit_rate_runs": [0.5]}
+
+
+def test_survival_splits_the_stored_keys_into_loaded_and_passed_over() -> None:
+    from moonlease.bench.accounting import summarize_survival
+
+    universe = ["a", "b", "c", "d", "e"]
+    survival = summarize_survival(universe, {"a", "b"}, bytes([1, 0, 1, 1, 0]))
+    assert survival == {"loaded": {"keys": 2, "present": 1, "fraction": 0.5},
+                        "passed_over": {"keys": 3, "present": 2, "fraction": 2 / 3}}
+    assert summarize_survival([], set(), b"")["loaded"] == {"keys": 0, "present": 0, "fraction": 0.0}
