@@ -9,6 +9,7 @@ alone first, the rest only when it is incomplete).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -173,10 +174,9 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
     every_position = legal_checkpoints(step, limit, recurrent_masks)
     final_position = num_tokens if every_position and every_position[-1] == num_tokens else None
-    state_hashes = {position: state_hash(position) for position in every_position}
 
     def longest_with_every_state(length: int, with_final: bool) -> int:
-        states = frozenset([(gid, chunk_hash) for position, chunk_hash in state_hashes.items()
+        states = frozenset([(gid, state_hash(position)) for position in every_position
                             if with_final or position != final_position for gid in recurrent_ids])
         return longest_hit(kv_present | states, length)
 
@@ -199,14 +199,14 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
             return MooncakeLookupResult(0), LookupOutcome.miss(
                 MissReason.STORE_ERROR, rounds=1, keys_probed=probed, keys_leased=kv_leased)
     hit_pass = plan.pass_for(bool(final_present))
-    positions = tuple(p for p in every_position if p <= hit_pass.bound)
+    positions = every_position[:bisect.bisect_right(every_position, hit_pass.bound)]
     if not positions:  # the KV evidence allows no checkpoint (or the store answered errors)
         return respond(0, (), LookupOutcome.miss(
             kv_miss_reason, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
     selected: tuple[int, CheckpointCandidates] | None = None
     for probe_positions in plan_checkpoint_probes(positions):
         candidates = build_checkpoint_candidates(recurrent, probe_positions,
-                                                 lambda group, position: state_hashes[position])
+                                                 lambda group, position: state_hash(position))
         answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,
                                            candidate_size=candidates.candidate_size,
                                            operation="lookup_last_hit_probe")
