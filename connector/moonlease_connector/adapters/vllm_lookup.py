@@ -283,10 +283,12 @@ class StoreLookup(ABC):
         for group in groups:
             group_hashes = self.coord.block_hashes_for_spec(block_hashes, self._specs[group.group_id])
             chunks = min(len(group_hashes), -(-lookup_length // group.block_size))
-            every = [bytes(h) for h in _first_chunk_hashes(group_hashes, chunks)]
             mask = masks[group.group_id]
-            chunk_hashes[group.group_id] = every if mask is None else list(
-                itertools.compress(every, mask))
+            if mask is None:
+                chunk_hashes[group.group_id] = [bytes(h) for h in _first_chunk_hashes(group_hashes, chunks)]
+            else:  # only the chunks the mask keeps are read (upstream's lookup reads no other hash)
+                chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in
+                                                itertools.compress(range(chunks), mask)]
         return chunk_hashes
 
     def hit_rule(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]) -> HitRule:
