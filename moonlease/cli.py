@@ -113,6 +113,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     options = DemoOptions.quick(args.workdir) if args.quick else DemoOptions(workdir=args.workdir)
     changes = {field: value for field, value in (("interval_seconds", args.interval), ("min_samples", args.min_samples),
                                                  ("max_samples", args.max_samples)) if value is not None}
+    changes["second_act"] = args.second_act
     if changes.get("min_samples", options.min_samples) > changes.get("max_samples", options.max_samples):
         changes["max_samples"] = changes.get("min_samples", options.min_samples)
     return run_demo(dataclasses.replace(options, **changes))
@@ -231,16 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on this machine: an A/B test of "
-                               "selective lease against lease-all, decided by the operator")
+                               "junction retention against lease-all, decided by the operator, then a bad "
+                               "change it rolls back")
     demo.add_argument("--quick", action="store_true",
-                      help="shorter: 5 s intervals, 3 to 4 samples (about 3 minutes; what CI runs)")
+                      help="shorter: 5 s intervals, a shorter warm-up (about 3 minutes; what CI runs)")
     demo.add_argument("--interval", type=_at_least(5), default=None,
                       help="seconds per analysis interval (default 10; 5 with --quick; at least 5)")
     demo.add_argument("--min-samples", type=_at_least(2), default=None,
-                      help="intervals before any verdict (default 4; 3 with --quick; at least 2)")
+                      help="intervals before any verdict (default 5; 3 with --quick; at least 2)")
     demo.add_argument("--max-samples", type=_at_least(2), default=None,
-                      help="intervals after which an undecided test holds (default 20; 4 with --quick); "
+                      help="intervals after which an undecided test holds (default 30; 24 with --quick); "
                            "more makes the demo longer and a verdict likelier")
+    demo.add_argument("--no-second-act", dest="second_act", action="store_false",
+                      help="stop after the A/B verdict (skip the bad change and its rollback)")
     demo.add_argument("--workdir", default=None,
                       help="where logs, the engines' settings and the plot go (default: a temp dir)")
     demo.set_defaults(func=_cmd_demo)

@@ -5,20 +5,23 @@ Run by the demo as `python -m moonlease.demo_arm ARM.json` (one process per engi
 an engine's connector in process globals). The engine starts with exactly the
 `--kv-transfer-config` and environment the operator left in the arm's Deployment, so the lease
 mode under test is the one the rollout delivered. It first warms up (`warmup_requests` requests,
-so that sessions outgrow the engine's own KV cache and resumed turns reach the store) and only
-then serves /metrics: the operator's baseline is taken after the warm-up, never across it. It
+so that the store holds sessions to resume) and only then serves /metrics: the operator's baseline is taken after the warm-up, never across it. It
 reports on stdout as JSON lines: `ready` once measured, then `progress` every few requests;
-SIGTERM or SIGINT stops it cleanly.
+while the spec's `pause_file` exists it sends nothing (`paused` once its saves are in the store,
+`resumed` after); SIGTERM or SIGINT stops it cleanly. With `fresh_replica` it drops the engine's
+own prefix cache before each request, as if every request landed on another replica of a fleet:
+all reuse then comes from the shared store, which is what the lease and retention modes change.
 
-The workload (`AgenticWorkload`) is pure and seeded: sessions that share a system prompt and grow
-turn by turn (each turn's prompt holds the whole conversation, answers included), that resume
-after others have run, and that branch a sibling off an earlier turn. Each arm gets its own
-seed, so the arms store disjoint keys but see the same kind of traffic.
+The workload (`AgenticWorkload`) is pure and seeded: agent sessions that share a system prompt
+and grow turn by turn (each turn's prompt holds the whole conversation, answers included) and
+resume after others have run. Each arm gets its own seed, so the arms store disjoint keys but see
+the same kind of traffic.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -31,18 +34,36 @@ from typing import Any
 
 @dataclass
 class AgenticWorkload:
-    """Multi-turn sessions over a few shared system prompts (pure, deterministic by `seed`)."""
+    """Agent sessions over a few shared system prompts (pure, deterministic by `seed`).
+
+    Every session starts as one of `system_prompts` system prompts plus a task of its own — the
+    sessions are siblings of that prompt — and grows turn by turn (each turn's prompt holds the
+    whole conversation, answers included) for up to `max_turns` turns. A system prompt's length
+    (`system_tokens`, 176) is deliberately not a multiple of the engine's block (32): real prompts
+    are not block-aligned, so a new session's prompt shares whole blocks with its siblings only up
+    to the last block boundary inside the system prompt (160). A sliding-window model can resume
+    there only from a window tail stored at that boundary, which no prompt's own end leaves in the
+    store (a session's prompts end further on): what junction retention keeps (seed 004).
+    """
 
     seed: int
     system_prompts: int = 2
-    system_tokens: int = 160
+    system_tokens: int = 176
+    task_tokens: int = 40
     turn_tokens: int = 24
+    p_new: float = 0.4
+    """Share of requests that start a new session, at a steady pace (request i starts one when
+    floor((i + 1) * p_new) > floor(i * p_new)): a few requests per measured interval then carry
+    the same mix, so per-interval hit rates vary by what the store did, not by the draw."""
+    max_turns: int = 4
     max_sessions: int = 40
     max_prompt_tokens: int = 1200
     vocab: tuple[int, int] = (4, 1000)
     rng: random.Random = field(init=False)
     systems: list[list[int]] = field(init=False)
     sessions: list[list[int]] = field(init=False, default_factory=list)
+    turns: list[int] = field(init=False, default_factory=list)
+    served: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -53,32 +74,34 @@ class AgenticWorkload:
 
     def next_prompt(self) -> tuple[int, list[int]]:
         """(session index, prompt tokens) of the next request."""
-        roll = self.rng.random()
-        if not self.sessions or (roll < 0.2 and len(self.sessions) < self.max_sessions):
-            self.sessions.append(list(self.rng.choice(self.systems)))
-            index = len(self.sessions) - 1
-        elif roll < 0.3:  # a sibling branches off an earlier turn of a session
-            parent = self.rng.choice(self.sessions)
-            cut = self.rng.randrange(self.system_tokens, len(parent) + 1)
-            self.sessions.append(parent[:cut])
-            if len(self.sessions) > self.max_sessions:
-                self.sessions.pop(0)
-            index = len(self.sessions) - 1
-        else:  # resume a session: older ones more often (they have been idle longer)
-            weights = [len(self.sessions) - i for i in range(len(self.sessions))]
-            index = self.rng.choices(range(len(self.sessions)), weights=weights)[0]
+        i, self.served = self.served, self.served + 1
+        if not self.sessions or math.floor((i + 1) * self.p_new) > math.floor(i * self.p_new):
+            if len(self.sessions) >= self.max_sessions:
+                self._end(0)
+            self.sessions.append(list(self.rng.choice(self.systems)) + self._tokens(self.task_tokens))
+            self.turns.append(1)
+            return len(self.sessions) - 1, list(self.sessions[-1])
+        # resume a session: older ones more often (they have been idle longer)
+        weights = [len(self.sessions) - i for i in range(len(self.sessions))]
+        index = self.rng.choices(range(len(self.sessions)), weights=weights)[0]
         self.sessions[index] = self.sessions[index] + self._tokens(self.turn_tokens)
+        self.turns[index] += 1
         return index, list(self.sessions[index])
 
     def answered(self, index: int, answer: list[int]) -> None:
-        """The answer joins the conversation; a conversation too long for the model ends."""
+        """The answer joins the conversation; a conversation at its last turn, or too long for
+        the model, ends."""
         if index >= len(self.sessions):
             return
         grown = self.sessions[index] + answer
-        if len(grown) + self.turn_tokens > self.max_prompt_tokens:
-            self.sessions.pop(index)
+        if self.turns[index] >= self.max_turns or len(grown) + self.turn_tokens > self.max_prompt_tokens:
+            self._end(index)
         else:
             self.sessions[index] = grown
+
+    def _end(self, index: int) -> None:
+        self.sessions.pop(index)
+        self.turns.pop(index)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -109,14 +132,29 @@ def main(spec_path: str) -> int:
     workload = AgenticWorkload(seed=spec["seed"])
     warmup = int(spec.get("warmup_requests", 0))
     emit("started", arm=spec["arm"], warmup_requests=warmup)
-    served, started = 0, time.monotonic()
+    served, started, paused = 0, time.monotonic(), False
+    pause_file = spec.get("pause_file")
     try:
         while not stop["now"]:
+            if pause_file and os.path.exists(pause_file):
+                if not paused:
+                    ve.wait_for_saves(llm)  # what was served is in the store before "paused"
+                    paused = True
+                    emit("paused", arm=spec["arm"], requests=served)
+                time.sleep(0.1)
+                continue
+            if paused:
+                paused = False
+                emit("resumed", arm=spec["arm"])
             if served == warmup:
                 # Until now /metrics did not answer: the operator reported failed measurements.
                 prometheus_client.start_http_server(spec["metrics_port"], addr="127.0.0.1")
                 emit("ready", arm=spec["arm"])
             index, prompt = workload.next_prompt()
+            if spec.get("fresh_replica"):
+                # As if each request landed on another replica of a large fleet: nothing of
+                # earlier requests in the engine's own prefix cache, every reuse from the store.
+                ve.reset_local_prefix_cache(llm)
             completion = ve.generate_greedy(llm, [prompt], max_tokens=spec.get("output_tokens", 8))[0]
             workload.answered(index, completion.token_ids)
             served += 1

@@ -30,8 +30,10 @@ PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",
 
 def test_adapters_match_upstream_lookup_of_vllm_0_33() -> None:
     assert (VLLM_033 / "vllm" / "__init__.py").exists(), "run `make setup` (installs vLLM 0.33.0's modules)"
-    # The connector folder too: an editable install elsewhere (another checkout) must not win.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(VLLM_033), str(REPO), str(REPO / "connector")])}
+    # The connector and operator folders too: an editable install elsewhere (another checkout)
+    # must not win (the test fixtures import both).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(VLLM_033), str(REPO), str(REPO / "connector"), str(REPO / "operator")])}
     version = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__, vllm.__file__)"],
                              env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert version.returncode == 0, version.stderr[-2000:]

@@ -9,6 +9,7 @@ prompts longer than one 128-token block, without and with our connector and a re
 
 from __future__ import annotations
 
+import logging
 import random
 import subprocess
 import sys
@@ -30,6 +31,9 @@ from moonlease_connector.adapters.vllm_cpu_mamba import (
 REPO = Path(__file__).resolve().parents[2]
 OUR_CONNECTOR = {"kv_connector": "MooncakeStoreConnector",
                  "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both"}
+
+
+CONNECTOR_LOGGER = "vllm.moonlease.connector"
 
 
 def token_prompt(length: int, seed: int) -> list[int]:
@@ -258,17 +262,34 @@ def test_vllms_checkpoint_store_still_cannot_run_on_this_cpu():
 # --------------------------------------------------------------------------------------------
 # Installing
 
+@pytest.fixture
+def connector_log(caplog: pytest.LogCaptureFixture):
+    """caplog on the connector's logger, a child of `vllm`'s. Whether records reach the root
+    logger caplog listens on depends on how vLLM configured logging earlier in the process, so
+    the handler is attached to the logger itself (propagation off meanwhile: no duplicates)."""
+    logger = logging.getLogger(CONNECTOR_LOGGER)
+    propagate = logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.propagate = False
+    try:
+        with caplog.at_level("INFO", logger=CONNECTOR_LOGGER):
+            yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+        logger.propagate = propagate
+
+
 @pytest.mark.unit
-def test_install_replaces_the_references_vllm_calls_once(monkeypatch, caplog):
+def test_install_replaces_the_references_vllm_calls_once(monkeypatch, connector_log):
+    caplog = connector_log
     m = restore_upstream(monkeypatch)
     assert not workarounds_in_place()
-    with caplog.at_level("INFO", logger="moonlease.connector"):
-        assert install_cpu_mamba_workarounds() is True
-        assert install_cpu_mamba_workarounds() is False     # idempotent
+    assert install_cpu_mamba_workarounds() is True
+    assert install_cpu_mamba_workarounds() is False     # idempotent
     assert workarounds_in_place()
     installed = [r for r in caplog.records if "Mamba workarounds" in r.getMessage()]
     assert len(installed) == 1
-    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert not [r for r in caplog.records if r.name == CONNECTOR_LOGGER and r.levelname == "WARNING"]
     assert "_mamba_chunk_scan_combined_fwd" in installed[0].getMessage()
     assert "store_prefill_checkpoint" in installed[0].getMessage()
     # vLLM's own functions stay where they are defined.
@@ -277,15 +298,15 @@ def test_install_replaces_the_references_vllm_calls_once(monkeypatch, caplog):
 
 
 @pytest.mark.unit
-def test_install_leaves_a_foreign_replacement_alone(monkeypatch, caplog):
+def test_install_leaves_a_foreign_replacement_alone(monkeypatch, connector_log):
+    caplog = connector_log
     m = restore_upstream(monkeypatch)
 
     def someone_elses(*args, **kwargs):
         raise AssertionError("not called")
 
     monkeypatch.setattr(m.mamba_mixer2, "store_prefill_checkpoint", someone_elses)
-    with caplog.at_level("WARNING", logger="moonlease.connector"):
-        assert install_cpu_mamba_workarounds() is True      # (a) still goes in
+    assert install_cpu_mamba_workarounds() is True      # (a) still goes in
     assert m.ssd_combined._mamba_chunk_scan_combined_fwd is chunked_scan_cpu
     assert m.mamba_mixer2.store_prefill_checkpoint is someone_elses
     assert any("Not replacing" in r.getMessage() for r in caplog.records)

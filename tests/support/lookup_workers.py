@@ -4,12 +4,17 @@ The lookups themselves (layouts, `build_lookup`, `build_upstream_lookup`, `keys_
 are product code of `moonlease bench`; this module re-exports them for the tests and adds stores
 that record every call, a recorder of store-call metrics, and the universe of keys random
 existence patterns are drawn over.
+
+`build_lookup` given a lease mode (not a full config) builds the lookup without its deadline:
+these tests compare hits and leases, and on a loaded machine a 1 s deadline can turn a hit into
+a `store_timeout` miss (the deadline has tests of its own, which pass a config).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from moonlease.bench import workers as _workers
 from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
     HASH_BLOCK,
     LAYOUTS,
@@ -17,7 +22,6 @@ from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
     Layout,
     LayoutParts,
     build_layout_parts,
-    build_lookup,
     build_upstream_lookup,
     full_attention,
     keys_the_load_reads,
@@ -25,6 +29,19 @@ from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
     mamba_align,
     sliding_window,
 )
+from moonlease_connector.adapters.vllm_lookup import StoreLookup
+from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+
+
+def build_lookup(layout: Layout | LayoutParts, store: Any,
+                 settings: MoonleaseConnectorConfig | LeaseMode | None = None, *,
+                 junction_retention: bool = False, **kwargs: Any) -> StoreLookup:
+    """`moonlease.bench.workers.build_lookup`; a lease mode gets no deadline (see above)."""
+    if not isinstance(settings, MoonleaseConnectorConfig):
+        settings = MoonleaseConnectorConfig.for_mode(
+            settings or LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+        ).model_copy(update={"mooncake_lookup_timeout_ms": 0})
+    return _workers.build_lookup(layout, store, settings, **kwargs)
 
 
 class RecordingStore:

@@ -291,3 +291,16 @@ def test_master_metrics_need_a_master_per_arm() -> None:
     separate = {**shared, "prometheus": {"url": "http://p:9090",
                                          "storeSelectors": {"control": 'job="m-a"', "treatment": 'job="m-b"'}}}
     assert ABTestSpec.model_validate(separate).prometheus.store_selectors.treatment == 'job="m-b"'
+
+
+@pytest.mark.parametrize("phase", [ABTestPhase.PROMOTING, ABTestPhase.PROMOTED, ABTestPhase.ROLLING_BACK,
+                                   ABTestPhase.ROLLED_BACK, ABTestPhase.AWAITING_DECISION])
+def test_a_decided_test_is_never_measured_again(phase: ABTestPhase) -> None:
+    """Stop measuring what was stopped: once the test is decided (or held for a human) the arms
+    are not read, so engines stopped after the verdict cause no MeasurementFailed warnings
+    (issue 20: the demo printed 23 of them after its verdict)."""
+    spec = ABTestSpec.model_validate({**ARMS, "intervalSeconds": 30})
+    decided = ABTestStatus(phase=phase, config_hash="c", last_measured_at=T0, decided_at=T0)
+    for later in (0, 30, 3600):
+        assert not measurement_due(decided, spec, T0 + datetime.timedelta(seconds=later))
+    assert seconds_until_measurement(decided, spec, T0 + datetime.timedelta(seconds=30)) is None
