@@ -18,6 +18,7 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     build_analysis_config,
+    decision_hint,
     load_analysis,
     measurement_due,
     seconds_until_measurement,
@@ -304,3 +305,11 @@ def test_a_decided_test_is_never_measured_again(phase: ABTestPhase) -> None:
     for later in (0, 30, 3600):
         assert not measurement_due(decided, spec, T0 + datetime.timedelta(seconds=later))
     assert seconds_until_measurement(decided, spec, T0 + datetime.timedelta(seconds=30)) is None
+
+
+def test_a_held_test_says_how_to_decide_it_with_commands_that_name_the_policy() -> None:
+    held = ABTestStatus(phase=ABTestPhase.AWAITING_DECISION, config_hash="cfg1", verdict="Inconclusive")
+    hint = decision_hint(held, "llama", "serving")
+    assert "`moonlease promote llama -n serving`" in hint and "`moonlease abort llama -n serving`" in hint
+    assert "kubectl annotate mlp llama -n serving moonlease.io/ab-decision=promote:cfg1" in hint
+    assert "NAME" not in hint

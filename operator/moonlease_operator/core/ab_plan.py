@@ -263,9 +263,11 @@ def start_measuring(status: ABTestStatus, spec: ABTestSpec, control: list[str], 
 
 
 def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReading,
-                       now: datetime.datetime) -> tuple[ABTestStatus, list[EventNote]]:
+                       now: datetime.datetime, policy: str = "NAME",
+                       namespace: str | None = None) -> tuple[ABTestStatus, list[EventNote]]:
     """Fold one reading into a measuring test: the verdict, the action it calls for, and the
-    events that say so (a failed measurement, a changed verdict, a decision)."""
+    events that say so (a failed measurement, a changed verdict, a decision). `policy` and
+    `namespace` name the policy in the commands a held test's event suggests."""
     if reading.interval is None:
         return status.model_copy(update={"last_measured_at": reading.at}), []
     config = build_analysis_config(spec)
@@ -293,7 +295,7 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
         events.append(EventNote("Warning", Reason.AB_TEST_ROLLING_BACK.value,
                                 "Rolling the treatment back to what it ran before the test"))
     elif action is ABAction.HOLD:
-        events.append(EventNote("Normal", Reason.AB_TEST_AWAITING_DECISION.value, decision_hint(status)))
+        events.append(EventNote("Normal", Reason.AB_TEST_AWAITING_DECISION.value, decision_hint(status, policy, namespace)))
     history = [*status.history, record_interval(reading.interval)][-HISTORY_LIMIT:]
     return status.model_copy(update={
         "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
@@ -307,9 +309,12 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
     }), events
 
 
-def decision_hint(status: ABTestStatus) -> str:
-    return ("Holding both arms for a human: kubectl annotate mlp NAME "
-            f"{AB_DECISION_ANNOTATION}=promote:{status.config_hash} (or rollback:{status.config_hash}) --overwrite")
+def decision_hint(status: ABTestStatus, policy: str = "NAME", namespace: str | None = None) -> str:
+    """The commands that decide a held test, ready to paste (the verbs work in every phase)."""
+    where = f" -n {namespace}" if namespace else ""
+    return (f"Holding both arms for a human: `moonlease promote {policy}{where}` keeps the treatment, "
+            f"`moonlease abort {policy}{where}` rolls it back (or: kubectl annotate mlp {policy}{where} "
+            f"{AB_DECISION_ANNOTATION}=promote:{status.config_hash} --overwrite)")
 
 
 def apply_decision_annotation(status: ABTestStatus, annotation: str | None,

@@ -511,7 +511,8 @@ class _Planner:
         reading = self.observed.ab_reading
         if self.paused_at is None:
             if ab.phase is ABTestPhase.MEASURING and reading is not None:
-                ab, notes = record_measurement(ab, spec, reading, self.now)
+                ab, notes = record_measurement(ab, spec, reading, self.now,
+                                               self.policy.name, self.policy.namespace)
                 self.notes.extend(notes)
             ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
             self.notes.extend(notes)
@@ -614,7 +615,7 @@ class _Planner:
                             f"A/B test: {ab.samples} of {spec.min_samples} samples; {ab.reason}")
         if ab.phase is ABTestPhase.AWAITING_DECISION:
             return _Outcome(Phase.AWAITING_DECISION, outcome.stage, Reason.AB_TEST_AWAITING_DECISION,
-                            f"A/B test {ab.verdict}: {ab.reason}. {decision_hint(ab)}")
+                            f"A/B test {ab.verdict}: {ab.reason}. {decision_hint(ab, self.policy.name, self.policy.namespace)}")
         if ab.phase is ABTestPhase.PROMOTING:
             self.ab = ab = ab.model_copy(update={"phase": ABTestPhase.PROMOTED})
             self.notes.append(EventNote("Normal", Reason.AB_TEST_PROMOTED.value,
