@@ -158,3 +158,50 @@ def test_the_operator_renders_retention_keys_only_when_a_piece_is_on() -> None:
     assert skip.config_hash != plain.config_hash  # turning it on rolls the targets
     config = MoonleaseConnectorConfig.from_sources(skip.file, {})
     assert config.retention == RetentionSettings(skip=True) and config.finds_junctions
+
+
+class PinRecordingStore:
+    """The never-evicting `DictStore`, recording which keys each put soft-pinned (no Mooncake)."""
+
+    def __init__(self) -> None:
+        from moonlease.bench.stores import DictStore
+
+        self.inner = DictStore()
+        self.pinned: set[str] = set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def put_batch(self, keys, values, config=None) -> int:
+        if config is not None:
+            self.pinned.update(keys)
+        return self.inner.put_batch(keys, values)
+
+
+@pytest.mark.parametrize("workload", ["agentic-swa", "hot-prompts-docs"])
+def test_replay_pin_pins_only_the_system_prompts_four_sessions_continue(workload: str) -> None:
+    """The benchmark runs the connector's plan: over a generated trace, `pin` soft-pins only keys
+    of the agents' system prompts (full-attention blocks; for a hybrid model also the state at
+    the prompt's end), and only those first written after four sessions continued them."""
+    from moonlease.bench.replay import MODES, build_ideal_replay, replay_requests
+    from moonlease.bench.saves import ValueSizes
+    from moonlease.bench.workload import WORKLOADS, build_named_trace
+
+    trace = build_named_trace(workload, seed=1, duration_s=900.0)
+    knobs = WORKLOADS[workload]
+    system_hashes = {bytes.fromhex(h) for r in trace.requests for h in r.block_hashes[:knobs.system_blocks]}
+    sizes = ValueSizes()
+    ideal = build_ideal_replay(trace, junction_retention=False, sizes=sizes)
+    store = PinRecordingStore()
+    run = replay_requests(trace, store, MODES["leaseAll+pin"], ideal, sizes, pin_config=object())
+    assert run.keys_pinned == len(store.pinned) == 0  # a store that never evicts: written before shared
+
+    # The same trace against a store that forgets everything before each request: every save
+    # writes its prompt again, so the tracker's verdict shows in what is pinned.
+    forgetful = PinRecordingStore()
+    run = replay_requests(trace, forgetful, MODES["leaseAll+pin"], ideal, sizes, pin_config=object(),
+                          before_request=lambda _: forgetful.inner.keys.clear())
+    assert run.keys_pinned > 0
+    pinned_hashes = {key.rsplit("@", 1)[1] for key in forgetful.pinned}
+    assert pinned_hashes <= {h.hex() for h in system_hashes}
+    assert run.keys_pinned < run.keys_put / 2
