@@ -24,16 +24,16 @@ checkpoints inside the prompt, kept by dense retention — is only read by a req
 diverges exactly there.
 
 Pieces (each a connector setting, off by default; README "Choosing a retention policy"):
-- ``pin``: put the prompt's *shared* prefix soft-pinned — the deepest prefix two different
+- ``pin``: put the prompt's *shared* prefix soft-pinned — the deepest prefix four different
   continuations have followed (`core.shared_prefix`: a system prompt, a branch point), with
   what a hit there loads — and everything else unpinned, so eviction takes the rest first.
   The first cut pinned the whole resume set; with most objects pinned, eviction fell to the
   master's second pass (strict oldest-lease-first across the store), which under pressure
   evicts each conversation just before its next turn: it lost 3 to 47 points
-  (benchmarks/results/retention.md). Pins age out: every lease renews one for
+  (`git show 5cab163:benchmarks/results/retention.md`). Pins age out: every lease renews one for
   ``default_kv_soft_pin_ttl``, so a prefix nobody reads again is unpinned after that;
-- ``skip``: do not write window blocks or recurrent states outside the resume set at all
-  (they stay out of the store: bytes for more sessions). Full-attention blocks are never
+- ``skip``: do not write window blocks or recurrent states outside the resume set (and the
+  shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
 """
 
