@@ -61,9 +61,10 @@ class MoonleaseConnectorConfig(BaseModel):
         False, description="Seed 004: keep sliding-window tails at shared-prefix junctions so "
                            "sibling prompts hit in the store.")
     mooncake_retention_pin: bool = Field(
-        False, description="Moonlease retention: saves put the keys a continuation of the prompt "
-                           "loads (its resume set) soft-pinned, the rest unpinned, so the master "
-                           "evicts the rest first. Needs Mooncake >= 0.3.14 clients and "
+        False, description="Moonlease retention: saves put the prompt's shared prefix (the deepest "
+                           "prefix four different continuations have followed: a system prompt, "
+                           "a branch point) soft-pinned, the rest unpinned, so the master evicts "
+                           "the rest first. Needs Mooncake >= 0.3.14 clients and "
                            "allow_evict_soft_pinned_objects on the master.")
     mooncake_retention_skip: bool = Field(
         False, description="Moonlease retention: saves do not write sliding-window blocks or "

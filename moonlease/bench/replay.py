@@ -50,6 +50,7 @@ from moonlease.bench.trace import Trace
 from moonlease.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.retention import RetentionSettings
+from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
 
 MIN_SEGMENT_MIB = 16  # mooncake_client refuses a smaller global segment
@@ -250,6 +251,8 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
     lookup = build_lookup(layout, counting, mode.settings(), retention_interval=_retention_interval(trace))
     block = trace.header.hash_block_tokens
     run = ModeRun([], LookupCosts())
+    # The connector's per-prefix reuse estimate (retention `pin`): one per engine, here one per run.
+    shared_prefixes = SharedPrefixTracker() if mode.retention.pin else None
     for step, request in enumerate(trace.requests):
         if pacer is not None:
             pacer.wait(request.arrival_s)
@@ -267,7 +270,8 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         junctions = _junctions(result)
         chunks = build_save_keys(lookup, hashes, result.hit_length,
                                  build_prompt_chunks(lookup, hashes, block, junctions))
-        plan = build_save_retention(lookup, hashes, block, chunks, mode.retention, junctions)
+        shared = shared_prefixes.observe_and_share(hashes) if shared_prefixes is not None else 0
+        plan = build_save_retention(lookup, hashes, block, chunks, mode.retention, junctions, shared)
         saved = apply_save(store, chunks, sizes, plan, pin_config)
         run.keys_put += saved.keys_put
         run.keys_pinned += saved.keys_pinned

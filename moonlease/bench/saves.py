@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
-from moonlease_connector.adapters.vllm_retention import build_resume_set, chunk_kind
+from moonlease_connector.adapters.vllm_retention import build_resume_set, build_shared_set, chunk_kind
 from moonlease_connector.core.junctions import add_junction_tails
 from moonlease_connector.core.retention import (
     ChunkRetention,
@@ -117,15 +117,20 @@ def build_save_keys(lookup: Any, hashes: Sequence[bytes], hit: int,
 
 def build_save_retention(lookup: Any, hashes: Sequence[bytes], hash_block_tokens: int,
                          chunks: Sequence[ChunkKeys], settings: RetentionSettings,
-                         junctions: Sequence[int] = ()) -> SaveRetentionPlan:
-    """The connector's retention decision (`core.retention`) for these chunks of this prompt."""
+                         junctions: Sequence[int] = (), shared_blocks: int = 0) -> SaveRetentionPlan:
+    """The connector's retention decision (`core.retention`) for these chunks of this prompt.
+
+    `shared_blocks`: the prompt's shared prefix in hash blocks (`core.shared_prefix`), which
+    ``pin`` pins.
+    """
     if not settings.active:
         return SaveRetentionPlan((ChunkRetention.PLAIN,) * len(chunks))
     coord = lookup.coord
     resume = build_resume_set(coord, list(hashes), len(hashes) * hash_block_tokens, junctions)
+    shared = build_shared_set(coord, list(hashes), shared_blocks * hash_block_tokens)
     return plan_save_retention(
         [SaveChunk(c.group_id, c.chunk, chunk_kind(coord.kv_cache_groups[c.group_id].kv_cache_spec))
-         for c in chunks], resume, settings)
+         for c in chunks], resume, settings, shared)
 
 
 def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,

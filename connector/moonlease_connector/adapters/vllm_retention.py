@@ -27,6 +27,7 @@ from moonlease_connector.core.retention import (
     SaveChunk,
     plan_save_retention,
 )
+from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 
 
 def chunk_kind(spec: Any) -> ChunkKind:
@@ -54,6 +55,21 @@ def build_resume_set(coord: Any, block_hashes: Sequence[Any], num_tokens: int,
         for group_id, mask in enumerate(coord.load_mask(hashes, end)):
             resume.update((group_id, chunk) for chunk, loaded in enumerate(mask) if loaded)
     return frozenset(resume)
+
+
+def build_shared_set(coord: Any, block_hashes: Sequence[Any],
+                     shared_tokens: int) -> frozenset[tuple[int, int]]:
+    """`(group_id, chunk)` pairs a hit at the end of the shared prefix loads (empty if none).
+
+    `shared_tokens` comes from `core.shared_prefix.SharedPrefixTracker` (in tokens); it is
+    aligned down to the coordinator's lcm block, as any hit is.
+    """
+    end = shared_tokens // coord.lcm_block_size * coord.lcm_block_size
+    if end <= 0:
+        return frozenset()
+    return frozenset((group_id, chunk)
+                     for group_id, mask in enumerate(coord.load_mask(list(block_hashes), end))
+                     for chunk, loaded in enumerate(mask) if loaded)
 
 
 logger = logging.getLogger("vllm.moonlease.connector.retention")
@@ -134,10 +150,13 @@ class _PinningStore:
 class RetentionSendingThread(JunctionSendingThread):
     """Upstream's send thread (with junction tails) carrying out Moonlease retention.
 
-    Per job: the resume set of the prompt (`build_resume_set`, at its end and junctions), the
-    plan (`core.retention.plan_save_retention`) over every chunk the job could write; window
+    Per job: the resume set of the prompt (`build_resume_set`, at its end and junctions), with
+    ``pin`` its shared prefix (`shared_prefixes`, then `build_shared_set`), the plan
+    (`core.retention.plan_save_retention`) over every chunk the job could write; window
     chunks the plan skips leave the save mask, recurrent states it skips leave the boundary
-    puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`.
+    puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`. Keys already in
+    the store are not re-put, so a shared prefix is pinned when a save writes it: after the
+    tracker has seen it shared, the next time it is missing (evicted, or on a fresh store).
     """
 
     def __init__(self, *args: Any, retention: RetentionSettings | Callable[[], RetentionSettings],
@@ -150,6 +169,8 @@ class RetentionSendingThread(JunctionSendingThread):
         self._on_retention = on_retention
         self.masks = RetentionStoreMasks(self.masks._coord)
         self.coord = self.masks
+        #: The per-prefix reuse estimate `pin` pins by (this worker's prompts).
+        self.shared_prefixes = SharedPrefixTracker()
         self._pinned_keys: frozenset[str] = frozenset()
         self._skipped_keys: frozenset[str] = frozenset()
         self._boundary_dropped = 0
@@ -175,10 +196,16 @@ class RetentionSendingThread(JunctionSendingThread):
         aligned = prompt // lcm * lcm
         junctions = junctions_of(req_meta)
         resume = build_resume_set(coord, req_meta.block_hashes, prompt, junctions)
+        settings = self.retention_now()
+        shared: frozenset[tuple[int, int]] = frozenset()
+        if settings.pin:
+            hashes = list(req_meta.block_hashes[:prompt // coord.hash_block_size])
+            shared_blocks = self.shared_prefixes.observe_and_share(hashes)
+            shared = build_shared_set(coord, req_meta.block_hashes, shared_blocks * coord.hash_block_size)
         chunks = [SaveChunk(g, c, chunk_kind(group.kv_cache_spec))
                   for g, group in enumerate(coord.kv_cache_groups)
                   for c in range(aligned // self.token_databases[g].block_size)]
-        plan = plan_save_retention(chunks, resume, self.retention_now())
+        plan = plan_save_retention(chunks, resume, settings, shared)
         pinned: set[str] = set()
         skipped: set[str] = set()
         window_skips: dict[int, set[int]] = {}

@@ -24,10 +24,16 @@ checkpoints inside the prompt, kept by dense retention — is only read by a req
 diverges exactly there.
 
 Pieces (each a connector setting, off by default; README "Choosing a retention policy"):
-- ``pin``: put the resume set soft-pinned, the rest unpinned, so eviction takes the rest
-  first;
-- ``skip``: do not write window blocks or recurrent states outside the resume set at all
-  (they stay out of the store: bytes for more sessions). Full-attention blocks are never
+- ``pin``: put the prompt's *shared* prefix soft-pinned — the deepest prefix four different
+  continuations have followed (`core.shared_prefix`: a system prompt, a branch point), with
+  what a hit there loads — and everything else unpinned, so eviction takes the rest first.
+  The first cut pinned the whole resume set; with most objects pinned, eviction fell to the
+  master's second pass (strict oldest-lease-first across the store), which under pressure
+  evicts each conversation just before its next turn: it lost 3 to 47 points
+  (`git show 5cab163:benchmarks/results/retention.md`). Pins age out: every lease renews one for
+  ``default_kv_soft_pin_ttl``, so a prefix nobody reads again is unpinned after that;
+- ``skip``: do not write window blocks or recurrent states outside the resume set (and the
+  shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
 """
 
@@ -86,19 +92,23 @@ class SaveRetentionPlan:
 
 
 def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tuple[int, int]],
-                        settings: RetentionSettings) -> SaveRetentionPlan:
+                        settings: RetentionSettings,
+                        shared_set: Collection[tuple[int, int]] = frozenset()) -> SaveRetentionPlan:
     """Decide, for each chunk a save writes, whether it is pinned, plain or skipped.
 
     `resume_set` holds the `(group_id, chunk)` pairs a continuation of this prompt loads (the
-    adapters' `load_mask` at the prompt's end and at its junctions). Full-attention chunks
-    are never skipped; with ``pin`` they are pinned only when in the resume set (they always
-    are, for a load at the prompt's end: kept explicit so a narrower resume set stays honest).
+    adapters' `load_mask` at the prompt's end and at its junctions); `shared_set` the pairs a
+    hit at the end of the prompt's shared prefix loads (empty when nothing is shared). With
+    ``pin`` the shared set is pinned; with ``skip`` window and recurrent chunks in neither set
+    are skipped. Full-attention chunks are never skipped.
     """
     decisions = []
     for chunk in chunks:
-        resumes = (chunk.group_id, chunk.chunk) in resume_set
-        if resumes:
-            decisions.append(ChunkRetention.PINNED if settings.pin else ChunkRetention.PLAIN)
+        key = (chunk.group_id, chunk.chunk)
+        if settings.pin and key in shared_set:
+            decisions.append(ChunkRetention.PINNED)
+        elif key in resume_set or key in shared_set:
+            decisions.append(ChunkRetention.PLAIN)
         elif settings.skip and chunk.kind is not ChunkKind.FULL:
             decisions.append(ChunkRetention.SKIPPED)
         else:

@@ -224,9 +224,10 @@ class ConnectorSpec(ApiModel):
     """Keep sliding-window tails at shared-prefix junctions in the store, so siblings of a prompt
     hit the store from a fresh instance."""
     retention_pin: bool = False
-    """Moonlease retention: saves soft-pin what a continuation of the prompt loads (its resume
-    set) and leave the rest unpinned, so the master evicts the rest first. Needs the master's
-    allowEvictSoftPinnedObjects (Mooncake's default, true)."""
+    """Moonlease retention: saves soft-pin the prompt's shared prefix (the deepest prefix four
+    different continuations have followed: a system prompt, a branch point) and leave the rest
+    unpinned, so the master evicts the rest first; pins expire defaultKvSoftPinTtlMs after the
+    last read. Needs the master's allowEvictSoftPinnedObjects (Mooncake's default, true)."""
     retention_skip: bool = False
     """Moonlease retention: saves do not write sliding-window blocks or recurrent (Mamba) states
     that no continuation of the prompt loads (dense retention's intermediate states)."""

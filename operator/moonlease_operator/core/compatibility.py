@@ -88,7 +88,7 @@ def evaluate_compatibility(spec: PolicySpec, sources: Sequence[VersionSource]) -
     problems: list[str] = []
     if spec.connector.retention_pin and spec.master.allow_evict_soft_pinned_objects is False:
         # Soft-pinned objects would leave only when their pin expires (default_kv_soft_pin_ttl):
-        # with every resume set pinned the store fills and puts fail (-200) meanwhile.
+        # with shared prefixes pinned the store can fill with them and puts fail (-200) meanwhile.
         problems.append("connector.retentionPin needs master.allowEvictSoftPinnedObjects true "
                         "(Mooncake's default): set it or turn retentionPin off")
     if mode is LeaseMode.LAST_HIT_ONLY:
