@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                         help="a Prometheus server A/B tests may read (repeatable; also "
                              "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
+    parser.add_argument("--benchmark-polling", action="store_true", help=argparse.SUPPRESS)  # OperatorOptions.polling
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
                  liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
                  options=OperatorOptions(
                      reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
-                     listed_targets=args.listed_targets,
+                     listed_targets=args.listed_targets, polling=args.benchmark_polling,
                      prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
                          os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))))
 

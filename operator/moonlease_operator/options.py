@@ -31,3 +31,8 @@ class OperatorOptions:
     api_timeout: float = 30.0
     prometheus_url_allowlist: tuple[str, ...] = ()
     listed_targets: int = 20
+    polling: bool = False
+    """Benchmark only (`benchmarks/operator_scale.py`): the design before issue 16, measured side
+    by side — every reconcile LISTs the namespace's policies, Deployments and StatefulSets (and
+    pods while verifying), a policy rests `reconcile_interval` whatever its phase, and every
+    event of the policy, its own status writes included, wakes it."""

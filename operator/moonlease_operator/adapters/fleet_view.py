@@ -18,7 +18,7 @@ gives `wake(namespace, name)`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
@@ -39,9 +39,11 @@ class FleetView:
     """The caches one operator reconciles from; create and start it inside kopf's loop."""
 
     def __init__(self, client: Callable[[], KubeClient], namespaces: Sequence[str], wake: Wake, *,
-                 watch_timeout: float = 300.0, error_delay: float = 1.0) -> None:
+                 watch_timeout: float = 300.0, error_delay: float = 1.0,
+                 on_unauthorized: Callable[[], Awaitable[None]] | None = None) -> None:
         self._client, self._namespaces, self._wake = client, tuple(namespaces), wake
-        options = {"on_change": self._changed, "watch_timeout": watch_timeout, "error_delay": error_delay}
+        options: dict[str, Any] = {"on_change": self._changed, "watch_timeout": watch_timeout,
+                                   "error_delay": error_delay, "on_unauthorized": on_unauthorized}
         self.workload_caches = {kind: ObjectCache(client, kind, namespaces, **options) for kind in WORKLOAD_KINDS}
         self.config_map_caches = (
             ObjectCache(client, "ConfigMap", namespaces, label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true", **options),
@@ -155,6 +157,15 @@ class FleetView:
             if obj is not None and managed_by(obj) == label:
                 config_maps[name] = obj
         return [*workloads, *config_maps.values()]
+
+    def record_written(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        """Our own writes' answers, into the caches they belong to (see `ObjectCache.record_written`)."""
+        for obj in objects:
+            kind = obj.get("kind")
+            caches = (self.config_map_caches if kind == "ConfigMap" else
+                      (self.workload_caches[kind],) if kind in self.workload_caches else ())
+            for cache in caches:
+                cache.record_written(dict(obj))
 
     async def _read_config_map(self, namespace: str, name: str) -> JsonObj | None:
         try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
@@ -60,10 +60,11 @@ class ObjectCache:
 
     def __init__(self, client: Callable[[], KubeClient], kind: str, namespaces: Sequence[str] = (), *,
                  label_selector: str | None = None, on_change: OnChange | None = None,
-                 watch_timeout: float = 300.0, error_delay: float = 1.0, page_size: int = 500) -> None:
+                 watch_timeout: float = 300.0, error_delay: float = 1.0, page_size: int = 500,
+                 on_unauthorized: Callable[[], Awaitable[None]] | None = None) -> None:
         self.kind, self.label_selector = kind, label_selector
         self._client, self._scopes = client, tuple(namespaces) or (None,)
-        self._on_change = on_change
+        self._on_change, self._on_unauthorized = on_change, on_unauthorized
         self._watch_timeout, self._error_delay, self._page_size = watch_timeout, error_delay, page_size
         self._objects: dict[str | None, dict[str, dict[str, JsonObj]]] = {scope: {} for scope in self._scopes}
         self._synced: dict[str | None, asyncio.Event] = {scope: asyncio.Event() for scope in self._scopes}
@@ -116,6 +117,8 @@ class ObjectCache:
             except Exception as exc:  # an outage: resume from where we were, a little later
                 if isinstance(exc, ApiError) and exc.status == 410:
                     version = None
+                if isinstance(exc, ApiError) and exc.status == 401 and self._on_unauthorized is not None:
+                    await self._on_unauthorized()  # a rotated token: log in again
                 logger.warning("Watching %s (%s) failed, resuming in %ss: %s", self.kind, scope or "all namespaces",
                                self._error_delay, exc)
                 await asyncio.sleep(self._error_delay)
@@ -165,12 +168,26 @@ class ObjectCache:
             self._apply(scope, kind, raw)
         return version
 
+    def record_written(self, raw: JsonObj) -> None:
+        """An object as the API server answered our own write: kept now (the watch event of
+        that write follows with the same resourceVersion). No change is reported: the writer
+        knows."""
+        meta = raw.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        scope = namespace if namespace in self._objects else None
+        if scope in self._objects and _matches(raw, self.label_selector):
+            objects = self._objects[scope].setdefault(namespace, {})
+            if not _older(raw, objects.get(meta.get("name", ""))):
+                objects[meta["name"]] = trim_object(raw, self.kind)
+
     def _apply(self, scope: str | None, kind: str | None, raw: JsonObj) -> None:
         obj = trim_object(raw, self.kind)
         meta = obj["metadata"]
         namespace, name = meta.get("namespace", scope or ""), meta["name"]
         objects = self._objects[scope].setdefault(namespace, {})
         old = objects.get(name)
+        if kind != "DELETED" and _older(obj, old):
+            return  # our own write's answer got here first: this event is older still
         if kind == "DELETED":
             objects.pop(name, None)
             new = None
@@ -183,3 +200,26 @@ class ObjectCache:
 
 def _version(obj: Mapping[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("resourceVersion")
+
+
+def _older(obj: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether `obj` is an older version than `than`. resourceVersions are opaque to clients;
+    where both are decimal (etcd's revisions, the local API server's) a lower one is older,
+    otherwise nothing is taken as older."""
+    if than is None:
+        return False
+    mine, theirs = _version(obj) or "", _version(than) or ""
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
+
+
+def _matches(obj: Mapping[str, Any], selector: str | None) -> bool:
+    """Whether the object matches a cache's selector (only the `key` and `key=value` forms the
+    operator uses)."""
+    if not selector:
+        return True
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in selector.split(","):
+        key, _, value = term.partition("=")
+        if key not in labels or (value and labels[key] != value):
+            return False
+    return True
