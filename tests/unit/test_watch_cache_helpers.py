@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease_operator.adapters.watch_cache import LAST_APPLIED, _matches, _older, collection_path, trim_object
+from moonlease_operator.adapters.watch_cache import LAST_APPLIED, _matches, is_older, collection_path, trim_object
 
 pytestmark = pytest.mark.unit
 
@@ -24,8 +24,8 @@ def test_versions_and_selectors() -> None:
     def at(version: str, **labels: str) -> dict:
         return {"metadata": {"resourceVersion": version, "labels": labels}}
 
-    assert _older(at("9"), at("10")) and not _older(at("10"), at("9")) and not _older(at("9"), None)
-    assert not _older(at("abc"), at("10"))  # opaque versions: never taken as older
+    assert is_older(at("9"), at("10")) and not is_older(at("10"), at("9")) and not is_older(at("9"), None)
+    assert not is_older(at("abc"), at("10"))  # opaque versions: never taken as older
     assert _matches(at("1", **{"moonlease.io/policy": "p"}), "moonlease.io/policy")
     assert _matches(at("1", a="true"), "a=true") and not _matches(at("1", a="false"), "a=true")
     assert not _matches(at("1"), "moonlease.io/policy") and _matches(at("1"), None)

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
-from moonlease_operator.adapters.watch_cache import ObjectCache
+from moonlease_operator.adapters.watch_cache import ObjectCache, is_older
 from moonlease_operator.adapters.workloads import object_path
 from moonlease_operator.api import PolicySpec, PolicySpecError, parse_spec
 from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
@@ -79,11 +79,14 @@ class FleetView:
     # ---- policies -----------------------------------------------------------------------------
 
     def remember_policy(self, raw: Mapping[str, Any]) -> JsonObj | None:
-        """Keep the policy as last seen; returns what was kept before."""
+        """Keep the policy as last seen, unless what is kept is newer (a read after a conflict,
+        or our status write's answer, can be ahead of kopf's watch event under load); returns
+        what was kept before."""
         meta = raw.get("metadata") or {}
         store = self._policies.setdefault(meta.get("namespace", ""), {})
         old = store.get(meta.get("name", ""))
-        store[meta.get("name", "")] = dict(raw)
+        if not is_older(raw, old):
+            store[meta.get("name", "")] = dict(raw)
         return old
 
     def forget_policy(self, namespace: str, name: str) -> JsonObj | None:

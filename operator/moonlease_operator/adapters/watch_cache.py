@@ -177,7 +177,7 @@ class ObjectCache:
         scope = namespace if namespace in self._objects else None
         if scope in self._objects and _matches(raw, self.label_selector):
             objects = self._objects[scope].setdefault(namespace, {})
-            if not _older(raw, objects.get(meta.get("name", ""))):
+            if not is_older(raw, objects.get(meta.get("name", ""))):
                 objects[meta["name"]] = trim_object(raw, self.kind)
 
     def _apply(self, scope: str | None, kind: str | None, raw: JsonObj) -> None:
@@ -186,7 +186,7 @@ class ObjectCache:
         namespace, name = meta.get("namespace", scope or ""), meta["name"]
         objects = self._objects[scope].setdefault(namespace, {})
         old = objects.get(name)
-        if kind != "DELETED" and _older(obj, old):
+        if kind != "DELETED" and is_older(obj, old):
             return  # our own write's answer got here first: this event is older still
         if kind == "DELETED":
             objects.pop(name, None)
@@ -202,7 +202,7 @@ def _version(obj: Mapping[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("resourceVersion")
 
 
-def _older(obj: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+def is_older(obj: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
     """Whether `obj` is an older version than `than`. resourceVersions are opaque to clients;
     where both are decimal (etcd's revisions, the local API server's) a lower one is older,
     otherwise nothing is taken as older."""
