@@ -27,6 +27,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
                  standalone=args.standalone, peering=args.peering, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
                  options=OperatorOptions(reconcile_interval=args.reconcile_interval,
+                                         resync_interval=args.resync_interval, listed_targets=args.listed_targets,
                                          prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
 
@@ -264,7 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--metrics-port", type=int, default=9090,
                           help="Prometheus metrics port (default 9090)")
     operator.add_argument("--reconcile-interval", type=float, default=5.0,
-                          help="seconds between reconciles of a policy when nothing wakes it earlier (default 5)")
+                          help="seconds between reconciles of a policy while a stage is verified (default 5)")
+    operator.add_argument("--resync-interval", type=float, default=300.0,
+                          help="seconds between two safety-net reconciles of a policy at rest, from the watch"
+                               " caches (default 300); changes wake a policy at once")
+    operator.add_argument("--listed-targets", type=int, default=20,
+                          help="workloads that need attention a policy's status lists (default 20; all are counted)")
     operator.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                           help="a Prometheus server A/B tests may read (repeatable; also "
                                "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")

@@ -12,6 +12,7 @@ operator itself (`core.verbs`), whose answer the verb commands wait for in `stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ from moonlease_operator.api import (
     read_spec,
 )
 from moonlease_operator.core.rollout import PolicyRef, plan_fetch, plan_preview
+from moonlease_operator.core.slots import POLICY_LABEL, policy_label_value
 from moonlease_operator.core.status import read_status
 from moonlease_operator.core.verbs import build_verb_value
 
@@ -108,11 +110,15 @@ async def show_status(client: KubeClient, namespace: str, name: str, *, output: 
 
     policy = await _policy(client, namespace, name)
     workloads = None
-    if targets:
-        kinds = {t.get("kind") for t in (policy.get("status") or {}).get("targets") or []}
+    if targets:  # the full picture: every workload the policy manages, from its own annotations
+        listed = {(t.get("kind"), t.get("name")) for t in (policy.get("status") or {}).get("targets") or []}
+        selector = f"{POLICY_LABEL}={policy_label_value(name)}"
         try:
-            workloads = {(kind, obj["metadata"]["name"]): obj for kind in WORKLOAD_KINDS if kind in kinds
-                         for obj in await client.list(object_path(kind, namespace))}
+            workloads = {(kind, obj["metadata"]["name"]): obj for kind in WORKLOAD_KINDS
+                         for obj in await client.list(object_path(kind, namespace), label_selector=selector)}
+            for kind, target in listed - set(workloads):  # listed but not (or no longer) labelled
+                with contextlib.suppress(ApiError):
+                    workloads[(kind, target)] = await client.get(object_path(kind, namespace, target))
         except ApiError as exc:
             raise CommandError(f"cannot read the workloads of {name}: {exc}") from exc
     view = build_status_view(policy, workloads)

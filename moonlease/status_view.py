@@ -1,9 +1,11 @@
 """`moonlease status NAME`: one screen about a MooncakeLeasePolicy. Pure.
 
 `build_status_view` reads a policy object (as the API server returns it) into a `StatusView`:
-phase, stages, a targets summary, the A/B arms with their values, effects and bounds, what the
-operator is waiting for with the command that unblocks it, the last verb it heard, and — given
-the workloads (`--targets`) — each target as its own labels and annotations tell it;
+phase, stages, a targets summary (the status's counts per phase: the status lists only the
+workloads that need attention, issue 16), the A/B arms with their values, effects and bounds,
+what the operator is waiting for with the command that unblocks it, the last verb it heard, and
+— given the workloads (`--targets`: every workload that carries the policy's label, and those
+the status lists) — each target as its own labels and annotations tell it;
 `render_status` prints it for a terminal, `StatusView.as_json` for scripts. The command
 (moonlease.drive) only fetches the objects.
 """
@@ -86,11 +88,22 @@ def _waiting(name: str, namespace: str, status: Mapping[str, Any]) -> Waiting | 
 
 def build_target_details(status: Mapping[str, Any],
                          workloads: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Each target of the status, with what its workload's own labels and annotations say: the
-    policy that manages it, the configuration hash its pod template carries, the rollout attempt
-    its rollback snapshot belongs to, whether its original configuration is kept."""
+    """Each target — the ones the status lists, then every other workload in `workloads` (those
+    carrying the policy's label) by kind and name — with what its workload's own labels and
+    annotations say: the policy that manages it, the configuration hash its pod template
+    carries, the rollout attempt its rollback snapshot belongs to, whether its original
+    configuration is kept. A workload the status does not list is Ready unless the status says
+    it left some out (`targetsOmitted`): then its phase is unknown here ("-")."""
+    listed = list(status.get("targets") or [])
+    keys = {(t.get("kind", ""), t.get("name", "")) for t in listed}
+    unlisted_phase = "-" if status.get("targetsOmitted") else "Ready"
+    for kind, name in sorted(k for k in workloads if k not in keys):
+        status_obj = (workloads[(kind, name)].get("status") or {})
+        listed.append({"kind": kind, "name": name, "role": None, "phase": unlisted_phase,
+                       "readyReplicas": status_obj.get("readyReplicas", 0),
+                       "replicas": (workloads[(kind, name)].get("spec") or {}).get("replicas", 0)})
     details = []
-    for target in status.get("targets") or []:
+    for target in listed:
         obj = workloads.get((target.get("kind", ""), target.get("name", "")))
         meta = (obj or {}).get("metadata") or {}
         details.append({
@@ -128,11 +141,23 @@ def build_status_view(policy: Mapping[str, Any],
     return StatusView(
         name=name, namespace=namespace, phase=phase, message=headline.get("message", ""),
         stages=[{"name": s.get("name", ""), "phase": s.get("phase", "")} for s in status.get("stages") or []],
-        targets=dict(Counter(t.get("phase", "Unknown") for t in status.get("targets") or [])),
+        targets=_target_counts(status),
         ab_test=ab_view, waiting=_waiting(name, namespace, status),
         last_verb=dict(status["lastVerb"]) if status.get("lastVerb") else None,
         target_details=build_target_details(status, workloads) if workloads is not None else None,
     )
+
+
+def _target_counts(status: Mapping[str, Any]) -> dict[str, int]:
+    """Workloads per phase: the status's counts, or (a status written before it had them) its
+    list of targets."""
+    counts: Counter[str] = Counter()
+    if status.get("targetCounts"):
+        for entry in status["targetCounts"]:
+            counts[entry.get("phase", "Unknown")] += int(entry.get("count") or 0)
+    else:
+        counts.update(t.get("phase", "Unknown") for t in status.get("targets") or [])
+    return dict(counts)
 
 
 def _or_dash(value: Any) -> str:

@@ -24,17 +24,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics")
     parser.add_argument("--reconcile-interval", type=float, default=OperatorOptions.reconcile_interval,
-                        help="seconds between reconciles of a policy when nothing wakes it earlier")
+                        help="seconds between reconciles of a policy while a stage is verified")
+    parser.add_argument("--resync-interval", type=float, default=OperatorOptions.resync_interval,
+                        help="seconds between two safety-net reconciles of a policy at rest (from the watch caches)")
+    parser.add_argument("--listed-targets", type=int, default=OperatorOptions.listed_targets,
+                        help="workloads that need attention a policy's status lists (all are counted)")
     parser.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                         help="a Prometheus server A/B tests may read (repeatable; also "
                              "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
+    parser.add_argument("--benchmark-polling", action="store_true", help=argparse.SUPPRESS)  # OperatorOptions.polling
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     run_operator(namespaces=args.namespace, standalone=args.standalone, peering=args.peering,
                  liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
                  options=OperatorOptions(
-                     reconcile_interval=args.reconcile_interval,
+                     reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
+                     listed_targets=args.listed_targets, polling=args.benchmark_polling,
                      prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
                          os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))))
 

@@ -3,10 +3,13 @@
 `register(registry, context)` attaches them to a registry (the runner builds one per operator,
 so two operators in one process, such as tests, share nothing):
 
-* a daemon per policy runs `reconcile_policy` every `reconcile_interval` seconds (sooner when an
-  A/B measurement falls due), and at once when any watch event of the policy arrives (spec edit,
-  approval, decision or verb annotation, our own status write), so a change is acted on without
-  waiting for the next tick;
+* a daemon per policy runs `reconcile_policy` when something it depends on changes — its spec
+  or annotations (approval, decision, verb; not its own status writes), a workload it covers, a
+  settings ConfigMap, a pod while a stage is verified — as the operator's watch caches report it
+  (`adapters.fleet_view`, `core.wakeups`); otherwise every `reconcile_interval` seconds while a
+  stage is verified (connectors report over HTTP), at its next A/B measurement, and every
+  `resync_interval` seconds as a safety net. A reconcile reads the caches and the policy as kopf
+  delivered it: no LIST at all (issue 16);
 * `release_policy` runs on deletion (kopf holds the policy with the `moonlease.io/finalizer`
   until it succeeds) and restores every workload the policy changed.
 
@@ -29,6 +32,7 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from moonlease_operator.adapters.ab_metrics import build_metric_source, measure_arms
+from moonlease_operator.adapters.fleet_view import FleetView
 from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.adapters.settings_scrape import fetch_settings_reports
@@ -58,6 +62,7 @@ from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
 from moonlease_operator.core.status import dump_status, read_status
+from moonlease_operator.core.wakeups import seconds_until_next_reconcile, wakes_on_policy_change
 from moonlease_operator.core.write_failures import record_write_failures
 from moonlease_operator.options import OperatorOptions
 
@@ -75,9 +80,12 @@ class OperatorContext:
     client built from it (lazily, in kopf's loop), the clock, the options and the metrics."""
 
     def __init__(self, *, clock: Clock = utc_now, options: OperatorOptions | None = None,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, namespaces: tuple[str, ...] = ()) -> None:
         self.clock = clock
         self.options = options or OperatorOptions()
+        self.namespaces = namespaces  # served namespaces; empty: the whole cluster
+        self.wakers: dict[tuple[str, str], asyncio.Event] = {}  # each running daemon's wake-up
+        self._fleet: FleetView | None = None
         self.metrics = metrics or OperatorMetrics(CollectorRegistry())  # private unless given
         self.connection: kopf.ConnectionInfo | None = None
         self._relogin: Callable[[], kopf.ConnectionInfo | None] | None = None
@@ -107,7 +115,22 @@ class OperatorContext:
                                       on_retry=lambda _method, status: self.metrics.observe_retry(f"status_{status}"))
         return self._client
 
+    def fleet(self) -> FleetView:
+        """The watch caches (created in kopf's loop on first use; started by their first read)."""
+        if self._fleet is None:
+            self._fleet = FleetView(self.client, self.namespaces, self.wake, error_delay=self.options.error_delay,
+                                    on_unauthorized=self.refresh_credentials)
+        return self._fleet
+
+    def wake(self, namespace: str, name: str) -> None:
+        event = self.wakers.get((namespace, name))
+        if event is not None:
+            event.set()
+
     async def close(self) -> None:
+        if self._fleet is not None:
+            await self._fleet.stop()
+            self._fleet = None
         for client in [*self._stale, *([self._client] if self._client is not None else [])]:
             await client.close()
         self._client, self._stale = None, []
@@ -119,31 +142,52 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
 
     async def drive_policy(meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped,
                            logger: logging.Logger, **_: Any) -> None:
-        """Reconcile now, then whenever woken or every `reconcile_interval` seconds."""
+        """Reconcile now, then whenever woken (see the module docstring) or the rest is over."""
         wake = _wake(memo)
+        key = (meta["namespace"], meta["name"])
+        context.wakers[key] = wake
         baselines: dict[str, Snapshot] = memo.setdefault("moonlease_ab_baselines", {})
-        while not stopped:
-            wake.clear()
-            delay = context.options.reconcile_interval
-            try:
-                async with _lock(memo):
-                    due_in = await reconcile_policy(context, meta["namespace"], meta["name"], logger,
-                                                    baselines=baselines)
-                if due_in is not None:
-                    delay = max(0.2, min(delay, due_in))
-            except Exception as exc:  # an API outage must not end the daemon; try again later
-                kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
-                if isinstance(exc, ApiError) and exc.status == 401:
-                    await context.refresh_credentials()
-                context.metrics.observe_error(kind)
-                context.metrics.observe_reconcile("error", None)
-                logger.warning("Reconcile failed, retrying in %ss: %s", context.options.error_delay, exc)
-                delay = context.options.error_delay
-            await _rest(wake, stopped, delay)
+        try:
+            while not stopped:
+                wake.clear()
+                try:
+                    async with _lock(memo):
+                        delay = await reconcile_policy(context, meta["namespace"], meta["name"], logger,
+                                                       baselines=baselines)
+                    delay = max(0.2, delay)
+                except Exception as exc:  # an API outage must not end the daemon; try again later
+                    delay = await _failed(exc, logger)
+                await _rest(wake, stopped, delay)
+        finally:
+            if context.wakers.get(key) is wake:
+                del context.wakers[key]
 
-    async def poke_policy(memo: kopf.Memo, **_: Any) -> None:
-        """Any change of the policy (including our own status writes) wakes its daemon."""
+    async def _failed(exc: Exception, logger: logging.Logger) -> float:
+        """Count a failed reconcile (log in again after a 401); the seconds to wait."""
+        kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
+        if isinstance(exc, ApiError) and exc.status == 401:
+            await context.refresh_credentials()
+        context.metrics.observe_error(kind)
+        context.metrics.observe_reconcile("error", None)
+        logger.warning("Reconcile failed, retrying in %ss: %s", context.options.error_delay, exc)
+        return context.options.error_delay
+
+    async def poke_policy(memo: kopf.Memo, body: kopf.Body, type: str | None, **_: Any) -> None:
+        """Keep the policy as kopf delivered it; a change that is not a status write wakes its
+        daemon (and, for a spec change or deletion, the namespace's other policies: their claims
+        on shared workloads may change)."""
+        fleet = context.fleet()
+        raw = dict(body)
+        meta = raw.get("metadata") or {}
+        namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        old = fleet.forget_policy(namespace, name) if type == "DELETED" else fleet.remember_policy(raw)
+        new = None if type == "DELETED" else raw
+        if not wakes_on_policy_change(old, new) and not context.options.polling:
+            return
         _wake(memo).set()
+        if old is None or new is None or (old.get("metadata") or {}).get("generation") != meta.get("generation"):
+            for other in fleet.policies_in(namespace):
+                context.wake(namespace, (other.get("metadata") or {}).get("name", ""))
 
     async def release_policy(meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body,
                              logger: logging.Logger, **_: Any) -> None:
@@ -152,7 +196,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         client = context.client()
         async with _lock(memo):
             try:
-                managed = await fetch_managed(client, namespace, name, read_spec(spec))
+                managed = (await fetch_managed(client, namespace, name, read_spec(spec)) if context.options.polling
+                           else await context.fleet().managed(namespace, name, read_spec(spec)))
                 policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
                 plan = plan_release(policy=_ref(policy), spec=read_spec(spec), previous=read_status(body.get("status")),
                                     managed=managed)
@@ -196,23 +241,34 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
 
 
 async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: logging.Logger, *,
-                           baselines: dict[str, Snapshot] | None = None) -> float | None:
+                           baselines: dict[str, Snapshot] | None = None) -> float:
     """One reconcile: read (the A/B arms' metrics too when due), plan, then status, events and
-    changes — in that order. Returns the seconds until the next A/B measurement, if one runs.
+    changes — in that order. Returns the seconds to rest unless woken earlier
+    (`core.wakeups.seconds_until_next_reconcile`).
 
-    `baselines`: the A/B snapshot of the last measurement per tested configuration (memory).
+    Reads the policy as kopf delivered it and everything else from the watch caches
+    (`adapters.fleet_view`). `baselines`: the A/B snapshot of the last measurement per tested
+    configuration (memory).
     """
     started = time.monotonic()
     client = context.client()
-    policies = await client.list(object_path(KIND, namespace))
-    policy = next((p for p in policies if p["metadata"]["name"] == name), None)
+    fleet = context.fleet()
+    polling = context.options.polling  # benchmark only: the design before issue 16
+    if polling:
+        policies = await client.list(object_path(KIND, namespace))
+        policy = next((p for p in policies if p["metadata"]["name"] == name), None)
+    else:
+        policy = fleet.policy(namespace, name)
+        if policy is None:  # not delivered yet (the daemon started first): read it once
+            policy = await _read_policy(context, namespace, name)
     if policy is None or policy["metadata"].get("deletionTimestamp"):
-        return None  # gone, or being deleted: release_policy owns it now
+        return context.options.resync_interval  # gone, or being deleted: release_policy owns it now
     previous = read_status(policy.get("status"))
     now = context.clock()
     spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
     fetch = plan_fetch(spec, previous, now)
-    observed = await fetch_observed(client, namespace, fetch, policies=policies)
+    observed = (await fetch_observed(client, namespace, fetch, policies=policies) if polling
+                else await fleet.observed(namespace, fetch))
     if observed.pods is not None:  # verifying a stage: what do the connectors run?
         observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(observed.pods))
     baselines = {} if baselines is None else baselines
@@ -228,7 +284,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
     plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
-                          prometheus_allowlist=context.options.prometheus_url_allowlist)
+                          prometheus_allowlist=context.options.prometheus_url_allowlist,
+                          listed_targets=context.options.listed_targets)
     version = policy["metadata"].get("resourceVersion")
     if dump_status(plan.status) != dump_status(previous):
         try:
@@ -240,7 +297,9 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
             # this plan is stale. Nothing was announced or changed yet; read again and re-plan.
             context.metrics.observe_retry("conflict")
             logger.info("The policy changed while planning; planning again.")
+            await _read_policy(context, namespace, name)
             return 0.0
+        _remember_status(fleet, policy, plan.status, version)
     ab = plan.status.ab_test
     if kept is not None and ab is not None:
         baselines.clear()
@@ -250,13 +309,17 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         logger.info("%s: %s", note.reason, note.message)
     report = await apply_changes(client, namespace, plan.changes, lambda c: _current(observed, c),
                                  concurrency=context.options.write_concurrency)
+    if not polling:
+        fleet.record_written(report.written)
     for _ in range(report.conflicts):
         context.metrics.observe_retry("conflict")
     final = plan.status
     if report.failures:  # refused writes show at once, on the workload, in a condition and an event
         final, notes = record_write_failures(plan.status, report.failures, generation=policy["metadata"].get("generation"),
-                                             now=context.clock())
-        await apply_status(client, namespace, name, final, version)
+                                             now=context.clock(), all_targets=plan.all_targets,
+                                             listed_targets=plan.listed_targets)
+        version = await apply_status(client, namespace, name, final, version)
+        _remember_status(fleet, policy, final, version)
         for note in notes:
             await post_event(client, policy, note, component=COMPONENT, now=context.clock())
             logger.warning("%s: %s", note.reason, note.message)
@@ -264,9 +327,34 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_status(namespace, name, final)
     result = "invalid" if plan.status.phase is Phase.INVALID else "success"
     context.metrics.observe_reconcile(result, time.monotonic() - started)
-    if plan.status.paused_at is not None:
-        return None  # paused: no measurement falls due
-    return seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock())
+    due_in = None if plan.status.paused_at is not None else (  # paused: no measurement falls due
+        seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock()))
+    if polling:
+        return min(context.options.reconcile_interval, due_in if due_in is not None else float("inf"))
+    return seconds_until_next_reconcile(plan.status, ab_due_in=due_in,
+                                        reconcile_interval=context.options.reconcile_interval,
+                                        resync_interval=context.options.resync_interval)
+
+
+async def _read_policy(context: OperatorContext, namespace: str, name: str) -> dict[str, Any] | None:
+    """The policy read by name (the cache had none, or a write met a newer one), kept."""
+    try:
+        policy = dict(await context.client().get(object_path(KIND, namespace, name)))
+    except ApiError as exc:
+        if exc.not_found:
+            return None
+        raise
+    context.fleet().remember_policy(policy)
+    return policy
+
+
+def _remember_status(fleet: FleetView, policy: Mapping[str, Any], status: Any, version: str | None) -> None:
+    """After our status write: the kept policy carries it (and its resourceVersion) before the
+    watch event does, so that a reconcile woken meanwhile plans from it."""
+    if version is None:
+        return
+    meta = {**(policy.get("metadata") or {}), "resourceVersion": version}
+    fleet.remember_policy({**policy, "metadata": meta, "status": dump_status(status)})
 
 
 def _ref(policy: Mapping[str, Any]) -> PolicyRef:

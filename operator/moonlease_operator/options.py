@@ -9,19 +9,30 @@ from dataclasses import dataclass
 class OperatorOptions:
     """How often and how hard the operator works.
 
-    `reconcile_interval`: seconds between two reconciles of one policy when nothing wakes it
-    earlier (any change of the policy — spec, approval annotation — wakes it at once; workload
-    progress is noticed at this pace). `error_delay`: seconds to wait after a reconcile failed.
+    `reconcile_interval`: seconds between two reconciles of one policy while one of its stages is
+    verified (what the pods' connectors report is read over HTTP, which no watch announces).
+    `resync_interval`: seconds between two reconciles of a policy otherwise — a safety net: a
+    change of the policy, of a workload it covers, of their settings ConfigMaps or (while
+    verifying) of a pod wakes it at once, and a reconcile reads the operator's watch caches, not
+    the API server. `error_delay`: seconds to wait after a reconcile failed.
     `write_concurrency`: workload patches in flight at once. `api_retries`/`api_backoff`: retries
     of 429/5xx answers and their first delay (doubling). `api_timeout`: per request.
     `prometheus_url_allowlist`: the Prometheus servers an A/B test may read (`core.url_allowlist`);
-    empty: none (A/B tests then scrape the pods).
+    empty: none (A/B tests then scrape the pods). `listed_targets`: how many workloads that need
+    attention a policy's status lists (`core.target_summary`; all are counted).
     """
 
     reconcile_interval: float = 5.0
+    resync_interval: float = 300.0
     error_delay: float = 5.0
     write_concurrency: int = 8
     api_retries: int = 4
     api_backoff: float = 0.2
     api_timeout: float = 30.0
     prometheus_url_allowlist: tuple[str, ...] = ()
+    listed_targets: int = 20
+    polling: bool = False
+    """Benchmark only (`benchmarks/operator_scale.py`): the design before issue 16, measured side
+    by side — every reconcile LISTs the namespace's policies, Deployments and StatefulSets (and
+    pods while verifying), a policy rests `reconcile_interval` whatever its phase, and every
+    event of the policy, its own status writes included, wakes it."""

@@ -98,7 +98,7 @@ async def operate(
     named "default" exists. kopf cancels every task created in this loop after it started, so
     give it a loop of its own (see `OperatorThread`) when the same program serves other things.
     """
-    context = handlers.OperatorContext(clock=clock, options=options, metrics=metrics)
+    context = handlers.OperatorContext(clock=clock, options=options, metrics=metrics, namespaces=tuple(namespaces))
     if standalone:
         peering_args: dict[str, Any] = {"standalone": True}
     elif peering is not None:

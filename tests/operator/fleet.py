@@ -4,6 +4,7 @@ StatefulSet selected by label, plus helpers to read what the operator wrote."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime
 import json
@@ -18,6 +19,7 @@ from moonlease.testbed.kube import (
     statefulset_manifest,
 )
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION
+from tests.fixtures.kube import FAST_OPTIONS
 
 NS = "default"
 OPERATOR_AGENT = "moonlease-operator/"
@@ -119,10 +121,11 @@ def operator_writes(kube: LocalApiServer, since: int = 0) -> list[tuple[str | No
             if c.verb in WRITES and c.user_agent.startswith(("kopf/", OPERATOR_AGENT))]
 
 
-def reconciles(kube: LocalApiServer, since: int = 0) -> int:
-    """Reconciles the operator started since API call `since` (each lists the policies once)."""
-    return sum(1 for c in kube.api_calls()[since:]
-               if c.user_agent.startswith(OPERATOR_AGENT) and (c.verb, c.resource) == ("list", "mooncakeleasepolicies"))
+async def let_reconcile(times: int = 3) -> None:
+    """Wait for `times` of the operator's safety-net resyncs (`FAST_OPTIONS.resync_interval`
+    each): whatever it would do unprompted — repeat an event, write, restart something — it has
+    had the chance to do by then. (A reconcile reads the watch caches: no request to count.)"""
+    await asyncio.sleep(times * FAST_OPTIONS.resync_interval + 0.2)
 
 
 class ManualClock:

@@ -26,7 +26,7 @@ from tests.operator.fleet import (
     phase,
     policy,
     reasons,
-    reconciles,
+    let_reconcile,
     status,
     workload,
 )
@@ -136,7 +136,7 @@ async def test_a_fleet_that_cannot_run_the_policy_is_refused_untouched(
     invalid = condition(kube, "Invalid")
     assert invalid["reason"] == reason and needle in invalid["message"]
     mark = len(kube.api_calls())
-    await kube.wait_for(lambda: reconciles(kube, mark) >= 3, what="more reconciles")
+    await let_reconcile(3)
     assert reasons(kube) == [reason]  # said once
     assert unchanged(kube, originals)
     assert not any(POLICY_LABEL in (workload(kube, n)["metadata"].get("labels") or {}) for n in WORKLOADS)
@@ -202,7 +202,7 @@ async def test_workloads_the_operator_cannot_manage_end_invalid_never_ready(
     event = next(e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "UnmanageableWorkload")
     assert event["type"] == "Warning" and needle in event["message"]
     mark = len(kube.api_calls())
-    await kube.wait_for(lambda: reconciles(kube, mark) >= 2, what="more reconciles")
+    await let_reconcile(2)
     assert phase(kube) == "Invalid"
     assert {n: workload(kube, n)["spec"] for n in WORKLOADS} == before  # nothing delivered half-way
 

@@ -66,3 +66,22 @@ def test_the_last_verb_and_the_targets_as_their_workloads_say() -> None:
     assert prefill.split() == ["Deployment/prefill", "prefill", "Updating", "1/2", "c0ffee", "3", "kept", "p"]
     assert "StatefulSet/gone (not found)" in text
     assert view.as_json()["target_details"][0]["rollbackRevision"] == 3
+
+
+def test_a_bounded_status_counts_every_target_and_the_workloads_fill_in_the_unlisted_ones() -> None:
+    """The status lists only targets that need attention (issue 16): the summary comes from its
+    counts, and `--targets` shows every labelled workload, the unlisted ones Ready."""
+    def labelled(name: str) -> dict[str, Any]:
+        return {"kind": "Deployment", "metadata": {"name": name, "labels": {"moonlease.io/policy": "p"}},
+                "spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
+
+    status = {"phase": "Progressing", "targetsTotal": 3, "targetsOmitted": 0,
+              "targetCounts": [{"role": "prefill", "phase": "Ready", "count": 2},
+                               {"role": "decode", "phase": "Updating", "count": 1}],
+              "targets": [{"kind": "Deployment", "name": "d", "role": "decode", "phase": "Updating"}]}
+    view = build_status_view(policy(status), {("Deployment", n): labelled(n) for n in ("a", "b", "d")})
+    assert view.targets == {"Ready": 2, "Updating": 1}
+    assert [(d["name"], d["phase"], d["ready"]) for d in view.target_details or []] == [
+        ("d", "Updating", "0/0"), ("a", "Ready", "2/2"), ("b", "Ready", "2/2")]
+    omitted = build_status_view(policy({**status, "targetsOmitted": 4}), {("Deployment", "a"): labelled("a")})
+    assert [d["phase"] for d in omitted.target_details or []] == ["Updating", "-"]  # unknown: not listed

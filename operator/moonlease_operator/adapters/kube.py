@@ -21,7 +21,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -32,6 +32,7 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree
     _VERSION = "dev"
 USER_AGENT = f"moonlease-operator/{_VERSION}"
 RETRIABLE = frozenset({429, 500, 502, 503, 504})
+LIST_PAGE_SIZE = 500  # items per LIST page: a 5,000-workload namespace arrives in 10 answers, not one
 
 
 class ApiError(Exception):
@@ -125,10 +126,50 @@ class KubeClient:
     async def get(self, path: str) -> Any:
         return await self.request("GET", path)
 
-    async def list(self, path: str, *, label_selector: str | None = None) -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        answer = await self.request("GET", path, params=params)
-        return list((answer or {}).get("items") or [])
+    async def list(self, path: str, *, label_selector: str | None = None,
+                   page_size: int = LIST_PAGE_SIZE) -> list[dict[str, Any]]:
+        """Every item, read in pages of `page_size` (`limit`/`continue`)."""
+        items, _ = await self.list_with_version(path, label_selector=label_selector, page_size=page_size)
+        return items
+
+    async def list_with_version(self, path: str, *, label_selector: str | None = None,
+                                page_size: int = LIST_PAGE_SIZE) -> tuple[list[dict[str, Any]], str | None]:
+        """Every item, paginated, and the list's resourceVersion (where a watch resumes from)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            params = {"limit": str(page_size)}
+            if label_selector:
+                params["labelSelector"] = label_selector
+            if token:
+                params["continue"] = token
+            answer = await self.request("GET", path, params=params) or {}
+            items.extend(answer.get("items") or [])
+            meta = answer.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                return items, meta.get("resourceVersion")
+
+    async def watch(self, path: str, params: Mapping[str, str], *, read_timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """The events of one watch stream (`?watch=true`), decoded, until the server ends it.
+        An error answer raises `ApiError`; an `ERROR` event (410 Gone) is yielded as it came."""
+        query = {**params, "watch": "true"}
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout)
+        try:
+            async with self._session.get(self.server + path, params=query, timeout=timeout) as rsp:
+                if rsp.status >= 400:
+                    raise _api_error(rsp.status, await rsp.text())
+                pending = b""
+                async for chunk in rsp.content.iter_any():  # lines may be longer than aiohttp's readline limit
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield json.loads(line)
+                if pending.strip():
+                    yield json.loads(pending)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from exc
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
         return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")

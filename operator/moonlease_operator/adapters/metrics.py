@@ -83,7 +83,7 @@ class OperatorMetrics:
                 1 if status.current_stage is stage else 0)
         for state in TargetPhase:
             self.targets.labels(namespace, policy, state.value).set(
-                sum(1 for t in status.targets if t.phase is state))
+                sum(c.count for c in status.target_counts if c.phase is state))
         for phase in Phase:
             self.phase.labels(namespace, policy, phase.value).set(1 if status.phase is phase else 0)
         ab = status.ab_test

@@ -119,6 +119,9 @@ class ApplyReport:
     conflicts: int = 0
     failures: list[WriteFailure] = field(default_factory=list)
     """Changes the API server refused (a 4xx other than 404/409): reported, never retried blindly."""
+    written: list[dict[str, Any]] = field(default_factory=list)
+    """The objects as the API server answered the writes (the caller's caches take them before
+    the watch events arrive, so that the next plan does not start from what was just replaced)."""
 
 
 async def apply_change(client: KubeClient, namespace: str, change: WorkloadChange,
@@ -136,8 +139,10 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
                 if change.create_from is None:
                     report.vanished += 1
                     return
-                if await _create(client, namespace, change):
+                if (created := await _create(client, namespace, change)) is not None:
                     report.patched += 1
+                    if created:
+                        report.written.append(_with_kind(created, change.kind))
                     return
                 continue  # created by someone else meanwhile: read it and change it
         new = build_update(obj, change)
@@ -147,7 +152,7 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
         patch = build_merge_patch(obj, new)
         patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
         try:
-            await client.merge_patch(path, patch)
+            answer = await client.merge_patch(path, patch)
         except ApiError as exc:
             if exc.not_found:
                 report.vanished += 1
@@ -158,21 +163,24 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
             obj = None  # someone else wrote it: read again, decide again
             continue
         report.patched += 1
+        if isinstance(answer, dict):
+            report.written.append(_with_kind(answer, change.kind))
         return
     raise ApiError(409, "Conflict", f"{change.kind}/{change.name}: still conflicting after {CONFLICT_ATTEMPTS} tries")
 
 
-async def _create(client: KubeClient, namespace: str, change: WorkloadChange) -> bool:
-    """Create the object a change needs, already changed; False if it exists after all (409)."""
+async def _create(client: KubeClient, namespace: str, change: WorkloadChange) -> dict[str, Any] | None:
+    """Create the object a change needs, already changed: the server's answer ({} if none);
+    None if it exists after all (409)."""
     assert change.create_from is not None
     new = build_update(change.create_from, change) or dict(change.create_from)
     try:
-        await client.create(object_path(change.kind, namespace), new)
+        answer = await client.create(object_path(change.kind, namespace), new)
     except ApiError as exc:
         if exc.conflict or exc.status == 409:
-            return False
+            return None
         raise
-    return True
+    return answer if isinstance(answer, dict) else {}
 
 
 async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[WorkloadChange],

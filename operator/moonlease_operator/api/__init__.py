@@ -39,6 +39,7 @@ from moonlease_operator.api.policy import (
     StageStatus,
     TargetPhase,
     TargetSpec,
+    TargetCount,
     TargetStatus,
     Verb,
     VerbOutcome,
@@ -55,5 +56,5 @@ __all__ = [
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",
     "SelectorOperator", "StageName", "StagePhase", "StageStatus", "TargetPhase", "TargetSpec",
-    "TargetStatus", "VERB_ANNOTATION", "Verb", "VerbOutcome", "VerbRecord", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
+    "TargetCount", "TargetStatus", "VERB_ANNOTATION", "Verb", "VerbOutcome", "VerbRecord", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
 ]

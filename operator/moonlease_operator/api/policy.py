@@ -569,6 +569,17 @@ class TargetStatus(StatusModel):
     HTTP status, reason and message; cleared once the change is written."""
 
 
+class TargetCount(StatusModel):
+    """How many of the policy's workloads of one stage are in one phase."""
+
+    role: StageName
+    """The stage (master, prefill or decode)."""
+    phase: TargetPhase
+    """The workloads' phase."""
+    count: Annotated[int, Field(ge=0)]
+    """How many workloads of that stage are in that phase."""
+
+
 class VerbRecord(StatusModel):
     """The last value of a verb (or approval) annotation the operator handled, and what it did."""
 
@@ -607,7 +618,19 @@ class PolicyStatus(StatusModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["kind", "name"]},
     )
-    """Progress of each workload, the master first."""
+    """The workloads that need attention — any phase but Ready, or a refused write — at most the
+    operator's `--listed-targets` (default 20), refused writes and failures first, then in fleet
+    order (the master first). The whole fleet is counted in `targetCounts`; every workload's own
+    state is on its annotations (`moonlease status NAME --targets`)."""
+    target_counts: list[TargetCount] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["role", "phase"]},
+    )
+    """Every workload of the policy, counted per stage and phase (bounded whatever the fleet size)."""
+    targets_total: Annotated[int, Field(ge=0)] | None = None
+    """How many workloads the policy covers (the master included)."""
+    targets_omitted: Annotated[int, Field(ge=0)] | None = None
+    """Workloads that need attention but are not listed in `targets` (over the limit)."""
     desired_config_hash: Annotated[str, Field(max_length=128)] | None = None
     """Hash of the configuration the current rollout applies (master settings and connector)."""
     applied_config_hash: Annotated[str, Field(max_length=128)] | None = None

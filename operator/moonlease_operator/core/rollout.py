@@ -89,6 +89,7 @@ from moonlease_operator.core.settings import (
     build_master_settings,
     build_target_desired,
 )
+from moonlease_operator.core.target_summary import DEFAULT_LISTED_TARGETS, build_target_summary
 from moonlease_operator.core.write_failures import set_write_condition
 from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
@@ -179,6 +180,12 @@ class ReconcilePlan:
     status: PolicyStatus
     events: tuple[EventNote, ...]
     changes: tuple[WorkloadChange, ...]
+    all_targets: tuple[TargetStatus, ...] = ()
+    """Every target's state, of which the status lists only those that need attention
+    (`core.target_summary`); empty for a plan that did not look at the targets (refused,
+    waiting)."""
+    listed_targets: int = DEFAULT_LISTED_TARGETS
+    """The limit the status was bounded with (for `record_write_failures`)."""
 
 
 def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
@@ -219,15 +226,20 @@ def config_maps_to_restore(spec: PolicySpec | PolicySpecError, workloads: Sequen
 
 def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime,
-                   prometheus_allowlist: Sequence[str] | None = None) -> ReconcilePlan:
+                   prometheus_allowlist: Sequence[str] | None = None,
+                   listed_targets: int = DEFAULT_LISTED_TARGETS) -> ReconcilePlan:
     """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
     returned it, read once for the whole reconcile.
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
-    callers that never fetch)."""
+    callers that never fetch). `listed_targets`: how many targets that need attention the
+    status lists (`core.target_summary`; the rest are counted)."""
     prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
                         prometheus_allowlist=prometheus_allowlist)
-    return prepared.plan() if isinstance(prepared, _Planner) else prepared
+    if isinstance(prepared, _Planner):
+        prepared.listed_targets = listed_targets
+        return prepared.plan()
+    return prepared
 
 
 def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus, observed: Observed,
@@ -433,6 +445,8 @@ class _Planner:
     paused_at: datetime.datetime | None = None  # held by the pause verb
     aborting: bool = False  # the abort verb failed the attempt in this reconcile
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
+    listed_targets: int = DEFAULT_LISTED_TARGETS
+    all_targets: list[TargetStatus] = field(default_factory=list)  # filled by _status
 
     def plan(self) -> ReconcilePlan:
         desired_hash = build_config_hash({"master": self.master.config_hash, "connector": self.connector.config_hash})
@@ -496,7 +510,8 @@ class _Planner:
         status = self._status(outcome, desired_hash)
         verb_notes = [d.note() for d in (self.verb, self.approval) if d is not None]
         events = (*verb_notes, *self.notes, *_phase_events(prev, status))
-        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes))
+        return ReconcilePlan(status=status, events=tuple(events), changes=tuple(self.changes),
+                             all_targets=tuple(self.all_targets), listed_targets=self.listed_targets)
 
     # ---- A/B test ----------------------------------------------------------------------------
 
@@ -999,6 +1014,8 @@ class _Planner:
         conditions = self._ab_condition(conditions)
         targets = self._targets() + self._excluded_targets()
         conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
+        self.all_targets = targets
+        summary = build_target_summary(targets, self.listed_targets)
         return prev.model_copy(update={
             "ab_test": self.ab,
             "phase": outcome.phase,
@@ -1006,7 +1023,10 @@ class _Planner:
             "conditions": _ordered(conditions),
             "current_stage": outcome.stage,
             "stages": [self.stages[name] for name in self.order],
-            "targets": targets,
+            "targets": list(summary.listed),
+            "target_counts": list(summary.counts),
+            "targets_total": summary.total,
+            "targets_omitted": summary.omitted,
             "desired_config_hash": desired_hash,
             "applied_config_hash": self.applied_hash,
             "revision": self.revision,

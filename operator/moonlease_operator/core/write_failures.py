@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from moonlease_operator.api import Condition, ConditionStatus, ConditionType, PolicyStatus, Reason, StageName, TargetStatus
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.events import EventNote
+from moonlease_operator.core.target_summary import DEFAULT_LISTED_TARGETS, build_target_summary
 
 
 @dataclass(frozen=True)
@@ -34,21 +35,30 @@ class WriteFailure:
 
 
 def record_write_failures(status: PolicyStatus, failures: Sequence[WriteFailure], *, generation: int | None,
-                          now: datetime.datetime) -> tuple[PolicyStatus, list[EventNote]]:
+                          now: datetime.datetime, all_targets: Sequence[TargetStatus] | None = None,
+                          listed_targets: int = DEFAULT_LISTED_TARGETS) -> tuple[PolicyStatus, list[EventNote]]:
     """`status` with each failure on its workload (a ConfigMap's on the master) and the
-    `WriteFailed` condition set, plus one warning event per failure."""
+    `WriteFailed` condition set, plus one warning event per failure. `all_targets`: every
+    target of the plan (the status lists only some, `core.target_summary`); the listing is
+    made again from them, refused writes first."""
+    every = list(all_targets) if all_targets else list(status.targets)
     errors: dict[tuple[str, str], str] = {}
     for failure in failures:
         key = (failure.kind, failure.name)
         if failure.kind == "ConfigMap":
-            master = next((t for t in status.targets if t.role is StageName.MASTER), None)
+            master = next((t for t in every if t.role is StageName.MASTER), None)
             key = (master.kind.value, master.name) if master is not None else key
         errors[key] = "; ".join(filter(None, (errors.get(key), failure.describe())))[:4096]
     targets = [t.model_copy(update={"write_error": errors[(t.kind.value, t.name)]})
-               if (t.kind.value, t.name) in errors else t for t in status.targets]
+               if (t.kind.value, t.name) in errors else t for t in every]
     conditions = set_write_condition(status.conditions, targets, generation=generation, now=now)
     notes = [EventNote("Warning", Reason.WRITE_REFUSED.value, f.describe()) for f in failures]
-    return status.model_copy(update={"targets": targets, "conditions": conditions}), notes
+    if not all_targets:  # a plan that did not look at the targets: mark the listed ones
+        return status.model_copy(update={"targets": targets, "conditions": conditions}), notes
+    summary = build_target_summary(targets, listed_targets)
+    return status.model_copy(update={"targets": list(summary.listed), "target_counts": list(summary.counts),
+                                     "targets_total": summary.total, "targets_omitted": summary.omitted,
+                                     "conditions": conditions}), notes
 
 
 def set_write_condition(conditions: Sequence[Condition], targets: Sequence[TargetStatus], *,
