@@ -20,6 +20,16 @@ WAIT = 15.0
 AGENT = "moonlease-operator/"
 
 
+async def edit_master_eviction_ratio(kube: LocalApiServer, ratio: str) -> None:
+    """A user's edit of the master's `--eviction_ratio` (drift the policy repairs)."""
+    master = copy.deepcopy(workload(kube, "mooncake-master"))
+    containers = master["spec"]["template"]["spec"]["containers"]
+    containers[0]["args"] = [a for a in containers[0]["args"] if not a.startswith("--eviction_ratio=")] + [
+        f"--eviction_ratio={ratio}"]
+    await kube.patch(WORKLOADS["mooncake-master"], NS, "mooncake-master",
+                     {"spec": {"template": {"spec": {"containers": containers}}}})
+
+
 async def test_a_policy_at_rest_sends_no_request_over_a_minute_of_reconcile_intervals(kube: LocalApiServer) -> None:
     """With a reconcile interval of 0.05 s, 3 s is sixty intervals — five minutes of the default
     5 s — in which the polling design listed policies, Deployments and StatefulSets each time.
@@ -39,12 +49,7 @@ async def test_a_policy_at_rest_sends_no_request_over_a_minute_of_reconcile_inte
         assert kube.emulator.open_watches >= 4  # Deployments, StatefulSets, two ConfigMap caches (+ kopf's)
 
         # And an edit of a workload wakes the policy at once, without waiting for the resync.
-        master = copy.deepcopy(workload(kube, "mooncake-master"))
-        containers = master["spec"]["template"]["spec"]["containers"]
-        containers[0]["args"] = [a for a in containers[0]["args"] if not a.startswith("--eviction_ratio=")] + [
-            "--eviction_ratio=0.3"]
-        await kube.patch(WORKLOADS["mooncake-master"], NS, "mooncake-master",
-                         {"spec": {"template": {"spec": {"containers": containers}}}})
+        await edit_master_eviction_ratio(kube, "0.3")
         await kube.wait_for(lambda: "--eviction_ratio=0.1" in workload(kube, "mooncake-master")["spec"]["template"]
                             ["spec"]["containers"][0]["args"], timeout=WAIT, what="the drift repaired (woken by the watch)")
         assert not [c for c in kube.api_calls()[mark:] if c.user_agent.startswith(AGENT) and c.verb == "list"]
@@ -62,12 +67,7 @@ async def test_a_watch_ended_with_410_gone_lists_again_and_misses_no_change(kube
         blocked = kube.inject_failures("deployments", None, None, status=503, count=10**6, verbs=("watch",))
         assert kube.close_watches("deployments") >= 1
         await kube.wait_for(lambda: blocked.fired >= 1, timeout=WAIT, what="a refused watch")
-        master = copy.deepcopy(workload(kube, "mooncake-master"))
-        containers = master["spec"]["template"]["spec"]["containers"]
-        containers[0]["args"] = [a for a in containers[0]["args"] if not a.startswith("--eviction_ratio=")] + [
-            "--eviction_ratio=0.3"]
-        await kube.patch(WORKLOADS["mooncake-master"], NS, "mooncake-master",
-                         {"spec": {"template": {"spec": {"containers": containers}}}})
+        await edit_master_eviction_ratio(kube, "0.3")
         kube.compact()
         blocked.remaining = 0  # the watches may come back now: from a forgotten resourceVersion
         await kube.wait_for(lambda: any(plural == "deployments" for plural, _ in kube.emulator.expired_watches()),

@@ -115,12 +115,12 @@ def test_measurements_fold_into_a_bounded_history_and_a_state_that_survives_json
                  for i in range(25)]
     intervals.append(IntervalSample(start=1250.0, end=1260.0, error="Prometheus unreachable"))
     status = measuring(spec)
-    status, _ = record_measurement(status, spec, ABReading(T0, None), T0)  # the baseline: no sample
+    status, _ = record_measurement(status, spec, ABReading(T0, None), T0, policy="ab", namespace="default")  # the baseline: no sample
     assert status.samples == 0 and status.last_measured_at == T0 and status.analysis is None
     events = []
     for interval in intervals:
         at = T0 + datetime.timedelta(seconds=interval.end - 1000)
-        status, notes = record_measurement(status, spec, ABReading(at, interval), at)
+        status, notes = record_measurement(status, spec, ABReading(at, interval), at, policy="ab", namespace="default")
         # the status as the API server stores it, read back: the next fold starts from JSON
         status = ABTestStatus.model_validate(json.loads(json.dumps(
             status.model_dump(mode="json", by_alias=True, exclude_none=True))))
@@ -154,7 +154,7 @@ def test_a_clear_win_promotes_with_its_events() -> None:
     for i in range(4):
         control = ArmSample(external_hits=400 + i, external_queries=1000)
         treatment = ArmSample(external_hits=700 - i, external_queries=1000)
-        status, notes = record_measurement(status, spec, ABReading(T0, IntervalSample(i, i + 1, control, treatment)), T0)
+        status, notes = record_measurement(status, spec, ABReading(T0, IntervalSample(i, i + 1, control, treatment)), T0, policy="ab", namespace="default")
         reasons += [n.reason for n in notes]
         if status.phase is not ABTestPhase.MEASURING:
             break

@@ -263,8 +263,8 @@ def start_measuring(status: ABTestStatus, spec: ABTestSpec, control: list[str], 
 
 
 def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReading,
-                       now: datetime.datetime, policy: str = "NAME",
-                       namespace: str | None = None) -> tuple[ABTestStatus, list[EventNote]]:
+                       now: datetime.datetime, *, policy: str,
+                       namespace: str | None) -> tuple[ABTestStatus, list[EventNote]]:
     """Fold one reading into a measuring test: the verdict, the action it calls for, and the
     events that say so (a failed measurement, a changed verdict, a decision). `policy` and
     `namespace` name the policy in the commands a held test's event suggests."""
@@ -309,7 +309,7 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
     }), events
 
 
-def decision_hint(status: ABTestStatus, policy: str = "NAME", namespace: str | None = None) -> str:
+def decision_hint(status: ABTestStatus, policy: str, namespace: str | None) -> str:
     """The commands that decide a held test, ready to paste (the verbs work in every phase)."""
     where = f" -n {namespace}" if namespace else ""
     return (f"Holding both arms for a human: `moonlease promote {policy}{where}` keeps the treatment, "

@@ -527,7 +527,7 @@ class _Planner:
         if self.paused_at is None:
             if ab.phase is ABTestPhase.MEASURING and reading is not None:
                 ab, notes = record_measurement(ab, spec, reading, self.now,
-                                               self.policy.name, self.policy.namespace)
+                                               policy=self.policy.name, namespace=self.policy.namespace)
                 self.notes.extend(notes)
             ab, notes = apply_decision_annotation(ab, self.policy.annotations.get(AB_DECISION_ANNOTATION), self.now)
             self.notes.extend(notes)
