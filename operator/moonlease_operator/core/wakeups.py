@@ -16,6 +16,7 @@ from typing import Any
 
 from moonlease_operator.api import Phase, PolicySpec, PolicyStatus, StagePhase
 from moonlease_operator.core.connector_delivery import settings_config_map_name
+from moonlease_operator.core.fleet import resolve_fleet
 from moonlease_operator.core.slots import managed_by, policy_label_value
 
 _VERIFYING_STAGES = (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK)
@@ -45,22 +46,14 @@ def policies_concerned(kind: str, objects: Iterable[Mapping[str, Any] | None],
 
 
 def _covers(spec: PolicySpec, kind: str, obj: Mapping[str, Any]) -> bool:
-    meta = obj.get("metadata") or {}
-    name, labels = meta.get("name", ""), meta.get("labels") or {}
+    name = (obj.get("metadata") or {}).get("name", "")
     if kind == "ConfigMap":
         if spec.master.config_map is not None and spec.master.config_map.name == name:
             return True
         return any(t.name is not None and settings_config_map_name(t.name) == name for t in spec.targets)
-    if (spec.master.kind.value, spec.master.name) == (kind, name):
-        return True
-    for target in spec.targets:
-        if target.kind.value != kind:
-            continue
-        if target.name is not None and target.name == name:
-            return True
-        if target.selector is not None and target.selector.matches(labels):
-            return True
-    return False
+    # The same membership rule the planner uses (`resolve_fleet`), asked about this one object.
+    key = (kind, name)
+    return key in resolve_fleet(spec, {key: obj}).keys
 
 
 def settings_owner(config_map_name: str) -> str | None:
