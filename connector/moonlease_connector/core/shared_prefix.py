@@ -31,7 +31,7 @@ DEFAULT_MIN_CONTINUATIONS = 4
 
 
 class SharedPrefixTracker:
-    """Per prefix (its last block hash), the continuations seen after it (at most two)."""
+    """Per prefix (its last block hash), the continuations seen after it (up to `min_continuations`)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY,
                  min_continuations: int = DEFAULT_MIN_CONTINUATIONS) -> None:
