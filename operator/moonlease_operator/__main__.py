@@ -36,13 +36,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    try:
+        options = OperatorOptions(
+            reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
+            listed_targets=args.listed_targets, polling=args.benchmark_polling,
+            prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
+                os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST"))))
+    except ValueError as error:
+        parser.error(str(error))
     run_operator(namespaces=args.namespace, standalone=args.standalone, peering=args.peering,
-                 liveness_endpoint=args.liveness, metrics_port=args.metrics_port,
-                 options=OperatorOptions(
-                     reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
-                     listed_targets=args.listed_targets, polling=args.benchmark_polling,
-                     prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
-                         os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))))
+                 liveness_endpoint=args.liveness, metrics_port=args.metrics_port, options=options)
 
 
 if __name__ == "__main__":

@@ -36,3 +36,12 @@ class OperatorOptions:
     by side — every reconcile LISTs the namespace's policies, Deployments and StatefulSets (and
     pods while verifying), a policy rests `reconcile_interval` whatever its phase, and every
     event of the policy, its own status writes included, wakes it."""
+
+    def __post_init__(self) -> None:
+        """Refuse settings the operator cannot run with, naming the flag to fix."""
+        for flag, value in (("--reconcile-interval", self.reconcile_interval),
+                            ("--resync-interval", self.resync_interval)):
+            if not value > 0:
+                raise ValueError(f"{flag} must be a positive number of seconds, not {value}")
+        if self.listed_targets < 0:
+            raise ValueError(f"--listed-targets must be 0 or more, not {self.listed_targets}")
