@@ -94,3 +94,40 @@ async def test_a_pod_that_never_reports_the_new_settings_times_out_and_rolls_bac
     # Forward and back through the settings files alone: no workload changed, no pod restarted.
     assert {name: workload(kube, name)["metadata"]["generation"] for name in WORKLOADS} == generations
     assert {p["metadata"]["name"] for p in kube.list(PODS, NS)} == pods
+
+
+async def test_a_rollback_is_rolled_back_only_once_the_connectors_run_the_restored_file(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    """The status says RolledBack only when the running connectors say so: a stage whose file
+    went back but whose kubelet has not delivered it stays RollingBack, with the pods named."""
+    await create_fleet(kube)
+    clock = ManualClock()
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        connector_pods.freeze("llama-decode")  # decode never takes the change: its stage times out
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "leaseAll"}}})
+        await kube.wait_for(lambda: stage_phases(kube).get("prefill") == "Succeeded"
+                            and lease_modes(kube, "llama-prefill") == {"leaseAll"},
+                            timeout=WAIT, what="prefill's connectors on leaseAll")
+        connector_pods.freeze("llama-prefill")  # ... and prefill's kubelet stops too
+
+        clock.advance(31)  # past stageTimeoutSeconds: roll back
+        await kube.wait_for(lambda: file_mode(kube, "llama-prefill") == "selective"
+                            and "restored connector settings not verified" in prefill_target(kube).get("message", ""),
+                            timeout=WAIT, what="prefill's file restored, its connectors not yet on it")
+        assert stage_phases(kube)["prefill"] == "RollingBack" and phase(kube) == "RollingBack"
+        assert prefill_target(kube)["phase"] == "RollingBack"
+        assert "(lease mode leaseAll)" in prefill_target(kube)["message"]
+        assert lease_modes(kube, "llama-prefill") == {"leaseAll"}
+
+        connector_pods.thaw("llama-prefill")  # the kubelet delivers the restored file
+        await kube.wait_for(lambda: phase(kube) == "Degraded", timeout=WAIT, what="phase Degraded")
+        assert lease_modes(kube, "llama-prefill") == {"selective"}
+
+    assert condition(kube, "Degraded")["reason"] == "RolledBack"
+    assert stage_phases(kube) == {"master": "Skipped", "prefill": "RolledBack", "decode": "RolledBack"}
+
+
+def prefill_target(kube: LocalApiServer) -> dict:
+    return next((t for t in status(kube).get("targets", []) if t["name"] == "llama-prefill"), {})

@@ -9,6 +9,7 @@ it back from the API, so nothing is carried between reconciles but what the clus
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import json
 from collections.abc import Mapping
@@ -106,6 +107,7 @@ class Cluster:
         self.events: list[tuple[str, str, str]] = []
         self.writes: list[tuple[str, str]] = []
         self.frozen_connectors: set[str] = set()  # workloads whose connectors ignore their file
+        self.refusing_connectors: set[str] = set()  # workloads whose connectors refuse their file's mode
         self.pod_specs: dict[str, dict[str, Any]] = {}  # workload -> the spec its pods really run
         self.reported: dict[str, SettingsReport] = {}
         for key in self.workloads:
@@ -202,6 +204,12 @@ class Cluster:
             defaults = startup_defaults({"spec": {"template": {"spec": pod["spec"]}}}, None)
             assert defaults is not None
             config = parse_settings_file(data.get(SETTINGS_FILE_NAME, "{}"), defaults)
+            kept = self.reported.get(name)
+            if owner in self.refusing_connectors and kept is not None and kept.settings_hash != settings_hash(config):
+                # The connector read the file and refused it (e.g. a mode its model cannot serve).
+                reports[name] = dataclasses.replace(kept, refused_hash=settings_hash(config),
+                                                    refused_reason="model_unsupported")
+                continue
             reports[name] = SettingsReport(settings_hash=settings_hash(config), lease_mode=config.lease_mode.value)
         self.reported.update(reports)
         return reports
@@ -316,6 +324,93 @@ def test_a_pod_that_never_reports_the_settings_times_out_and_rolls_back() -> Non
     assert cluster.stage_phases()["prefill"] == "RolledBack"
     assert "connector settings not verified" in (cluster.status.stages[1].message or "")
     assert cluster.config_maps["prefill-moonlease"]["data"] == before  # the live settings went back
+
+
+def _fail_decode_after_prefill_succeeded(cluster: Cluster, spec: dict[str, Any]) -> None:
+    """Forward: prefill's connectors switch (stage Succeeded); decode's never do, and the
+    decode stage times out. Then prefill's kubelet stops delivering files too."""
+    cluster.frozen_connectors.add("decode")
+    for _ in range(3):
+        cluster.reconcile(spec)
+    assert cluster.stage_phases() == {"master": "Skipped", "prefill": "Succeeded", "decode": "Progressing"}
+    cluster.frozen_connectors.add("prefill")  # its connectors keep the settings they run now
+    cluster.now += datetime.timedelta(seconds=61)
+
+
+def test_a_settings_rollback_is_done_only_once_the_connectors_run_the_restored_file() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    before = copy.deepcopy(cluster.config_maps["prefill-moonlease"]["data"])
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    _fail_decode_after_prefill_succeeded(cluster, spec)
+    for _ in range(4):
+        cluster.reconcile(spec)
+    # The file is back, the controller has nothing to do (no pod template changed) — and still the
+    # stage is not rolled back: prefill's connectors run leaseAll.
+    assert cluster.config_maps["prefill-moonlease"]["data"] == before
+    assert cluster.stage_phases() == {"master": "Skipped", "prefill": "RollingBack", "decode": "RolledBack"}
+    status = cluster.status
+    assert status.phase is Phase.ROLLING_BACK
+    prefill = next(t for t in status.targets if t.name == "prefill")
+    assert prefill.phase.value == "RollingBack"
+    assert prefill.message.startswith("restored connector settings not verified: pod prefill-0: connector runs")
+    assert "(lease mode leaseAll)" in prefill.message
+    assert "restored connector settings not verified" in status.condition("Progressing").message
+    cluster.frozen_connectors.clear()  # the kubelet delivers the restored file
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "RolledBack"
+    assert cluster.stage_phases() == {"master": "Skipped", "prefill": "RolledBack", "decode": "RolledBack"}
+
+
+def test_a_settings_rollback_the_connectors_never_take_is_reported_incomplete() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    _fail_decode_after_prefill_succeeded(cluster, spec)
+    for _ in range(3):
+        cluster.reconcile(spec)
+    assert cluster.stage_phases()["prefill"] == "RollingBack"
+    cluster.now += datetime.timedelta(seconds=61)
+    status = cluster.run(spec)
+    assert cluster.stage_phases() == {"master": "Skipped", "prefill": "RollbackFailed", "decode": "RolledBack"}
+    degraded = status.condition("Degraded")
+    assert status.phase is Phase.DEGRADED and degraded.reason == "RollbackIncomplete"
+    assert "restored connector settings not verified" in status.stages[1].message
+    assert "lease mode leaseAll" in status.stages[1].message
+
+
+def test_settings_a_connector_refuses_fail_the_stage_at_once() -> None:
+    cluster = fleet()
+    cluster.run(SPEC)
+    cluster.refusing_connectors.add("prefill")
+    spec = spec_with(**{"connector.leaseMode": "leaseAll"})
+    for _ in range(3):
+        cluster.reconcile(spec)  # no clock advance: no timeout is waited for
+    assert cluster.stage_phases()["prefill"] in ("RollingBack", "RolledBack")
+    failure = cluster.status.stages[1].message
+    assert "connector settings not verified" in failure and "it refused them (model_unsupported)" in failure
+    status = cluster.run(spec)
+    assert status.phase is Phase.DEGRADED and cluster.stage_phases()["prefill"] == "RolledBack"
+
+
+def test_a_master_rollback_is_done_only_once_its_pods_run_the_restored_flags() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master", fail=True)
+    cluster.reconcile(SPEC)  # failed on sight: its own stage rolls back at once
+    assert cluster.stage_phases()["master"] == "RollingBack"
+    new = copy.deepcopy(template(cluster, "mooncake-master")["spec"])  # --eviction_ratio=0.05 restored ...
+    new["containers"][0]["args"] = ["--rpc_port=50051", "--eviction_ratio=0.1"]
+    cluster.pod_specs["mooncake-master"] = new  # ... but the pods run the policy's flag
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["master"] == "RollingBack"
+    master = next(t for t in cluster.status.targets if t.name == "mooncake-master")
+    assert master.message == ("restored master flags not verified: pod mooncake-master-0: runs"
+                              " --eviction_ratio=0.1 (wants 0.05)")
+    del cluster.pod_specs["mooncake-master"]
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["master"] == "RolledBack"
 
 
 def test_decode_before_prefill_when_asked() -> None:

@@ -25,6 +25,7 @@ from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorC
 from moonlease_connector.settings import (
     DEFAULT_SETTINGS_METRICS_PORT,
     SETTINGS_FILE_ENV,
+    SETTINGS_FILE_NAME,
     SETTINGS_FILE_KEY,
     SETTINGS_FILE_PATH,
     SETTINGS_METRICS_PORT_ENV,
@@ -120,13 +121,30 @@ def startup_defaults(obj: Mapping[str, Any], container: str | None) -> Moonlease
 
 def expected_settings_hash(obj: Mapping[str, Any], container: str | None, file: Mapping[str, Any]) -> str | None:
     """The hash a pod of `obj` reports once it runs the file holding `file` (None: cannot run)."""
+    return file_settings_hash(obj, container, json.dumps(dict(file)))
+
+
+def file_settings_hash(obj: Mapping[str, Any], container: str | None, text: str | None) -> str | None:
+    """The hash a pod of `obj` reports once it runs a settings file of this text (None: no file,
+    or one its connector would refuse — it then keeps whatever it ran before)."""
     defaults = startup_defaults(obj, container)
-    if defaults is None:
+    if defaults is None or text is None:
         return None
     try:
-        return settings_hash(parse_settings_file(json.dumps(dict(file)), defaults))
+        return settings_hash(parse_settings_file(text, defaults))
     except ConnectorConfigError:
         return None
+
+
+def settings_file_text(config_map: Mapping[str, Any] | None) -> str | None:
+    """The settings file a ConfigMap holds (None: no such key, so no file in the pods)."""
+    return ((config_map or {}).get("data") or {}).get(SETTINGS_FILE_NAME)
+
+
+def template_reads_settings_file(obj: Mapping[str, Any]) -> bool:
+    """Whether a workload's pod template mounts a connector settings volume (adopted)."""
+    spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return reads_settings_file({"spec": spec})
 
 
 def settings_endpoint(pod: Mapping[str, Any]) -> str | None:
@@ -181,6 +199,13 @@ def read_settings_report(samples: Sequence[tuple[str, Mapping[str, str], float]]
     return SettingsReport(settings_hash=info[0].get("settings_hash"), lease_mode=info[0].get("lease_mode"),
                           refused_hash=refused[0].get("settings_hash") if refused else None,
                           refused_reason=refused[0].get("reason") if refused else None)
+
+
+def refused_expected(report: SettingsReport | None, expected: str | None) -> bool:
+    """Whether the pod's connector read exactly the expected settings and refused them (a client
+    or model that cannot serve the mode): waiting longer cannot change its answer."""
+    return report is not None and expected is not None and report.refused_hash == expected \
+        and report.settings_hash != expected
 
 
 def evaluate_pod_settings(pod_name: str, report: SettingsReport | None, expected: str | None) -> str | None:

@@ -12,7 +12,7 @@ rollback, the crashing pods of the abandoned template are not the rollback's fai
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,16 +82,30 @@ def evaluate_health(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | 
     return WorkloadHealth(Health.COMPLETE, f"{replicas}/{replicas} updated and ready", **counts)
 
 
-def evaluate_master_pod(pod: Mapping[str, Any], container: str | None, flags: Mapping[str, str]) -> str | None:
+def evaluate_master_pod(pod: Mapping[str, Any], container: str | None,
+                        flags: Mapping[str, str | None]) -> str | None:
     """None when the pod's running spec carries every flag as the policy spells it (`--name=value`,
-    read as Mooncake reads it); otherwise which flags differ."""
-    found = find_container({"spec": {"template": {"spec": pod.get("spec") or {}}}}, container) or {}
-    tokens = [*(found.get("command") or []), *(found.get("args") or [])]
-    wrong = [f"--{name}={flag_value(tokens, name)} (wants {value})" for name, value in sorted(flags.items())
-             if not same_flag_value(flag_value(tokens, name), value)]
+    read as Mooncake reads it; a value None: the flag absent); otherwise which flags differ."""
+    tokens = master_tokens(pod.get("spec") or {}, container)
+    wrong = [f"--{name}={flag_value(tokens, name)} (wants {'it absent' if value is None else value})"
+             for name, value in sorted(flags.items()) if not same_flag_value(flag_value(tokens, name), value)]
     if not wrong:
         return None
     return f"pod {(pod.get('metadata') or {}).get('name')}: runs {', '.join(wrong)}"
+
+
+def master_tokens(pod_spec: Mapping[str, Any], container: str | None) -> list[str]:
+    """The command line of the master container in a pod spec (a pod's, or a template's)."""
+    found = find_container({"spec": {"template": {"spec": pod_spec}}}, container) or {}
+    return [*(found.get("command") or []), *(found.get("args") or [])]
+
+
+def restored_master_flags(obj: Mapping[str, Any], container: str | None, names: Iterable[str]) -> dict[str, str | None]:
+    """The values the master's restored pod template gives the flags a policy set (None: absent),
+    which its running pods must carry once a rollback is done."""
+    template = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    tokens = master_tokens(template, container)
+    return {name: flag_value(tokens, name) for name in names}
 
 
 def current_ready_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -75,8 +75,12 @@ from moonlease_operator.core.connector_delivery import (
     build_settings_file_desired,
     evaluate_pod_settings,
     expected_settings_hash,
+    file_settings_hash,
+    refused_expected,
     settings_config_map_name,
     settings_config_map_stub,
+    settings_file_text,
+    template_reads_settings_file,
 )
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
 from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
@@ -109,6 +113,7 @@ from moonlease_operator.core.health import (
     current_ready_pods,
     evaluate_health,
     evaluate_master_pod,
+    restored_master_flags,
 )
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.verbs import (
@@ -644,48 +649,81 @@ class _Planner:
     def _verify_settings(self) -> None:
         """A workload of a Progressing stage is complete only once its running pods show the
         settings: every Ready vLLM pod's connector reports the settings hash the policy expects,
-        and every Ready master pod runs the master's flags. Until then it counts as progressing,
-        with the per-pod reasons as its message (and an event when they change)."""
+        and every Ready master pod runs the master's flags. A workload of a stage Rolling back is
+        restored only once its pods run what the restored objects say. Until then it counts as
+        progressing, with the per-pod reasons as its message (and an event when they change); a
+        connector that refused exactly these settings fails it at once (it will not change its
+        answer)."""
         previous = {(t.kind.value, t.name): t.message for t in self.previous.targets}
         for member in self.fleet.members:
             stage = self.stages.get(member.stage)
             health = self.health[member.key]
-            if stage is None or stage.phase is not StagePhase.PROGRESSING or health.health is not Health.COMPLETE \
-                    or not self._in_sync(member):  # not written yet: re-applied and reported as such
+            if stage is None or health.health is not Health.COMPLETE:
                 continue
-            if member.target is None:
-                problems, what = self._master_problems(member), "master flags not verified: "
+            if stage.phase is StagePhase.PROGRESSING and self._in_sync(member):
+                forward = True  # (not written yet: re-applied and reported as such)
+            elif stage.phase is StagePhase.ROLLING_BACK and self._changed_in_attempt(member) \
+                    and not self._pending(self._rollback_changes(member)):
+                forward = False
             else:
-                problems, what = self._settings_problems(member), "connector settings not verified: "
+                continue
+            refused = False
+            if member.target is None:
+                problems = self._master_problems(member, restored=not forward)
+                what = "master flags not verified: " if forward else "restored master flags not verified: "
+            else:
+                problems, refused = self._settings_problems(member, restored=not forward)
+                what = ("connector settings not verified: " if forward
+                        else "restored connector settings not verified: ")
             if not problems:
                 continue
             message = what + _join(problems)
-            self.health[member.key] = dataclasses.replace(health, health=Health.PROGRESSING, message=message)
+            self.health[member.key] = dataclasses.replace(
+                health, health=Health.FAILED if refused else Health.PROGRESSING, message=message)
             if previous.get(member.key) != message:
                 self.notes.append(EventNote("Warning", Reason.SETTINGS_NOT_VERIFIED.value,
                                             f"{member.kind}/{member.name}: {message}"))
 
-    def _master_problems(self, member: Member) -> list[str]:
-        """Ready master pods whose running pod spec lacks the policy's flags (with a config file,
-        its content is covered by the template's hash, which the pods carry)."""
+    def _master_problems(self, member: Member, *, restored: bool = False) -> list[str]:
+        """Ready master pods whose running pod spec lacks the policy's flags — or, `restored`,
+        the flags its restored pod template gives back (with a config file, its content is
+        covered by the template's hash, which the pods carry)."""
         if self.master.config_map is None and self.observed.pods is not None:
-            return [problem for pod in current_ready_pods(member.obj or {}, self.observed.pods)
-                    if (problem := evaluate_master_pod(pod, member.container, self.master.flags)) is not None]
+            obj = member.obj or {}
+            flags: Mapping[str, str | None] = (
+                restored_master_flags(obj, member.container, self.master.flags) if restored else self.master.flags)
+            return [problem for pod in current_ready_pods(obj, self.observed.pods)
+                    if (problem := evaluate_master_pod(pod, member.container, flags)) is not None]
         return []
 
-    def _settings_problems(self, member: Member) -> list[str]:
+    def _settings_problems(self, member: Member, *, restored: bool = False) -> tuple[list[str], bool]:
+        """Per-pod reasons the connectors do not run the expected settings, and whether one of
+        them refused exactly those. Forward, the policy's file is expected; `restored`, the file
+        the rolled-back ConfigMap holds — and nothing of a workload whose restored template no
+        longer reads a file (its pods restarted on their start-up settings: health said so)."""
         obj = member.obj or {}
+        if restored:
+            if not template_reads_settings_file(obj):
+                return [], False
+            config_map = settings_config_map_name(member.name)
+            text = settings_file_text(self.observed.config_maps.get(config_map))
+            expected = file_settings_hash(obj, member.container, text)
+            if expected is None:
+                return [f"ConfigMap {config_map} holds no settings file the connector accepts after the restore;"
+                        " its pods keep the settings they run"], False
+        else:
+            expected = expected_settings_hash(obj, member.container, self.connector.file)
         if self.observed.pods is None:
-            return ["pods not read"]
-        expected = expected_settings_hash(obj, member.container, self.connector.file)
+            return ["pods not read"], False
         reports = self.observed.settings_reports or {}
-        problems = []
+        problems, refused = [], False
         for pod in current_ready_pods(obj, self.observed.pods):
             name = str((pod.get("metadata") or {}).get("name"))
             problem = evaluate_pod_settings(name, reports.get(name), expected)
             if problem is not None:
                 problems.append(problem)
-        return problems
+                refused = refused or refused_expected(reports.get(name), expected)
+        return problems, refused
 
     # ---- per-member decisions ---------------------------------------------------------------
 
