@@ -82,7 +82,8 @@ class DemoOptions:
     second_act: bool = True
     """After the verdict: a bad change, rolled back by the operator, the store untouched."""
     bad_stage_timeout_seconds: int = 20
-    """Act 2's `stageTimeoutSeconds`: how long a stage may stay unverified before it fails."""
+    """Act 2's `stageTimeoutSeconds`: how long a stage may stay unverified before it fails (a
+    reported refusal fails it sooner)."""
     timeout_seconds: float = 900.0
 
     @staticmethod
@@ -197,8 +198,9 @@ def policy_for(options: DemoOptions) -> dict[str, Any]:
 def bad_change_patch(policy: dict[str, Any], options: DemoOptions) -> dict[str, Any]:
     """Act 2's edit of the policy (a JSON merge patch): last-hit-only for a fleet wrongly declared
     hybrid. The operator admits it (the targets say hybrid, the store is 0.3.14); the treatment's
-    connectors, serving a sliding-window model, refuse it (`model_unsupported`), so its first
-    stage never verifies and fails after `stageTimeoutSeconds`, which rolls the treatment back.
+    connectors, serving a sliding-window model, refuse it (`model_unsupported`); the operator reads
+    the refusal on their settings endpoints and fails the stage at once (`stageTimeoutSeconds` is
+    the bound should the refusal not be read), which rolls the treatment back.
     The master is not touched (a connector-only change), so the store keeps its contents."""
     spec = policy["spec"]
     return {"spec": {
