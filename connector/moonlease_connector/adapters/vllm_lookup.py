@@ -272,13 +272,18 @@ class StoreLookup(ABC):
     # Shared steps, one definition each.
 
     def lookup_chunk_hashes(self, groups: Sequence[GroupNamespaces], lookup_length: int,
-                            block_hashes: Sequence[Any]) -> dict[int, list[bytes]]:
-        """Per group, the chunk hashes vLLM's lookup masks say may end a hit (upstream's)."""
+                            block_hashes: Sequence[Any], masks: Sequence[Any] | None = None
+                            ) -> dict[int, list[bytes]]:
+        """Per group, the chunk hashes vLLM's lookup masks say may end a hit (upstream's).
+
+        `masks`: `coord.lookup_mask(lookup_length)` when the caller has it already (computed
+        once per lookup)."""
         if self.coord.enable_partial_hash_hits:
             units = min(len(block_hashes), lookup_length // self.hash_block_size)
             every = [bytes(block_hashes[i]) for i in range(units)]
             return {group.group_id: every for group in groups}
-        masks = self.coord.lookup_mask(lookup_length)
+        if masks is None:
+            masks = self.coord.lookup_mask(lookup_length)
         chunk_hashes: dict[int, list[bytes]] = {}
         for group in groups:
             group_hashes = self.coord.block_hashes_for_spec(block_hashes, self._specs[group.group_id])
