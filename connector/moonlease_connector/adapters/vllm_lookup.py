@@ -30,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
     ExternalCachedBlockPool,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    BlobBlockHashes,
     MooncakeLookupResult,
     TailKeyBoundary,
 )
@@ -134,18 +135,30 @@ class PresentPool(ExternalCachedBlockPool):
         return [self._present_block] * len(group_ids)
 
 
-def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> Sequence[Any]:
-    """The first `chunks` chunk hashes of vLLM's per-group view, read in one slice.
+def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> list[bytes]:
+    """The first `chunks` chunk hashes of vLLM's per-group view, as `bytes`, read in one slice.
 
     vLLM's chunk view (`chunk_hashes_for_block_size`: a `BlockHashListWithBlockSize`) keys
     chunk `c` by hash `(c + 1) * scale_factor - 1` of the hash-block list it wraps; a stepped
-    slice of that list reads the same hashes without a Python call per chunk. Any other view
-    is read through its own indexing.
+    slice of that list reads the same hashes without a Python call per chunk. The lookup
+    server's hashes (`BlobBlockHashes`, one flat buffer) are cut from one copy of the buffer
+    instead of one memoryview and one `bytes` per hash; a list of `bytes` (vLLM's request
+    hashes) is used as it is. Any other view is read through its own indexing.
     """
     if isinstance(group_hashes, BlockHashListWithBlockSize):
         scale = group_hashes.scale_factor
-        return group_hashes.block_hashes[scale - 1:chunks * scale:scale]
-    return group_hashes[:chunks]
+        source, start, stop, step = group_hashes.block_hashes, scale - 1, chunks * scale, scale
+    else:
+        source, start, stop, step = group_hashes, 0, chunks, 1
+    if type(source) is BlobBlockHashes:
+        width = source._hash_len
+        data = bytes(source._blob)
+        stop = min(stop, len(source))
+        return [data[index * width:(index + 1) * width] for index in range(start, stop, step)]
+    sliced = source[start:stop:step]
+    if type(sliced) is list and (not sliced or type(sliced[0]) is bytes):
+        return sliced  # vLLM's block hashes are all of one type
+    return list(map(bytes, sliced))
 
 
 def _miss(reason: MissReason, **counts: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -290,7 +303,7 @@ class StoreLookup(ABC):
             chunks = min(len(group_hashes), -(-lookup_length // group.block_size))
             mask = masks[group.group_id]
             if mask is None:
-                chunk_hashes[group.group_id] = [bytes(h) for h in _first_chunk_hashes(group_hashes, chunks)]
+                chunk_hashes[group.group_id] = _first_chunk_hashes(group_hashes, chunks)
             else:  # only the chunks the mask keeps are read (upstream's lookup reads no other hash)
                 chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in
                                                 itertools.compress(range(chunks), mask)]
