@@ -257,9 +257,13 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
               "every existence pattern (partial-hash hits and the final-token re-run included: "
               "`core.last_hit.plan_hit_passes`); on this whole-block layout it reads the checkpoint "
               "bound off the KV answers (`core.last_hit.whole_block_bound`) and, when the store selects "
-              "that checkpoint, the hit is the bound — no run of the rule. It asks about the last legal "
-              "checkpoint alone first (`core.last_hit.plan_checkpoint_probes`), hence 4 recurrent keys "
-              "sent where every checkpoint's would be 4 per checkpoint.", ""]
+              "that checkpoint, the hit is the bound — no run of the rule. Its first store call is one "
+              "`LastHitOnly` candidate of the KV keys and the 4 keys of the checkpoint a fully stored "
+              "prompt resumes from, leased only when all are present: with every KV block stored that "
+              "is the whole lookup (1 RPC). With KV for 16 checkpoints it leases nothing; its per-key "
+              "answer bounds the checkpoint, and a second candidate of the 16 present KV keys and that "
+              "checkpoint's 4 keys is leased (`core.last_hit.plan_one_candidate_follow_up`; 2 RPCs, "
+              "no state past the KV evidence leased).", ""]
     profiled = [row for row in rows if row.get("profile")]
     if profiled:
         lines += ["Where last-hit-only's own time goes (cProfile of 200 lookups run inline in the first "

@@ -10,6 +10,7 @@ alone first, the rest only when it is incomplete).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -177,7 +178,7 @@ def _one_candidate_lookup(worker: Any, block_hashes: Sequence[Any], kv_candidate
         return asked, follow_up.known_incomplete
     checkpoint = spec if follow_up.confirm == speculated else build_checkpoint_candidates(
         recurrent, (follow_up.confirm,), lambda _, position: state_hash(position))
-    present_kv_keys = [key for key, answer in zip(kv_candidates.keys, kv_answers) if answer == 1]
+    present_kv_keys = list(itertools.compress(kv_candidates.keys, map((1).__eq__, kv_answers)))
     confirmed = ask(present_kv_keys, checkpoint)
     if confirmed is None:
         return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,

@@ -36,6 +36,7 @@ deliberately no fallback to a lease-renewing existence check.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -294,13 +295,15 @@ def whole_block_bound(positions: Sequence[int], reach: int, alignment: int,
     widens or drops a block); each recurrent group then takes its last present state at or
     below the hit so far on the alignment grid; the loop converges on the recurrent answer.
     With every legal state present that is the last legal checkpoint at or below the KV
-    reach (`kv_reach`, already capped by the lookup length) on the grid. The adapter uses it
+    reach (`kv_reach`, already capped by the lookup length) on the grid; `positions` ascend
+    (`legal_checkpoints`' order), so the search starts at the reach. The adapter uses it
     only where that reading holds (`vllm_last_hit.rule_reads_off_existence`); the property
     tests compare it with vLLM's coordinator on random existence patterns.
     """
     top = reach - reach % alignment
-    for position in reversed(positions):
-        if position <= top and position % alignment == 0 and position != final_position:
+    for index in range(bisect.bisect_right(positions, top) - 1, -1, -1):  # positions ascend
+        position = positions[index]
+        if position % alignment == 0 and position != final_position:
             return position
     return 0
 
