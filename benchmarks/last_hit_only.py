@@ -7,6 +7,8 @@ state present; `--kv-divisor D` keeps KV blocks for the first 128/D checkpoints 
 - `upstream`: vLLM's own `MooncakeStoreWorker.lookup` (the reference lease-all);
 - `leaseAll`: our lookup object in lease-all mode (upstream's calls, our code);
 - `lastHitOnly`: our lookup object in last-hit-only mode;
+- `lastHitOnlyInline`: the same with `mooncake_lookup_timeout_ms: 0` (no deadline, run on the
+  calling thread): the difference to `lastHitOnly` is what the deadline's thread hand-off costs;
 - `selective`: our lookup object in selective-lease mode (seed 002), for its overhead target;
 - `bare`: one `batch_is_exist` over lease-all's candidate keys — the store's own cost, the
   limit no lookup can beat.
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PATHS = ("upstream", "leaseAll", "lastHitOnly", "selective", "bare")
+PATHS = ("upstream", "leaseAll", "lastHitOnly", "lastHitOnlyInline", "selective", "bare")
 CHECKPOINTS = 128
 BLOCK = 64
 HASH_BLOCK = 16
@@ -104,7 +106,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         full_attention,
         mamba_align,
     )
-    from moonlease_connector.config import LeaseMode
+    from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 
     layout = Layout("seed000", (full_attention(BLOCK), mamba_align(BLOCK)), BLOCK, (1, 4))
     parts = build_layout_parts(layout)
@@ -137,6 +139,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                 counting = CountingStore(inner)
                 ours = {mode: build_lookup(parts, counting, mode)
                         for mode in (LeaseMode.LEASE_ALL, LeaseMode.LAST_HIT_ONLY, LeaseMode.SELECTIVE)}
+                inline = build_lookup(parts, counting, MoonleaseConnectorConfig.for_mode(
+                    LeaseMode.LAST_HIT_ONLY).model_copy(update={"mooncake_lookup_timeout_ms": 0}))
                 upstream = build_upstream_lookup(parts, counting)
                 candidates = [f"{prefix}@{h.hex()}" for group in parts.groups
                               for h in [hashes[(i + 1) * per_block - 1] for i in range(CHECKPOINTS)]
@@ -148,7 +152,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     if path == "bare":
                         answers = counting.batch_is_exist(candidates)
                         return 0, answers.count(1)
-                    answer = ours[LeaseMode(path)].lookup(num_tokens, hashes)
+                    lookup = inline if path == "lastHitOnlyInline" else ours[LeaseMode(path)]
+                    answer = lookup.lookup(num_tokens, hashes)
                     return answer.hit_length, answer.outcome.keys_leased
 
                 samples = {path: {"ns": [], "cpu_ns": [], "rpcs": [], "keys_sent": [], "leased": [],
@@ -244,6 +249,14 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
                      f"leaseAll (×{low:.2f}–×{high:.2f} across the processes' p50 ranges; CPU time "
                      f"×{cpu:.2f}), ×{vs_upstream:.2f} vs upstream's lookup; seed ×{target} → {verdict}; "
                      f"last-hit-only takes ×{bare:.1f} of one bare store call (aim ≤ ×1.3)")
+    lines += ["", "The deadline's thread hand-off (`mooncake_lookup_timeout_ms`): last-hit-only with it "
+              "minus without it (`lastHitOnlyInline`), p50:", ""]
+    for row in rows:
+        paths = row["paths"]
+        wall = paths["lastHitOnly"]["p50_us"] - paths["lastHitOnlyInline"]["p50_us"]
+        cpu = paths["lastHitOnly"]["cpu_p50_us"] - paths["lastHitOnlyInline"]["cpu_p50_us"]
+        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {wall:+.0f} µs wall, "
+                     f"{cpu:+.0f} µs CPU")
     lines += ["", "Selective lease's p50 overhead over our leaseAll, against its target (one store "
               "round trip — `bare` — plus 20 % of leaseAll's own p50):", ""]
     for row in rows:
@@ -257,9 +270,13 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
               "every existence pattern (partial-hash hits and the final-token re-run included: "
               "`core.last_hit.plan_hit_passes`); on this whole-block layout it reads the checkpoint "
               "bound off the KV answers (`core.last_hit.whole_block_bound`) and, when the store selects "
-              "that checkpoint, the hit is the bound — no run of the rule. It asks about the last legal "
-              "checkpoint alone first (`core.last_hit.plan_checkpoint_probes`), hence 4 recurrent keys "
-              "sent where every checkpoint's would be 4 per checkpoint.", ""]
+              "that checkpoint, the hit is the bound — no run of the rule. Its first store call is one "
+              "`LastHitOnly` candidate of the KV keys and the 4 keys of the checkpoint a fully stored "
+              "prompt resumes from, leased only when all are present: with every KV block stored that "
+              "is the whole lookup (1 RPC). With KV for 16 checkpoints it leases nothing; its per-key "
+              "answer bounds the checkpoint, and a second candidate of the 16 present KV keys and that "
+              "checkpoint's 4 keys is leased (`core.last_hit.plan_one_candidate_follow_up`; 2 RPCs, "
+              "no state past the KV evidence leased).", ""]
     profiled = [row for row in rows if row.get("profile")]
     if profiled:
         lines += ["Where last-hit-only's own time goes (cProfile of 200 lookups run inline in the first "

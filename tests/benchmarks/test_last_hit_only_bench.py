@@ -35,12 +35,18 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
         assert paths["upstream"]["rpcs"] == paths["leaseAll"]["rpcs"] == 1
         assert paths["leaseAll"]["coordinator_passes"] == paths["upstream"]["coordinator_passes"] > 0
         assert paths["leaseAll"]["keys_leased"] == kv + 4 * 128
-        # Last-hit-only: the KV keys as upstream, then one probe of the last legal checkpoint
-        # (complete: every state is stored), its hit read off the answers without vLLM's rule.
-        assert paths["lastHitOnly"]["rpcs"] == 2
-        assert paths["lastHitOnly"]["keys_sent"] == 128 + 4
+        # Last-hit-only: one LastHitOnly candidate of the KV keys and the last checkpoint's
+        # four keys, leased only when all are present (every KV block stored: one call). With
+        # KV for 16 checkpoints only, that call leases nothing and its per-key answer bounds
+        # the checkpoint: a second candidate of the 16 KV keys and that checkpoint's keys.
+        # Either way the hit is read off the answers without vLLM's rule.
+        assert paths["lastHitOnly"]["rpcs"] == (1 if kv == 128 else 2)
+        assert paths["lastHitOnly"]["keys_sent"] == 128 + 4 + (0 if kv == 128 else kv + 4)
         assert paths["lastHitOnly"]["keys_leased"] == kv + 4, "the KV hit and one checkpoint"
         assert paths["lastHitOnly"]["coordinator_passes"] == 0
+        # Without the deadline (inline): the same calls and answer.
+        for key in ("hit", "rpcs", "keys_sent", "keys_leased", "coordinator_passes"):
+            assert paths["lastHitOnlyInline"][key] == paths["lastHitOnly"][key], key
         # Selective: a lease-free probe of lease-all's candidates, then a lease of the load set.
         assert paths["selective"]["hit"] == paths["upstream"]["hit"]
         assert paths["selective"]["rpcs"] == 2
@@ -49,4 +55,5 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
     report = out.read_text()
     assert report.count("seed ×") == 4 and "| tcp | 16 | lastHitOnly |" in report
     assert report.count("target ≤") == 4
+    assert "thread hand-off" in report and report.count(" µs CPU") == 4
     assert "Where last-hit-only's own time goes" in report and "Machine load" in report

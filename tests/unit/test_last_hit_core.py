@@ -15,8 +15,10 @@ from moonlease_connector.core.last_hit import (
     hit_known_from_selection,
     kv_reach,
     legal_checkpoints,
+    OneCandidateFollowUp,
     plan_checkpoint_probes,
     plan_hit_passes,
+    plan_one_candidate_follow_up,
     select_checkpoint,
     whole_block_bound,
 )
@@ -179,6 +181,24 @@ def test_the_last_checkpoint_is_probed_alone_first_then_the_rest_together() -> N
     assert plan_checkpoint_probes((192, 64, 64)) == ((192,), (64,)), "ordered, each once"
     assert plan_checkpoint_probes((64,)) == ((64,),)
     assert plan_checkpoint_probes(()) == ()
+
+
+def test_checkpoints_known_incomplete_are_never_probed() -> None:
+    assert plan_checkpoint_probes((64, 128, 192), known_incomplete={192}) == ((128,), (64,))
+    assert plan_checkpoint_probes((64, 128, 192), known_incomplete={128}) == ((192,), (64,))
+    assert plan_checkpoint_probes((64,), known_incomplete={64}) == ()
+
+
+def test_the_one_candidate_follow_up_confirms_only_what_the_answer_leaves_open() -> None:
+    # The bound is the speculated checkpoint and it was complete (a KV block past it missing).
+    assert plan_one_candidate_follow_up(192, 192, True) == OneCandidateFollowUp(192, frozenset())
+    # ... and incomplete: the exact steps, without it.
+    assert plan_one_candidate_follow_up(192, 192, False) == OneCandidateFollowUp(None, frozenset({192}))
+    # The KV evidence stops earlier: that checkpoint was never asked about, so confirm it.
+    assert plan_one_candidate_follow_up(128, 192, True) == OneCandidateFollowUp(128, frozenset())
+    assert plan_one_candidate_follow_up(128, 192, False) == OneCandidateFollowUp(128, frozenset())
+    # No legal checkpoint: nothing to confirm.
+    assert plan_one_candidate_follow_up(0, 192, True) == OneCandidateFollowUp(None, frozenset())
 
 
 def test_the_hit_is_the_bound_only_when_the_bound_itself_was_selected_on_whole_blocks() -> None:

@@ -135,7 +135,8 @@ PARTIAL_HITS_CASE = partial_hits_final_state_case()
 @example(with_final_state(PARTIAL_HITS_CASE, 1)[:4] + ("selected-only",))
 def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> None:
     layout, num_tokens, hashes, pattern, contract = case
-    upstream = build_upstream_lookup(layout, RecordingStore(pattern))(num_tokens, hashes)
+    upstream_store = RecordingStore(pattern)
+    upstream = build_upstream_lookup(layout, upstream_store)(num_tokens, hashes)
 
     store = LastHitStore(pattern, contract)
     worker = last_hit_worker(layout, store)
@@ -148,12 +149,19 @@ def test_last_hit_only_hit_equals_upstream_and_leases_one_checkpoint(case) -> No
     is_recurrent = lambda key: any(f"@group:{gid}@" in key for gid in recurrent_ids)  # noqa: E731
     leased_by_exist = store.leased_keys()
     assert not any(is_recurrent(key) for key in leased_by_exist), "recurrent keys never go to batch_is_exist"
+    # KV keys may be leased by batch_is_exist or inside a selected LastHitOnly candidate (the
+    # one-candidate call: KV keys + one checkpoint); either way exactly upstream's KV leases.
+    leased = leased_by_exist | store.last_hit_leased
+    upstream_kv_leased = {key for name, keys in upstream_store.calls if name == "batch_is_exist"
+                          for key in keys if pattern.get(key, 0) == 1 and not is_recurrent(key)}
+    assert {key for key in leased if not is_recurrent(key)} == upstream_kv_leased
+    recurrent_leased = {key for key in leased if is_recurrent(key)}
     reads = keys_the_load_reads(worker, hashes, ours)
     recurrent_reads = {key for key in reads if is_recurrent(key)}
     if ours.hit_length:
-        assert store.last_hit_leased == recurrent_reads
+        assert recurrent_leased == recurrent_reads
     else:
-        assert len(store.last_hit_leased) <= sum(layout.namespaces[g] for g in recurrent_ids)
+        assert len(recurrent_leased) <= sum(layout.namespaces[g] for g in recurrent_ids)
 
 
 @pytest.mark.parametrize("answer", [None, "short", "error-code", "two-selected"])

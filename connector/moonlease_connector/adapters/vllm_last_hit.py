@@ -10,6 +10,7 @@ alone first, the rest only when it is incomplete).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,12 +26,14 @@ from moonlease_connector.core.last_hit import (
     CheckpointCandidates,
     HitPass,
     HitPlan,
+    ProbeContract,
     build_checkpoint_candidates,
     hit_known_from_selection,
     kv_reach,
     legal_checkpoints,
     plan_checkpoint_probes,
     plan_hit_passes,
+    plan_one_candidate_follow_up,
     whole_block_bound,
 )
 from moonlease_connector.core.last_hit_layout import (
@@ -39,6 +42,7 @@ from moonlease_connector.core.last_hit_layout import (
     last_hit_only_layout_problems,
 )
 from moonlease_connector.core.lookup import (
+    CandidateSet,
     GroupNamespaces,
     LookupOutcome,
     MissReason,
@@ -51,6 +55,9 @@ from moonlease_connector.core.lookup import (
 )
 
 LongestHit = Callable[[frozenset[Unit], int], int]
+#: The lookup's reply, junctions included: (hit, tails, outcome, present units).
+Respond = Callable[[int, tuple[TailKey, ...], LookupOutcome, frozenset[Unit]],
+                   tuple[MooncakeLookupResult, LookupOutcome]]
 logger = logging.getLogger("vllm.moonlease.connector.last_hit")
 
 
@@ -107,6 +114,83 @@ def _probe_final_state(worker: Any, recurrent: Sequence[GroupNamespaces], chunk_
     return all(answer == 1 for answer in answers), len(keys)
 
 
+def _one_candidate_lookup(worker: Any, block_hashes: Sequence[Any], kv_candidates: CandidateSet,
+                          kv_chunk_hashes: dict[int, list[bytes]], block_sizes: dict[int, int],
+                          recurrent: Sequence[GroupNamespaces], positions: Sequence[int],
+                          limit: int, final_position: int | None,
+                          state_hash: Callable[[int], bytes], respond: Respond
+                          ) -> tuple[MooncakeLookupResult, LookupOutcome] | tuple[int, frozenset[int]]:
+    """The common case in one store call (whole-block layouts, see core.last_hit).
+
+    One LastHitOnly candidate holds the KV keys and the recurrent keys of the checkpoint a
+    fully stored prompt resumes from: the store leases it only when every key is present,
+    which is exactly what the exact steps would lease, and then the hit is that checkpoint.
+    Otherwise nothing was leased; with a per-key answer (Mooncake 0.3.14's contract) the KV
+    evidence is known, and `core.last_hit.plan_one_candidate_follow_up` says whether one more
+    such call (the KV keys found present + the checkpoint they allow) is worth making.
+    Returns the lookup's answer, or (keys asked, checkpoints known incomplete) for the exact
+    steps to go on with.
+    """
+    alignment = worker.coord.lcm_block_size
+    reach_if_all = min(len(hashes) * block_sizes[gid] for gid, hashes in kv_chunk_hashes.items())
+    speculated = whole_block_bound(positions, min(limit, reach_if_all), alignment, final_position)
+    if speculated <= 0:
+        return 0, frozenset()
+    store_calls = worker.store_calls
+    asked = 0
+
+    def ask(kv_keys: Sequence[str], checkpoint: CheckpointCandidates) -> list[int] | None:
+        nonlocal asked
+        keys = [*kv_keys, *checkpoint.keys]
+        asked += len(keys)
+        return store_calls.probe(keys, policy=LAST_HIT_ONLY_POLICY, candidate_size=len(keys),
+                                 operation="lookup_last_hit_probe")
+
+    def hit(bound: int, kv_present: frozenset[Unit], checkpoint: CheckpointCandidates,
+            leased: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
+        # The store selected the bound itself: the hit is the bound (hit_known_from_selection).
+        present = kv_present | frozenset(checkpoint.units[0])
+        tails = build_tail_keys(worker.groups, block_hashes, worker.hash_block_size, bound,
+                                lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
+        return respond(bound, tails, LookupOutcome(bound, None, 1, asked, leased), present)
+
+    spec = build_checkpoint_candidates(recurrent, (speculated,), lambda _, position: state_hash(position))
+    answers = ask(kv_candidates.keys, spec)
+    if answers is None:
+        return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,
+                                                           keys_probed=asked)
+    if answers.count(1) == len(answers):
+        return hit(speculated, frozenset(kv_candidates.units), spec, len(answers))
+    if worker.probe_contract.contract is not ProbeContract.PER_KEY_EXISTENCE \
+            or answers.count(0) + answers.count(1) != len(answers):
+        return asked, frozenset()  # no per-key evidence to go on: the exact steps
+    kv_count = len(kv_candidates.keys)
+    kv_answers = answers[:kv_count]
+    kv_present = present_units(kv_candidates, kv_answers)
+    if not kv_present:
+        return respond(0, (), LookupOutcome.miss(MissReason.NOT_FOUND, rounds=1, keys_probed=asked),
+                       kv_present)
+    bound = whole_block_bound(positions, min(limit, kv_reach(kv_chunk_hashes, block_sizes, kv_present)),
+                              alignment, final_position)
+    follow_up = plan_one_candidate_follow_up(
+        bound, speculated, all(answer == 1 for answer in answers[kv_count:]))
+    if follow_up.confirm is None:
+        return asked, follow_up.known_incomplete
+    checkpoint = spec if follow_up.confirm == speculated else build_checkpoint_candidates(
+        recurrent, (follow_up.confirm,), lambda _, position: state_hash(position))
+    present_kv_keys = list(itertools.compress(kv_candidates.keys, map((1).__eq__, kv_answers)))
+    confirmed = ask(present_kv_keys, checkpoint)
+    if confirmed is None:
+        return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,
+                                                           keys_probed=asked)
+    if confirmed.count(1) == len(confirmed):
+        return hit(follow_up.confirm, kv_present, checkpoint, len(confirmed))
+    state_answers = confirmed[len(present_kv_keys):]
+    if all(answer in (0, 1) for answer in confirmed) and state_answers.count(1) != len(state_answers):
+        return asked, follow_up.known_incomplete | {follow_up.confirm}
+    return asked, follow_up.known_incomplete
+
+
 def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any],
                          groups: Sequence[GroupNamespaces], longest_hit: LongestHit
                          ) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -114,32 +198,18 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
 
     `longest_hit(present, length)` is vLLM's hit rule (the coordinator's longest hit) at one
     length; which length(s) upstream runs it at is planned by `core.last_hit.plan_hit_passes`.
-    The checkpoints are probed last-first (`core.last_hit.plan_checkpoint_probes`): one small
-    probe when the last legal checkpoint is complete, a second over the rest otherwise. A
-    lease-free probe of the state at num_tokens is made only when the answer depends on it
-    (partial-hash hits whose prompt ends on a stored state).
+    On whole-block layouts without EAGLE the common case is one store call
+    (`_one_candidate_lookup`); otherwise, and when that call does not prove the hit, the exact
+    steps run: the KV keys through upstream's leasing existence check, then the checkpoints
+    probed last-first (`core.last_hit.plan_checkpoint_probes`): one small probe when the last
+    legal checkpoint is complete, a second over the rest otherwise. A lease-free probe of the
+    state at num_tokens is made only when the answer depends on it (partial-hash hits whose
+    prompt ends on a stored state).
     """
     coord = worker.coord
     hash_block_size = worker.hash_block_size
     kv_groups = [g for g in groups if not g.is_recurrent]
     recurrent = [g for g in groups if g.is_recurrent]
-
-    kv_present: frozenset[Unit] = frozenset()
-    kv_leased = kv_asked = 0
-    kv_miss_reason = MissReason.NOT_FOUND
-    kv_chunk_hashes: dict[int, list[bytes]] = {}
-    if kv_groups:
-        kv_chunk_hashes = worker.lookup_chunk_hashes(kv_groups, lookup_length, block_hashes)
-        kv_candidates = build_candidates(kv_groups, kv_chunk_hashes)
-        if kv_candidates.keys:
-            answers = worker.store_calls.exists_with_lease(kv_candidates.keys)
-            if answers is None:
-                return MooncakeLookupResult(0), LookupOutcome.miss(
-                    MissReason.STORE_ERROR, rounds=1, keys_probed=len(kv_candidates))
-            kv_present = present_units(kv_candidates, answers)
-            kv_miss_reason = miss_reason_of(answers)
-            kv_leased = answers.count(1)
-            kv_asked = len(kv_candidates)
 
     def respond(hit: int, tails: tuple[TailKey, ...], outcome: LookupOutcome,
                 present: frozenset[Unit]) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -158,17 +228,44 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     def state_hash(position: int) -> bytes:
         return bytes(block_hashes[position // hash_block_size - 1])
 
-    recurrent_masks: list[Any] = []
-    reach_known = False
-    if not fine_grained:
-        masks = coord.lookup_mask(lookup_length)
-        recurrent_masks = [masks[g] for g in recurrent_ids if masks[g] is not None]
-        if all(masks[g.group_id] is None for g in kv_groups):
-            # Every KV chunk was asked about, in order: no hit reaches past their leading run.
-            reach_known = True
-            if kv_groups:
-                limit = min(limit, kv_reach(kv_chunk_hashes,
-                                            {g.group_id: g.block_size for g in kv_groups}, kv_present))
+    masks = None if fine_grained else coord.lookup_mask(lookup_length)  # once per lookup
+    recurrent_masks: list[Any] = [] if masks is None else \
+        [masks[g] for g in recurrent_ids if masks[g] is not None]
+    # Every KV chunk is asked about, in order (no lookup mask): no hit reaches past their run.
+    reach_known = masks is not None and all(masks[g.group_id] is None for g in kv_groups)
+    kv_chunk_hashes = worker.lookup_chunk_hashes(kv_groups, lookup_length, block_hashes, masks) \
+        if kv_groups else {}
+    kv_candidates = build_candidates(kv_groups, kv_chunk_hashes) if kv_groups else None
+    block_sizes = {g.group_id: g.block_size for g in kv_groups}
+
+    probed = 0
+    known_incomplete: frozenset[int] = frozenset()
+    if kv_candidates is not None and kv_candidates.keys and reach_known \
+            and worker.rule_reads_off_existence:
+        every_possible = legal_checkpoints(step, limit, recurrent_masks)
+        final_possible = num_tokens if every_possible and every_possible[-1] == num_tokens else None
+        early = _one_candidate_lookup(worker, block_hashes, kv_candidates, kv_chunk_hashes,
+                                      block_sizes, recurrent, every_possible, limit,
+                                      final_possible, state_hash, respond)
+        if isinstance(early[0], MooncakeLookupResult):
+            return early  # type: ignore[return-value]
+        probed, known_incomplete = early  # type: ignore[assignment]
+
+    kv_present: frozenset[Unit] = frozenset()
+    kv_leased = kv_asked = 0
+    kv_miss_reason = MissReason.NOT_FOUND
+    if kv_candidates is not None and kv_candidates.keys:
+        answers = worker.store_calls.exists_with_lease(kv_candidates.keys)
+        kv_asked = len(kv_candidates)
+        if answers is None:
+            return MooncakeLookupResult(0), LookupOutcome.miss(
+                MissReason.STORE_ERROR, rounds=1, keys_probed=probed + kv_asked)
+        kv_present = present_units(kv_candidates, answers)
+        kv_miss_reason = miss_reason_of(answers)
+        kv_leased = answers.count(1)
+
+    if reach_known and kv_groups:
+        limit = min(limit, kv_reach(kv_chunk_hashes, block_sizes, kv_present))
 
     # The states a lookup may ask about, and among them the one at num_tokens (if any): only it
     # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
@@ -188,7 +285,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     else:
         plan = plan_hit_passes(num_tokens, lookup_length, coord.align_lookup_length(num_tokens - 1),
                                longest_with_every_state, final_state_can_matter=fine_grained)
-    probed = kv_asked
+    probed += kv_asked
     final_present: bool | None = None
     if plan.with_final is not None and plan.with_final.bound != plan.without_final.bound:
         # The two passes ask about different checkpoints: learn first, without a lease,
@@ -204,7 +301,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
         return respond(0, (), LookupOutcome.miss(
             kv_miss_reason, rounds=1, keys_probed=probed, keys_leased=kv_leased), kv_present)
     selected: tuple[int, CheckpointCandidates] | None = None
-    for probe_positions in plan_checkpoint_probes(positions):
+    for probe_positions in plan_checkpoint_probes(positions, known_incomplete):
         candidates = build_checkpoint_candidates(recurrent, probe_positions,
                                                  lambda group, position: state_hash(position))
         answers = worker.store_calls.probe(candidates.keys, policy=LAST_HIT_ONLY_POLICY,

@@ -30,6 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator imp
     ExternalCachedBlockPool,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    BlobBlockHashes,
     MooncakeLookupResult,
     TailKeyBoundary,
 )
@@ -134,18 +135,30 @@ class PresentPool(ExternalCachedBlockPool):
         return [self._present_block] * len(group_ids)
 
 
-def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> Sequence[Any]:
-    """The first `chunks` chunk hashes of vLLM's per-group view, read in one slice.
+def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> list[bytes]:
+    """The first `chunks` chunk hashes of vLLM's per-group view, as `bytes`, read in one slice.
 
     vLLM's chunk view (`chunk_hashes_for_block_size`: a `BlockHashListWithBlockSize`) keys
     chunk `c` by hash `(c + 1) * scale_factor - 1` of the hash-block list it wraps; a stepped
-    slice of that list reads the same hashes without a Python call per chunk. Any other view
-    is read through its own indexing.
+    slice of that list reads the same hashes without a Python call per chunk. The lookup
+    server's hashes (`BlobBlockHashes`, one flat buffer) are cut from one copy of the buffer
+    instead of one memoryview and one `bytes` per hash; a list of `bytes` (vLLM's request
+    hashes) is used as it is. Any other view is read through its own indexing.
     """
     if isinstance(group_hashes, BlockHashListWithBlockSize):
         scale = group_hashes.scale_factor
-        return group_hashes.block_hashes[scale - 1:chunks * scale:scale]
-    return group_hashes[:chunks]
+        source, start, stop, step = group_hashes.block_hashes, scale - 1, chunks * scale, scale
+    else:
+        source, start, stop, step = group_hashes, 0, chunks, 1
+    if type(source) is BlobBlockHashes:
+        width = source._hash_len
+        data = bytes(source._blob)
+        stop = min(stop, len(source))
+        return [data[index * width:(index + 1) * width] for index in range(start, stop, step)]
+    sliced = source[start:stop:step]
+    if type(sliced) is list and (not sliced or type(sliced[0]) is bytes):
+        return sliced  # vLLM's block hashes are all of one type
+    return list(map(bytes, sliced))
 
 
 def _miss(reason: MissReason, **counts: int) -> tuple[MooncakeLookupResult, LookupOutcome]:
@@ -272,20 +285,25 @@ class StoreLookup(ABC):
     # Shared steps, one definition each.
 
     def lookup_chunk_hashes(self, groups: Sequence[GroupNamespaces], lookup_length: int,
-                            block_hashes: Sequence[Any]) -> dict[int, list[bytes]]:
-        """Per group, the chunk hashes vLLM's lookup masks say may end a hit (upstream's)."""
+                            block_hashes: Sequence[Any], masks: Sequence[Any] | None = None
+                            ) -> dict[int, list[bytes]]:
+        """Per group, the chunk hashes vLLM's lookup masks say may end a hit (upstream's).
+
+        `masks`: `coord.lookup_mask(lookup_length)` when the caller has it already (computed
+        once per lookup)."""
         if self.coord.enable_partial_hash_hits:
             units = min(len(block_hashes), lookup_length // self.hash_block_size)
             every = [bytes(block_hashes[i]) for i in range(units)]
             return {group.group_id: every for group in groups}
-        masks = self.coord.lookup_mask(lookup_length)
+        if masks is None:
+            masks = self.coord.lookup_mask(lookup_length)
         chunk_hashes: dict[int, list[bytes]] = {}
         for group in groups:
             group_hashes = self.coord.block_hashes_for_spec(block_hashes, self._specs[group.group_id])
             chunks = min(len(group_hashes), -(-lookup_length // group.block_size))
             mask = masks[group.group_id]
             if mask is None:
-                chunk_hashes[group.group_id] = [bytes(h) for h in _first_chunk_hashes(group_hashes, chunks)]
+                chunk_hashes[group.group_id] = _first_chunk_hashes(group_hashes, chunks)
             else:  # only the chunks the mask keeps are read (upstream's lookup reads no other hash)
                 chunk_hashes[group.group_id] = [bytes(group_hashes[c]) for c in
                                                 itertools.compress(range(chunks), mask)]

@@ -19,6 +19,12 @@ states past the point the KV evidence lets the request resume from. Here:
    checkpoint is what the lookup returns for loading; when it is the bound itself, the hit is
    known without running the rule again (`hit_known_from_selection`).
 
+On whole-block layouts the common case takes one store call (`plan_one_candidate_follow_up`):
+the KV keys and the recurrent keys of the checkpoint a fully stored prompt resumes from go in a
+single LastHitOnly candidate, which the store leases only when every key of it is present —
+exactly the KV keys and the one checkpoint the steps above would lease. When it is not
+complete, nothing is leased and the steps above run, helped by what a per-key answer showed.
+
 Two response contracts exist (NOTES §3): Mooncake 0.3.14 answers per-key existence and leases
 the last complete candidate; Mooncake RFC 4255 answers a selected-only mask with at most one
 all-true candidate. Which one a store follows is detected from its answer to a probe of keys
@@ -30,8 +36,9 @@ deliberately no fallback to a lease-renewing existence check.
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -240,15 +247,18 @@ def kv_reach(chunk_hashes: Mapping[int, Sequence[bytes]], block_sizes: Mapping[i
     return 0 if reach is None else reach
 
 
-def plan_checkpoint_probes(positions: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+def plan_checkpoint_probes(positions: Sequence[int], known_incomplete: Collection[int] = ()
+                           ) -> tuple[tuple[int, ...], ...]:
     """The LastHitOnly probes to make, in order, over the legal checkpoints (pure).
 
     The store selects the last complete candidate, so the last legal checkpoint alone decides
     whenever it is complete (a fully stored prompt: the common case), at the cost of its own
     keys only; when it is not, the others go in a second probe, whose selection is what one
     probe of all of them would have selected. Either way at most one checkpoint is leased.
+    Checkpoints an earlier answer of this lookup showed incomplete (`known_incomplete`) are
+    left out: the store would never select them.
     """
-    ordered = tuple(sorted(set(positions)))
+    ordered = tuple(sorted(set(positions) - set(known_incomplete)))
     if not ordered:
         return ()
     if len(ordered) == 1:
@@ -285,12 +295,51 @@ def whole_block_bound(positions: Sequence[int], reach: int, alignment: int,
     widens or drops a block); each recurrent group then takes its last present state at or
     below the hit so far on the alignment grid; the loop converges on the recurrent answer.
     With every legal state present that is the last legal checkpoint at or below the KV
-    reach (`kv_reach`, already capped by the lookup length) on the grid. The adapter uses it
+    reach (`kv_reach`, already capped by the lookup length) on the grid; `positions` ascend
+    (`legal_checkpoints`' order), so the search starts at the reach. The adapter uses it
     only where that reading holds (`vllm_last_hit.rule_reads_off_existence`); the property
     tests compare it with vLLM's coordinator on random existence patterns.
     """
     top = reach - reach % alignment
-    for position in reversed(positions):
-        if position <= top and position % alignment == 0 and position != final_position:
+    for index in range(bisect.bisect_right(positions, top) - 1, -1, -1):  # positions ascend
+        position = positions[index]
+        if position % alignment == 0 and position != final_position:
             return position
     return 0
+
+
+@dataclass(frozen=True)
+class OneCandidateFollowUp:
+    """What a lookup does after its one-candidate call (KV keys + one checkpoint's keys, leased
+    only when all are present) did not prove the hit, read from a per-key answer (pure).
+
+    `confirm` is the checkpoint to ask about together with the KV keys found present, again as
+    one candidate (None: go straight to the exact steps); `known_incomplete` are checkpoints
+    the answers showed incomplete, which the exact steps' probes leave out.
+    """
+
+    confirm: int | None
+    known_incomplete: frozenset[int]
+
+
+def plan_one_candidate_follow_up(bound: int, speculated: int, speculated_complete: bool
+                                 ) -> OneCandidateFollowUp:
+    """Decide the follow-up of a failed one-candidate call (pure).
+
+    `bound` is the checkpoint the KV keys of that answer allow (`whole_block_bound`: the last
+    legal checkpoint within the KV reach; 0 when none), `speculated` the checkpoint that was
+    asked about (the bound with every KV key present), `speculated_complete` whether all its
+    recurrent keys were answered present. The bound's state was asked about only when it is
+    the speculated one: if that was complete, a second one-candidate call over the present KV
+    keys and it leases exactly what the exact steps would; if it was incomplete, the exact
+    steps go on without it. A bound below the speculated checkpoint (the KV evidence stops
+    earlier: a prompt that extends a stored one) is unknown, so it is worth one confirming
+    call: in the common case its state was stored with its KV.
+    """
+    if bound <= 0:
+        return OneCandidateFollowUp(None, frozenset())
+    if bound == speculated:
+        if speculated_complete:
+            return OneCandidateFollowUp(bound, frozenset())
+        return OneCandidateFollowUp(None, frozenset({bound}))
+    return OneCandidateFollowUp(bound, frozenset())

@@ -61,20 +61,20 @@ class CandidateSet:
 
 def build_candidates(groups: Sequence[GroupNamespaces],
                      chunk_hashes: Mapping[int, Sequence[bytes]]) -> CandidateSet:
-    """Expand each group's chunk hashes across its namespaces, group-major (upstream order)."""
+    """Expand each group's chunk hashes (`bytes`) across its namespaces, group-major (upstream
+    order)."""
     keys: list[str] = []
     units: list[Unit] = []
     spans: list[int] = []
     for group in groups:
-        group_hashes = list(map(bytes, chunk_hashes.get(group.group_id, ())))
+        group_hashes = chunk_hashes.get(group.group_id, ())
         heads = group._heads
+        # C-level maps: a lookup builds hundreds of keys, and this is most of its own time.
         if len(heads) == 1:
-            head = heads[0]
-            keys.extend([head + chunk_hash.hex() for chunk_hash in group_hashes])
+            keys.extend(map(heads[0].__add__, map(bytes.hex, group_hashes)))
         else:
             keys.extend([head + hex_hash for hex_hash in map(bytes.hex, group_hashes) for head in heads])
-        group_id = group.group_id
-        units.extend([(group_id, chunk_hash) for chunk_hash in group_hashes])
+        units.extend(zip(itertools.repeat(group.group_id, len(group_hashes)), group_hashes))
         spans.extend([len(heads)] * len(group_hashes))
     return CandidateSet(tuple(keys), tuple(units), tuple(spans))
 
