@@ -5,7 +5,14 @@ module it lives in, and `make test` runs them all. Nothing is skipped for a miss
 `make setup` installs every real part, and a missing one fails loudly.
 """
 
+from hypothesis import settings
+
 from moonlease import devenv
+
+# Property tests assert behaviour, never speed: no per-example deadline (the suite runs on a
+# shared 2-core machine, where one example can take a second under load).
+settings.register_profile("moonlease", deadline=None)
+settings.load_profile("moonlease")
 
 # Mooncake 0.3.14 (CUDA 13 wheel) needs the CPU libcuda stub on this machine: load it before
 # anything imports mooncake, and export the library path for the servers tests start.
