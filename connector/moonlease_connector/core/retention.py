@@ -35,6 +35,8 @@ Pieces (each a connector setting, off by default; README "Choosing a retention p
 - ``skip``: do not write window blocks or recurrent states outside the resume set (and the
   shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
+- ``retry``: put again, once the master has evicted, the keys a put was refused for lack of
+  space (`core.put_retry`): not a choice among chunks, so not part of `plan_save_retention`.
 """
 
 from __future__ import annotations
@@ -66,9 +68,16 @@ class RetentionSettings:
 
     pin: bool = False
     skip: bool = False
+    retry: bool = False
 
     @property
     def active(self) -> bool:
+        """Any piece on (the connector then runs its retention send thread)."""
+        return self.pin or self.skip or self.retry
+
+    @property
+    def plans_saves(self) -> bool:
+        """A piece that decides chunk by chunk (`plan_save_retention`) is on."""
         return self.pin or self.skip
 
 

@@ -1,0 +1,60 @@
+"""Moonlease retention ``retry`` (issue 21): put again what the store refused for lack of room.
+
+Pure: no vLLM, no Mooncake. The adapters hand in the per-key answers of one batch put; which
+keys to put again, and after how long, is decided here.
+
+Why. A Mooncake put that finds no free space answers ``NO_AVAILABLE_HANDLE`` (-200) and stores
+nothing for that key; the master only then flags that it must evict, and its eviction thread
+(every 10 ms, `eviction_ratio` of the objects per pass, among lease-expired ones) makes room a
+few passes later. Upstream's save gives up on those keys (they are written again only if a
+later store batch of the same request covers them), so the state the session's next turn
+resumes from — the newest blocks of the prompt — is the part that is missing. Measured on the
+sliding-window replay at capacity 0.05 (`benchmarks/results/retention_swa_capacity.md`):
+about a sixth of the keys saves wrote were refused, in every mode, and the misses that
+followed were whole conversations gone from the first private block on. Putting the refused
+keys again once the master has evicted (two passes later) stored them all.
+
+Only ``NO_AVAILABLE_HANDLE`` is retried: other errors (object exists, bad arguments, a dead
+master) would answer the same again. Attempts are bounded: a store whose every object is
+leased (NOTES §3: puts refused for ~2 s) makes a save wait at most ``attempts * delay_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Mooncake's ErrorCode::NO_AVAILABLE_HANDLE: no free space for the object (vLLM's worker
+#: names it MOONCAKE_NO_AVAILABLE_HANDLE).
+NO_AVAILABLE_HANDLE = -200
+
+
+@dataclass(frozen=True)
+class PutRetryPolicy:
+    """How often and after how long refused keys are put again.
+
+    The master's eviction thread runs every 10 ms (Mooncake's ``kEvictionThreadSleepMs``);
+    20 ms lets two passes run before the next attempt.
+    """
+
+    attempts: int = 3
+    delay_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.attempts < 0 or self.delay_s < 0:
+            raise ValueError("attempts and delay_s must not be negative")
+
+
+DEFAULT_PUT_RETRY = PutRetryPolicy()
+
+
+def plan_put_retry(answers: Sequence[int], attempts_made: int,
+                   policy: PutRetryPolicy = DEFAULT_PUT_RETRY) -> tuple[int, ...]:
+    """Indices of the keys to put again: those refused for lack of space, while attempts remain.
+
+    `answers` are one batch put's per-key answers (>= 0 stored, < 0 an error code);
+    `attempts_made` counts the retries already made for this batch (0 after the first put).
+    """
+    if attempts_made >= policy.attempts:
+        return ()
+    return tuple(i for i, answer in enumerate(answers) if answer == NO_AVAILABLE_HANDLE)
