@@ -185,8 +185,9 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
             code = put(batch)
             if code != 0:
                 failures += 1
+                # A refused batch may have stored part of it: count what was not stored.
+                answers = _put_answers(client, [key for key, _ in batch], code)
                 if retry is not None:
-                    answers = _put_answers(client, [key for key, _ in batch], code)
                     attempts = 0
                     while again := plan_put_retry(answers, attempts, retry):
                         attempts += 1
@@ -196,9 +197,7 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                                                                  put(entries)), strict=True):
                             answers[i] = answer
                             retried += answer >= 0
-                    lost = sum(1 for answer in answers if answer < 0)
-                else:
-                    lost = len(batch)
+                lost = sum(1 for answer in answers if answer < 0)
                 failed_keys += lost
                 if pin:
                     pinned += len(batch) - lost

@@ -144,8 +144,10 @@ def test_the_replay_save_gives_up_after_the_last_attempt_and_counts_what_is_lost
     assert (result.put_failures, result.keys_failed, result.keys_retried) == (1, 2, 0)
     plain = RefusingStore(room=[1])
     upstream = apply_save(plain, chunks, ValueSizes())
-    assert [call for call, _ in plain.calls] == ["exist", "put"]  # without retry: upstream's save
-    assert (upstream.put_failures, upstream.keys_failed) == (1, 3)
+    # Without retry: upstream's save (the probe only counts what the refused call did not store).
+    assert [call for call, _ in plain.calls] == ["exist", "put", "probe"]
+    assert plain.present == {"f0"}
+    assert (upstream.put_failures, upstream.keys_failed, upstream.keys_retried) == (1, 2, 0)
 
 
 def test_the_engine_store_handle_retries_and_reports_what_it_stored() -> None:

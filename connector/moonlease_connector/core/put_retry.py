@@ -9,10 +9,9 @@ nothing for that key; the master only then flags that it must evict, and its evi
 few passes later. Upstream's save gives up on those keys (they are written again only if a
 later store batch of the same request covers them), so the state the session's next turn
 resumes from — the newest blocks of the prompt — is the part that is missing. Measured on the
-sliding-window replay at capacity 0.05 (`benchmarks/results/retention_swa_capacity.md`):
-about a sixth of the keys saves wrote were refused, in every mode, and the misses that
-followed were whole conversations gone from the first private block on. Putting the refused
-keys again once the master has evicted (two passes later) stored them all.
+sliding-window replay at capacity 0.05 (`benchmarks/results/retention_capacity.md`): about
+25 batch puts per run were refused in part, about 1,700 keys (4% of the keys put, all of them
+a prompt's newest blocks); putting them again once the master had evicted stored every one.
 
 Only ``NO_AVAILABLE_HANDLE`` is retried: other errors (object exists, bad arguments, a dead
 master) would answer the same again. Attempts are bounded: a store whose every object is
