@@ -118,7 +118,8 @@ class Classifier:
 def classify_miss(request: Any, want: Sequence[str], present: bytes) -> str | None:
     """The first missing key of the ideal load, in prompt order, and what is left after it."""
     hashes = list(request.block_hashes)
-    order = sorted(range(len(want)), key=lambda i: hashes.index(key_parts(want[i])[1]))
+    # Prompt order; at one block, the full-attention key before the window key.
+    order = sorted(range(len(want)), key=lambda i: (hashes.index(key_parts(want[i])[1]), key_parts(want[i])[0]))
     missing = [position for position, i in enumerate(order) if not present[i]]
     if not missing:
         return None
