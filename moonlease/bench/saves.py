@@ -157,12 +157,16 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
     With a retention `plan`, skipped chunks are neither checked nor written, and the missing
     keys of pinned chunks are put with `pin_config` (a soft-pin `ReplicateConfig`), the rest
     as upstream puts them. With `retry` (retention ``retry``), keys refused for lack of space
-    are put again as `core.put_retry` says, as the engine's send thread does.
+    are put again as `core.put_retry` says — those of chunks the plan marks `retried` — as
+    the engine's send thread does.
     """
     decisions = plan.decisions if plan is not None else (ChunkRetention.PLAIN,) * len(chunks)
+    retried = plan.retried if plan is not None and plan.retried else (True,) * len(chunks)
     keyed = [(key, sizes.of(chunk), decision is ChunkRetention.PINNED)
              for chunk, decision in zip(chunks, decisions, strict=True)
              if decision is not ChunkRetention.SKIPPED for key in chunk.keys]
+    worth_retry = {key for chunk, decision, again in zip(chunks, decisions, retried, strict=True)
+                   if again and decision is not ChunkRetention.SKIPPED for key in chunk.keys}
     skipped = sum(len(chunk.keys) for chunk, decision in zip(chunks, decisions, strict=True)
                   if decision is ChunkRetention.SKIPPED)
     if not keyed:
@@ -189,7 +193,8 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                 answers = _put_answers(client, [key for key, _ in batch], code)
                 if retry is not None:
                     attempts = 0
-                    while again := plan_put_retry(answers, attempts, retry):
+                    retryable = [key in worth_retry for key, _ in batch]
+                    while again := plan_put_retry(answers, attempts, retry, retryable):
                         attempts += 1
                         sleep(retry.delay_s)
                         entries = [batch[i] for i in again]

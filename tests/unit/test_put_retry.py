@@ -167,3 +167,28 @@ def test_the_engine_store_handle_retries_and_reports_what_it_stored() -> None:
     handle = _RetentionStore(off, lambda key: False, lambda decision, keys: None)
     assert handle.batch_put_from_multi_buffers(["a", "b"], [1, 2], [8, 8], None) == [0, NO_SPACE]
     assert off.calls == [("put", ("a", "b"))]
+
+
+def test_only_what_a_continuation_reads_is_put_again() -> None:
+    from moonlease_connector.core.retention import ChunkKind, SaveChunk, plan_save_retention
+
+    assert plan_put_retry([NO_SPACE, NO_SPACE, 0], 0, retryable=[True, False, True]) == (0,)
+    chunks = [SaveChunk(0, 0, ChunkKind.FULL), SaveChunk(1, 0, ChunkKind.RECURRENT),
+              SaveChunk(1, 1, ChunkKind.RECURRENT), SaveChunk(2, 1, ChunkKind.WINDOW)]
+    resume = {(1, 1), (2, 1)}  # the state and the window tail at the prompt's end
+    plan = plan_save_retention(chunks, resume, RetentionSettings(retry=True))
+    # Full attention always; the intermediate Mamba state (dense retention's) is not worth room.
+    assert plan.retried == (True, False, True, True)
+    assert plan_save_retention(chunks, resume, RetentionSettings(pin=True)).retried == ()
+
+
+def test_the_replay_save_does_not_put_again_what_the_plan_leaves_out() -> None:
+    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_connector.core.retention import ChunkRetention, SaveRetentionPlan
+
+    chunks = [ChunkKeys(0, 0, 64, ("f0",), False), ChunkKeys(1, 0, 64, ("m0",), True)]
+    plan = SaveRetentionPlan((ChunkRetention.PLAIN, ChunkRetention.PLAIN), retried=(True, False))
+    store = RefusingStore(room=[0, 5])
+    result = apply_save(store, chunks, ValueSizes(), plan, retry=PutRetryPolicy(3, 0.0), sleep=lambda _: None)
+    assert store.present == {"f0"}  # the refused Mamba state stays out
+    assert (result.keys_retried, result.keys_failed) == (1, 1)

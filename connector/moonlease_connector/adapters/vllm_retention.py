@@ -117,9 +117,11 @@ class _RetentionStore:
     def __init__(self, store: Any, pinned: Callable[[str], bool],
                  on_retention: Callable[[str, int], None],
                  retry: Callable[[], PutRetryPolicy | None] = lambda: None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 retryable: Callable[[str], bool] = lambda key: True) -> None:
         self._store = store
         self._pinned = pinned
+        self._retryable = retryable
         self._on_retention = on_retention
         self._retry = retry
         self._sleep = sleep
@@ -156,7 +158,7 @@ class _RetentionStore:
         self._put(keys, addrs, sizes, config, args, range(len(keys)), results)
         attempts = 0
         while policy is not None:
-            again = plan_put_retry(results, attempts, policy)
+            again = plan_put_retry(results, attempts, policy, [self._retryable(key) for key in keys])
             if not again:
                 break
             attempts += 1
@@ -201,9 +203,11 @@ class RetentionSendingThread(JunctionSendingThread):
         self._skipped_keys: frozenset[str] = frozenset()
         self._boundary_dropped = 0
         # Passes puts through untouched while the current job has no pinned keys and retry is off.
+        self._unretried_keys: frozenset[str] = frozenset()
         self.store = _RetentionStore(
             self.store, lambda key: key in self._pinned_keys, self._on_retention,
-            retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None)
+            retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,
+            retryable=lambda key: key not in self._unretried_keys)
 
     def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
         db = self.token_databases[group_id]
@@ -235,7 +239,11 @@ class RetentionSendingThread(JunctionSendingThread):
         plan = plan_save_retention(chunks, resume, settings, shared)
         pinned: set[str] = set()
         skipped: set[str] = set()
+        unretried: set[str] = set()
         window_skips: dict[int, set[int]] = {}
+        for chunk, again in zip(chunks, plan.retried, strict=False):
+            if not again:
+                unretried.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
         for chunk, decision in zip(chunks, plan.decisions, strict=True):
             if decision is ChunkRetention.PINNED:
                 pinned.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
@@ -243,16 +251,18 @@ class RetentionSendingThread(JunctionSendingThread):
                 skipped.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
                 window_skips.setdefault(chunk.group_id, set()).add(chunk.chunk)
         self._pinned_keys, self._skipped_keys = frozenset(pinned), frozenset(skipped)
+        self._unretried_keys = frozenset(unretried)
         self.masks.skipped = {g: frozenset(c) for g, c in window_skips.items()}
 
     def _handle_request(self, req_meta: Any) -> None:
         try:
-            if self.retention_now().plans_saves:
+            if self.retention_now().active:  # retry too: it re-puts only what the plan marks
                 self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+            self._unretried_keys = frozenset()
         self.masks.dropped = {}
         self._boundary_dropped = 0
         try:
@@ -264,6 +274,7 @@ class RetentionSendingThread(JunctionSendingThread):
             if skipped:
                 self._on_retention("skipped", skipped)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+            self._unretried_keys = frozenset()
 
     def _boundary_puts(self, req_meta: Any) -> list[Any]:
         puts = super()._boundary_puts(req_meta)

@@ -48,12 +48,16 @@ DEFAULT_PUT_RETRY = PutRetryPolicy()
 
 
 def plan_put_retry(answers: Sequence[int], attempts_made: int,
-                   policy: PutRetryPolicy = DEFAULT_PUT_RETRY) -> tuple[int, ...]:
+                   policy: PutRetryPolicy = DEFAULT_PUT_RETRY,
+                   retryable: Sequence[bool] | None = None) -> tuple[int, ...]:
     """Indices of the keys to put again: those refused for lack of space, while attempts remain.
 
     `answers` are one batch put's per-key answers (>= 0 stored, < 0 an error code);
-    `attempts_made` counts the retries already made for this batch (0 after the first put).
+    `attempts_made` counts the retries already made for this batch (0 after the first put);
+    `retryable[i]` False leaves key i out (the save plan's `retried`: what no continuation
+    reads is not worth room); None retries every refused key.
     """
     if attempts_made >= policy.attempts:
         return ()
-    return tuple(i for i, answer in enumerate(answers) if answer == NO_AVAILABLE_HANDLE)
+    return tuple(i for i, answer in enumerate(answers)
+                 if answer == NO_AVAILABLE_HANDLE and (retryable is None or retryable[i]))

@@ -36,7 +36,7 @@ Pieces (each a connector setting, off by default; README "Choosing a retention p
   shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
 - ``retry``: put again, once the master has evicted, the keys a put was refused for lack of
-  space (`core.put_retry`): not a choice among chunks, so not part of `plan_save_retention`.
+  space (`core.put_retry`) — only chunks a continuation reads (`SaveRetentionPlan.retried`).
 """
 
 from __future__ import annotations
@@ -92,9 +92,14 @@ class SaveChunk:
 
 @dataclass(frozen=True)
 class SaveRetentionPlan:
-    """Per chunk of the save, in the order given: how to write it."""
+    """Per chunk of the save, in the order given: how to write it.
+
+    `retried[i]` (with ``retry``; empty otherwise): whether chunk i is put again when the
+    store refuses it for lack of space — only what a continuation reads (`plan_save_retention`).
+    """
 
     decisions: tuple[ChunkRetention, ...]
+    retried: tuple[bool, ...] = ()
 
     def count(self, decision: ChunkRetention) -> int:
         return sum(1 for d in self.decisions if d is decision)
@@ -109,11 +114,19 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
     adapters' `load_mask` at the prompt's end and at its junctions); `shared_set` the pairs a
     hit at the end of the prompt's shared prefix loads (empty when nothing is shared). With
     ``pin`` the shared set is pinned; with ``skip`` window and recurrent chunks in neither set
-    are skipped. Full-attention chunks are never skipped.
+    are skipped. Full-attention chunks are never skipped. With ``retry`` the plan also says
+    which chunks are put again after a refusal (`SaveRetentionPlan.retried`).
     """
     decisions = []
+    retried = []
     for chunk in chunks:
         key = (chunk.group_id, chunk.chunk)
+        # `retry` re-puts only what a continuation reads: every full-attention block, and window
+        # blocks or recurrent states in the resume set or the shared prefix. Re-putting dense
+        # retention's intermediate states took room from conversations (hybrid trace at 0.05:
+        # -0.8 points over three runs, benchmarks/results/retention_retry_spread_hybrid.md).
+        retried.append(settings.retry and (chunk.kind is ChunkKind.FULL or key in resume_set
+                                           or key in shared_set))
         if settings.pin and key in shared_set:
             decisions.append(ChunkRetention.PINNED)
         elif key in resume_set or key in shared_set:
@@ -122,4 +135,4 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
             decisions.append(ChunkRetention.SKIPPED)
         else:
             decisions.append(ChunkRetention.PLAIN)
-    return SaveRetentionPlan(tuple(decisions))
+    return SaveRetentionPlan(tuple(decisions), tuple(retried) if settings.retry else ())
