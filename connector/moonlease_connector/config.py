@@ -73,9 +73,9 @@ class MoonleaseConnectorConfig(BaseModel):
     mooncake_retention_retry: bool = Field(
         False, description="Moonlease retention: keys a save's put was refused for lack of space "
                            "(NO_AVAILABLE_HANDLE) are put again after the master has evicted "
-                           "(up to 3 times, 20 ms apart), instead of being dropped: full-attention "
-                           "blocks and what a continuation of the prompt loads, not dense "
-                           "retention's intermediate states.")
+                           "(up to 3 times, 20 ms apart), instead of being dropped; Mamba states "
+                           "only where a continuation resumes, not dense retention's "
+                           "intermediate ones.")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")

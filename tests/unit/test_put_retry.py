@@ -174,11 +174,13 @@ def test_only_what_a_continuation_reads_is_put_again() -> None:
 
     assert plan_put_retry([NO_SPACE, NO_SPACE, 0], 0, retryable=[True, False, True]) == (0,)
     chunks = [SaveChunk(0, 0, ChunkKind.FULL), SaveChunk(1, 0, ChunkKind.RECURRENT),
-              SaveChunk(1, 1, ChunkKind.RECURRENT), SaveChunk(2, 1, ChunkKind.WINDOW)]
+              SaveChunk(1, 1, ChunkKind.RECURRENT), SaveChunk(2, 0, ChunkKind.WINDOW),
+              SaveChunk(2, 1, ChunkKind.WINDOW)]
     resume = {(1, 1), (2, 1)}  # the state and the window tail at the prompt's end
     plan = plan_save_retention(chunks, resume, RetentionSettings(retry=True))
-    # Full attention always; the intermediate Mamba state (dense retention's) is not worth room.
-    assert plan.retried == (True, False, True, True)
+    # Full-attention and window blocks always (a sparse save's tails end at the replay
+    # boundary, outside the resume set); an intermediate Mamba state (dense retention's) not.
+    assert plan.retried == (True, False, True, True, True)
     assert plan_save_retention(chunks, resume, RetentionSettings(pin=True)).retried == ()
 
 

@@ -36,7 +36,8 @@ Pieces (each a connector setting, off by default; README "Choosing a retention p
   shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
 - ``retry``: put again, once the master has evicted, the keys a put was refused for lack of
-  space (`core.put_retry`) — only chunks a continuation reads (`SaveRetentionPlan.retried`).
+  space (`core.put_retry`) — every full-attention and window chunk, recurrent states only in
+  the resume set or shared prefix (`SaveRetentionPlan.retried`).
 """
 
 from __future__ import annotations
@@ -121,11 +122,14 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
     retried = []
     for chunk in chunks:
         key = (chunk.group_id, chunk.chunk)
-        # `retry` re-puts only what a continuation reads: every full-attention block, and window
-        # blocks or recurrent states in the resume set or the shared prefix. Re-putting dense
-        # retention's intermediate states took room from conversations (hybrid trace at 0.05:
-        # -0.8 points over three runs, benchmarks/results/retention_retry_spread_hybrid.md).
-        retried.append(settings.retry and (chunk.kind is ChunkKind.FULL or key in resume_set
+        # `retry` re-puts full-attention and window blocks, but recurrent states only in the
+        # resume set or the shared prefix: re-putting dense retention's intermediate Mamba states
+        # (4x a block each) took room from conversations (hybrid trace at 0.05: -0.8 points over
+        # three runs, `git show a7dea1c:benchmarks/results/retention_retry_spread_hybrid.md`).
+        # Window blocks stay retried: under sparse retention the tails a save writes end at the
+        # replay boundary (align(prompt - 1): where the same prompt resumes), which the resume
+        # set, taken at the prompt's end, does not hold.
+        retried.append(settings.retry and (chunk.kind is not ChunkKind.RECURRENT or key in resume_set
                                            or key in shared_set))
         if settings.pin and key in shared_set:
             decisions.append(ChunkRetention.PINNED)

@@ -234,8 +234,8 @@ class ConnectorSpec(ApiModel):
     retention_retry: bool = False
     """Moonlease retention: keys a save's put was refused for lack of space (NO_AVAILABLE_HANDLE)
     are put again once the master has evicted (up to 3 times, 20 ms apart) instead of being
-    dropped — full-attention blocks and what a continuation loads, not dense retention's
-    intermediate states. Needs nothing from the master."""
+    dropped; Mamba states only where a continuation resumes, not dense retention's
+    intermediate ones. Needs nothing from the master."""
 
 
 _ONE_OF_NAME_SELECTOR = CelRule(
