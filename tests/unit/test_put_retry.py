@@ -194,3 +194,18 @@ def test_the_replay_save_does_not_put_again_what_the_plan_leaves_out() -> None:
     result = apply_save(store, chunks, ValueSizes(), plan, retry=PutRetryPolicy(3, 0.0), sleep=lambda _: None)
     assert store.present == {"f0"}  # the refused Mamba state stays out
     assert (result.keys_retried, result.keys_failed) == (1, 1)
+
+
+def test_a_refused_key_retry_leaves_out_does_not_read_as_store_pressure_to_upstream() -> None:
+    from moonlease_connector.adapters.vllm_retention import _RetentionStore
+    from moonlease_connector.core.put_retry import LEFT_OUT, answers_for_upstream
+
+    assert answers_for_upstream([0, NO_SPACE, NO_SPACE, -704], [True, True, False, False]) == \
+        [0, NO_SPACE, LEFT_OUT, -704]
+    assert answers_for_upstream([NO_SPACE], None) == [NO_SPACE]
+    inner = RefusingStore(room=[0, 5])
+    store = _RetentionStore(inner, lambda key: False, lambda decision, keys: None,
+                            retry=lambda: PutRetryPolicy(3, 0.0), sleep=lambda _: None,
+                            retryable=lambda key: key != "state@128")
+    assert store.batch_put_from_multi_buffers(["block", "state@128"], [1, 2], [8, 8], None) == [0, LEFT_OUT]
+    assert inner.calls == [("put", ("block", "state@128")), ("put", ("block",))]

@@ -21,7 +21,12 @@ from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread, JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import junctions_of
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
-from moonlease_connector.core.put_retry import DEFAULT_PUT_RETRY, PutRetryPolicy, plan_put_retry
+from moonlease_connector.core.put_retry import (
+    DEFAULT_PUT_RETRY,
+    PutRetryPolicy,
+    answers_for_upstream,
+    plan_put_retry,
+)
 from moonlease_connector.core.retention import (
     ChunkKind,
     ChunkRetention,
@@ -157,8 +162,9 @@ class _RetentionStore:
         results: list[int] = [0] * len(keys)
         self._put(keys, addrs, sizes, config, args, range(len(keys)), results)
         attempts = 0
+        retryable = [self._retryable(key) for key in keys] if policy is not None else None
         while policy is not None:
-            again = plan_put_retry(results, attempts, policy, [self._retryable(key) for key in keys])
+            again = plan_put_retry(results, attempts, policy, retryable)
             if not again:
                 break
             attempts += 1
@@ -170,7 +176,7 @@ class _RetentionStore:
         written = sum(1 for i, key in enumerate(keys) if results[i] >= 0 and self._pinned(key))
         if written:
             self._on_retention("pinned", written)
-        return results
+        return answers_for_upstream(results, retryable)
 
 
 class RetentionSendingThread(JunctionSendingThread):

@@ -46,6 +46,20 @@ class PutRetryPolicy:
 
 DEFAULT_PUT_RETRY = PutRetryPolicy()
 
+#: What the connector answers upstream's send thread for a key the store refused and retry
+#: leaves out (a state no continuation reads): not NO_AVAILABLE_HANDLE, because upstream skips
+#: every later store batch of a request after that code ("pressure") until some batch succeeds,
+#: and one refused intermediate Mamba state would then drop the rest of the prompt's save
+#: (found by tests/connector/test_retention_engine.py). Outside Mooncake's error codes; a key
+#: answered so is still a failed put to upstream (not recorded as saved).
+LEFT_OUT = -9200
+
+
+def answers_for_upstream(answers: Sequence[int], retryable: Sequence[bool] | None) -> list[int]:
+    """After the retries: refused keys retry left out are answered `LEFT_OUT` instead."""
+    return [LEFT_OUT if answer == NO_AVAILABLE_HANDLE and retryable is not None and not retryable[i]
+            else answer for i, answer in enumerate(answers)]
+
 
 def plan_put_retry(answers: Sequence[int], attempts_made: int,
                    policy: PutRetryPolicy = DEFAULT_PUT_RETRY,
