@@ -70,6 +70,12 @@ class MoonleaseConnectorConfig(BaseModel):
         False, description="Moonlease retention: saves do not write sliding-window blocks or "
                            "recurrent states outside the resume set (dense retention's "
                            "intermediate states).")
+    mooncake_retention_retry: bool = Field(
+        False, description="Moonlease retention: keys a save's put was refused for lack of space "
+                           "(NO_AVAILABLE_HANDLE) are put again after the master has evicted "
+                           "(up to 3 times, 20 ms apart), instead of being dropped; Mamba states "
+                           "only where a continuation resumes, not dense retention's "
+                           "intermediate ones.")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
@@ -104,15 +110,21 @@ class MoonleaseConnectorConfig(BaseModel):
     @property
     def retention(self) -> RetentionSettings:
         """The retention pieces on (`core.retention`)."""
-        return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip)
+        return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip,
+                                 retry=self.mooncake_retention_retry)
 
     @classmethod
     def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False,
                  retention: RetentionSettings = RetentionSettings()) -> "MoonleaseConnectorConfig":
         # Retention keys only when a piece is on: a policy without retention renders exactly the
         # keys it rendered before retention existed (same config hash, no rolling restart).
-        pieces = ({"mooncake_retention_pin": retention.pin, "mooncake_retention_skip": retention.skip}
-                  if retention.active else {})
+        # `retry` came later: its key is rendered only when it is on, so policies with pin or
+        # skip keep their hash too.
+        pieces: dict[str, bool] = (
+            {"mooncake_retention_pin": retention.pin, "mooncake_retention_skip": retention.skip}
+            if retention.pin or retention.skip else {})
+        if retention.retry:
+            pieces["mooncake_retention_retry"] = True
         return cls(mooncake_selective_lease=mode is LeaseMode.SELECTIVE,
                    mooncake_kda_last_hit_only=mode is LeaseMode.LAST_HIT_ONLY,
                    mooncake_junction_retention=junction_retention, **pieces)

@@ -49,6 +49,7 @@ from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_
 from moonlease.bench.trace import Trace
 from moonlease.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.put_retry import DEFAULT_PUT_RETRY
 from moonlease_connector.core.retention import RetentionSettings
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
@@ -98,6 +99,15 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("lastHitOnly+skip", LeaseMode.LAST_HIT_ONLY, retention=RetentionSettings(skip=True)),
     ModeSpec("leaseAll+junctions+pin", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(pin=True)),
+    # `retry` (put again what the store refused for lack of space) and its ablation.
+    ModeSpec("leaseAll+retry", LeaseMode.LEASE_ALL, retention=RetentionSettings(retry=True)),
+    ModeSpec("leaseAll+junctions+retry", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(retry=True)),
+    ModeSpec("leaseAll+junctions+pin+retry", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, retry=True)),
+    ModeSpec("leaseAll+skip+retry", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True, retry=True)),
+    ModeSpec("leaseAll+pin+skip+retry", LeaseMode.LEASE_ALL,
+             retention=RetentionSettings(pin=True, skip=True, retry=True)),
 )}
 
 
@@ -234,6 +244,7 @@ class ModeRun:
     keys_put: int = 0
     keys_pinned: int = 0
     keys_skipped: int = 0
+    keys_retried: int = 0
     put_failures: int = 0
     put_failed_keys: int = 0
     lags_s: list[float] = field(default_factory=list)
@@ -272,10 +283,12 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
                                  build_prompt_chunks(lookup, hashes, block, junctions))
         shared = shared_prefixes.observe_and_share(hashes) if shared_prefixes is not None else 0
         plan = build_save_retention(lookup, hashes, block, chunks, mode.retention, junctions, shared)
-        saved = apply_save(store, chunks, sizes, plan, pin_config)
+        saved = apply_save(store, chunks, sizes, plan, pin_config,
+                           retry=DEFAULT_PUT_RETRY if mode.retention.retry else None)
         run.keys_put += saved.keys_put
         run.keys_pinned += saved.keys_pinned
         run.keys_skipped += saved.keys_skipped
+        run.keys_retried += saved.keys_retried
         run.put_failures += saved.put_failures
         run.put_failed_keys += saved.keys_failed
         if after_request is not None:
@@ -297,6 +310,7 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
         "above_ideal": summary.above_ideal,
         **run.costs.summary(),
         "keys_put": run.keys_put, "keys_pinned": run.keys_pinned, "keys_skipped": run.keys_skipped,
+        "keys_retried": run.keys_retried,
         "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
         "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags), "stretch_s": run.stretch_s,
     }
@@ -355,7 +369,8 @@ def run_trace(trace: Trace, settings: ReplaySettings, log_dir: Path,
     layout = layout_by_name(trace.header.layout)
     modes = [MODES[name] for name in settings.modes if MODES[name].applies_to(layout, trace.header.retention)]
     ideals = {flag: build_ideal_replay(trace, junction_retention=flag, sizes=settings.sizes)
-              for flag in sorted({m.junction_retention for m in modes})}
+              # The plain ideal always: the report's Belady and capacities are over what upstream stores.
+              for flag in sorted({False, *(m.junction_retention for m in modes)})}
     base = ideals[False] if False in ideals else next(iter(ideals.values()))
     scale = settings.wall_s_per_run / trace.span_s if trace.span_s else 1.0
     ttl_ms = max(1, round(settings.lease_ttl_s * 1000 * scale))

@@ -153,6 +153,11 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
         "was last saved (written, or re-checked by a save) or loaded — lookups that only pass over "
         "a key do not count, so ages are the same in every mode — as in seed 002.",
         "",
+        "**Put failures (keys)**: `put_batch` calls the store refused (in part), and the keys they "
+        "did not store (a lease-free probe after the refusal; runs before this column changed "
+        "counted every key of a refused call); for modes with retention `retry`, the keys still "
+        "not stored after putting the refused ones again.",
+        "",
     ]
     buckets = [label for label, _, _ in AGE_BUCKETS]
     for trace in results["traces"]:

@@ -12,13 +12,16 @@ the store I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
 from moonlease_connector.adapters.vllm_retention import build_resume_set, build_shared_set, chunk_kind
+from moonlease.bench.stores import fetch_presence
 from moonlease_connector.core.junctions import add_junction_tails
+from moonlease_connector.core.put_retry import PutRetryPolicy, plan_put_retry
 from moonlease_connector.core.retention import (
     ChunkRetention,
     RetentionSettings,
@@ -58,6 +61,7 @@ class SaveResult:
     keys_failed: int  # keys in those calls
     keys_pinned: int = 0  # keys put soft-pinned (retention `pin`)
     keys_skipped: int = 0  # keys retention `skip` did not write
+    keys_retried: int = 0  # keys retention `retry` stored by putting them again
 
 
 def build_prompt_chunks(lookup: Any, hashes: Sequence[bytes], hash_block_tokens: int,
@@ -133,18 +137,36 @@ def build_save_retention(lookup: Any, hashes: Sequence[bytes], hash_block_tokens
          for c in chunks], resume, settings, shared)
 
 
+def _put_answers(client: Any, keys: Sequence[str], code: int) -> list[int]:
+    """Per-key answers of a `put_batch` that returned `code` (it answers for the whole batch).
+
+    A refused batch may have stored some keys: a lease-free probe tells which; the others
+    count as refused with the batch's code.
+    """
+    if code == 0:
+        return [0] * len(keys)
+    return [0 if present else code for present in fetch_presence(client, list(keys))]
+
+
 def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
-               plan: SaveRetentionPlan | None = None, pin_config: Any = None) -> SaveResult:
+               plan: SaveRetentionPlan | None = None, pin_config: Any = None,
+               retry: PutRetryPolicy | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> SaveResult:
     """Upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing.
 
     With a retention `plan`, skipped chunks are neither checked nor written, and the missing
     keys of pinned chunks are put with `pin_config` (a soft-pin `ReplicateConfig`), the rest
-    as upstream puts them.
+    as upstream puts them. With `retry` (retention ``retry``), keys refused for lack of space
+    are put again as `core.put_retry` says — those of chunks the plan marks `retried` — as
+    the engine's send thread does.
     """
     decisions = plan.decisions if plan is not None else (ChunkRetention.PLAIN,) * len(chunks)
+    retried = plan.retried if plan is not None and plan.retried else (True,) * len(chunks)
     keyed = [(key, sizes.of(chunk), decision is ChunkRetention.PINNED)
              for chunk, decision in zip(chunks, decisions, strict=True)
              if decision is not ChunkRetention.SKIPPED for key in chunk.keys]
+    worth_retry = {key for chunk, decision, again in zip(chunks, decisions, retried, strict=True)
+                   if again and decision is not ChunkRetention.SKIPPED for key in chunk.keys}
     skipped = sum(len(chunk.keys) for chunk, decision in zip(chunks, decisions, strict=True)
                   if decision is ChunkRetention.SKIPPED)
     if not keyed:
@@ -152,18 +174,38 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
     exists = client.batch_is_exist([key for key, _, _ in keyed])
     missing = [entry for entry, answer in zip(keyed, exists, strict=True) if answer != 1]
     values = {size: b"\0" * size for size in {sizes.attention, sizes.recurrent}}
-    failures = failed_keys = pinned = 0
+    failures = failed_keys = pinned = retried = 0
     for pin in (True, False):
         group = [(key, size) for key, size, pinned_key in missing if pinned_key is pin]
         for start in range(0, len(group), 512):
             batch = group[start:start + 512]
-            args: list[Any] = [[key for key, _ in batch], [values[size] for _, size in batch]]
-            if pin:
-                args.append(pin_config)
-            code = client.put_batch(*args)
+
+            def put(entries: Sequence[tuple[str, int]]) -> int:
+                args: list[Any] = [[key for key, _ in entries], [values[size] for _, size in entries]]
+                if pin:
+                    args.append(pin_config)
+                return client.put_batch(*args)
+
+            code = put(batch)
             if code != 0:
                 failures += 1
-                failed_keys += len(batch)
+                # A refused batch may have stored part of it: count what was not stored.
+                answers = _put_answers(client, [key for key, _ in batch], code)
+                if retry is not None:
+                    attempts = 0
+                    retryable = [key in worth_retry for key, _ in batch]
+                    while again := plan_put_retry(answers, attempts, retry, retryable):
+                        attempts += 1
+                        sleep(retry.delay_s)
+                        entries = [batch[i] for i in again]
+                        for i, answer in zip(again, _put_answers(client, [k for k, _ in entries],
+                                                                 put(entries)), strict=True):
+                            answers[i] = answer
+                            retried += answer >= 0
+                lost = sum(1 for answer in answers if answer < 0)
+                failed_keys += lost
+                if pin:
+                    pinned += len(batch) - lost
             elif pin:
                 pinned += len(batch)
-    return SaveResult(len(keyed), len(missing), failures, failed_keys, pinned, skipped)
+    return SaveResult(len(keyed), len(missing), failures, failed_keys, pinned, skipped, retried)

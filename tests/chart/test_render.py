@@ -251,6 +251,32 @@ def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.C
         assert (config.lease_mode.value, config.mooncake_junction_retention) == arms[arm], engine["metadata"]["name"]
 
 
+@pytest.mark.parametrize("pieces", [{"retry": True}, {"skip": True}, {"pin": True, "retry": True}])
+def test_retention_values_reach_the_policy_and_every_engine_as_the_operator_renders_them(
+        chart: helm.Chart, pieces: dict[str, bool]) -> None:
+    """`vllm.connector.retention` turns the pieces on in the policy's spec.connector (only those
+    on: an unchanged policy keeps its spec) and in each engine's settings file, with exactly
+    the keys the operator writes for that spec (the same file, so the same config hash)."""
+    from moonlease_connector.core.retention import RetentionSettings
+    from moonlease_operator.api.policy import ConnectorSpec
+    from moonlease_operator.core.settings import build_connector_settings
+
+    objects = render_objects(chart, {"vllm": {"connector": {"retention": pieces}}})
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    fields = {"skip": "retentionSkip", "pin": "retentionPin", "retry": "retentionRetry"}
+    assert policy["spec"]["connector"] == {"leaseMode": "leaseAll", "junctionRetention": False,
+                                           **{fields[piece]: True for piece in pieces}}
+    operator_file = build_connector_settings(ConnectorSpec.model_validate(policy["spec"]["connector"])).file
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    assert len(engines) == 2
+    for engine in engines:
+        assert running_settings(objects, engine).retention == RetentionSettings(**pieces)
+        volume = next(v for v in engine["spec"]["template"]["spec"]["volumes"]
+                      if v["name"] == "moonlease-connector-settings")
+        rendered = json.loads(one(objects, "ConfigMap", volume["configMap"]["name"])["data"][SETTINGS_FILE_NAME])
+        assert {k: v for k, v in rendered.items() if k.startswith("mooncake_")} == dict(operator_file)
+
+
 def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
     """lastHitOnly reaches every engine as the connector's own switch, and the policy declares the
     targets hybrid (the operator's compatibility gate asks for it)."""

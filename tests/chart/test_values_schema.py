@@ -168,6 +168,10 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
     "a managed arm with its own junction setting": (
         {"vllm": {"arms": [{"name": "control"}, {"name": "treatment", "junctionRetention": True}]}},
         'vllm.arms: arm "treatment" sets junctionRetention true but the policy'),
+    "retention pin on a master that never evicts pinned objects": (
+        {"vllm": {"connector": {"retention": {"pin": True}}},
+         "mooncake": {"master": {"settings": {"allow_evict_soft_pinned_objects": False}}}},
+        "vllm.connector.retention.pin needs mooncake.master.settings.allow_evict_soft_pinned_objects true"),
     "a policy with no targets": (
         {"vllm": {"enabled": False}}, "policy.enabled needs at least one target"),
     "a rollout without the master stage": (

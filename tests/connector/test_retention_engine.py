@@ -168,3 +168,157 @@ def test_pin_pins_only_a_prefix_four_prompts_share_once_a_save_writes_it(
     # the prompt's own blocks (and its window tail) plain.
     assert after["master_soft_pin_key_count"] == pinned_reported == shared_blocks
     assert after["master_key_count"] > shared_blocks
+
+
+FILLER_BYTES = 16 << 10
+
+
+def fill_and_lease(master) -> list[str]:
+    """Fill the pool's segment with objects and lease them all: the next puts are refused.
+
+    Each batch is leased (`batch_is_exist`) as soon as it is stored, so the master, which
+    evicts only lease-expired objects, cannot make room before the leases run out.
+    """
+    client = connect_store_client(master)
+    try:
+        value = b"\0" * FILLER_BYTES
+        names: list[str] = []
+        for batch in range(4096):
+            keys = [f"filler-{batch}-{i}" for i in range(64)]
+            code = client.put_batch(keys, [value] * len(keys))
+            names += keys
+            client.batch_is_exist(names)  # lease what is stored (and renew the earlier leases)
+            if code != 0:
+                break
+        else:
+            raise AssertionError("the store never refused a put")
+        # A refused batch may leave up to 64 objects' room: fill it one object at a time, so
+        # not even one of the engine's blocks (16 KiB each, like the fillers) fits.
+        for extra in range(64):
+            name = f"filler-last-{extra}"
+            code = client.put(name, value)
+            if code != 0:
+                break
+            names.append(name)
+            client.batch_is_exist(names)
+        client.batch_is_exist(names)
+    finally:
+        client.close()
+    return names
+
+
+def engine_keys(master, fillers: list[str]) -> float:
+    """Keys in the store that are not fillers (lease-free probe: renews nothing)."""
+    from moonlease.bench.stores import fetch_presence
+
+    client = connect_store_client(master)
+    try:
+        present = sum(fetch_presence(client, fillers)) if fillers else 0
+    finally:
+        client.close()
+    return master.metrics()["master_key_count"] - present
+
+
+def test_retry_stores_what_a_full_store_refused_once_leases_run_out(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
+    """``mooncake_retention_retry``: a writer saves A into a store whose every object is leased
+    (each put refused with NO_AVAILABLE_HANDLE). Off, the keys are lost and a fresh reader of
+    A's next turn misses; on, the send thread puts them again until the leases (3 s) run out
+    and the master evicts, and the reader hits. The retry policy is stretched for the test
+    (40 attempts 100 ms apart instead of 3 x 20 ms) so the leases expire inside it on a loaded
+    machine; the engine runs in this process, so the patched module global is the one its
+    send thread reads."""
+    from moonlease_connector.adapters import vllm_retention
+    from moonlease_connector.core.put_retry import PutRetryPolicy
+
+    monkeypatch.setattr(vllm_retention, "DEFAULT_PUT_RETRY", PutRetryPolicy(attempts=40, delay_s=0.1))
+    cold = cold_outputs(vllm_engine, "swa", {"written": A, "read": NEXT_TURN})
+    runs = {}
+    # "room": upstream's save into a store with room to spare (the hit a save that lands gives).
+    for case, on, full in (("room", False, False), ("off", False, True), ("on", True, True)):
+        master = mooncake_master_factory(default_kv_lease_ttl=3000)
+        store_pool_factory(master, segment_bytes=16 << 20)
+        config = write_engine_store_config(master, tmp_path / f"mooncake-retry-{case}.json")
+        settings = {"kv_transfer_config": moonlease_transfer_config(
+            **({"mooncake_retention_retry": True} if on else {})), "mooncake_config_path": config}
+        writer = vllm_engine("swa", **settings)
+        if full:
+            fill_and_lease(master)
+        refused_before = master.metrics().get("master_put_start_alloc_failures_total", 0.0)
+        assert_same(ve.generate_greedy(writer, [A], max_tokens=8, logprobs=True)[0], cold["written"], (case, "w"))
+        ve.wait_for_saves(writer)
+        retried = retention_keys(writer, "retried")
+        vllm_engine.stop(writer)
+        refused = master.metrics().get("master_put_start_alloc_failures_total", 0.0) - refused_before
+        if full:
+            time.sleep(3.5)  # the fillers' leases run out: the reader's lookup and saves have room
+        reader = vllm_engine("swa", **settings)
+        before = ve.prefix_cache_counters(reader)
+        assert_same(ve.generate_greedy(reader, [NEXT_TURN], max_tokens=8, logprobs=True)[0], cold["read"],
+                    (case, "r"))
+        hit = ve.prefix_cache_counters(reader).external_hits - before.external_hits
+        vllm_engine.stop(reader)
+        runs[case] = {"refused": refused, "retried": retried, "hit": hit}
+    print("retention retry room / off / on:", runs["room"], runs["off"], runs["on"])
+    assert runs["room"]["refused"] == 0 and runs["room"]["hit"] > 0
+    assert runs["off"]["refused"] > 0 and runs["on"]["refused"] > 0  # the writer's puts were refused
+    assert runs["off"]["retried"] == 0 and runs["off"]["hit"] == 0  # upstream: the save is lost
+    # On: every refused key stored again (13 full-attention blocks and the two window blocks
+    # of the tail the sparse save keeps, ending at 384), so the reader loads what it loads
+    # from a store with room to spare.
+    assert runs["on"]["retried"] == 416 // 32 + 2
+    assert runs["on"]["hit"] == runs["room"]["hit"]
+
+
+def test_retry_on_a_hybrid_model_puts_again_only_the_mamba_state_a_continuation_reads(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
+    """``mooncake_retention_retry`` on the hybrid model under dense retention (prefill in
+    128-token chunks: a Mamba state at 128, 256, 384 and 512 of a 520-token prompt, plus 4
+    full-attention blocks): into a full, leased store the states' puts are refused as prefill
+    goes; retry puts again the state at 512 — where the next turn resumes — until the leases
+    run out, and not the intermediate states (`plan_save_retention`'s `retried`), whose
+    refusals must not read as store pressure to upstream (which would skip the rest of the
+    request's saves). The store then holds the 4 blocks and the one state, and a fresh reader
+    of the next turn loads as much as from a store with room to spare. Retry policy stretched
+    as above."""
+    from moonlease_connector.adapters import vllm_retention
+    from moonlease_connector.core.put_retry import PutRetryPolicy
+
+    monkeypatch.setattr(vllm_retention, "DEFAULT_PUT_RETRY", PutRetryPolicy(attempts=40, delay_s=0.1))
+    written, read = CONVERSATION[:520], CONVERSATION[:620]
+    cold = cold_outputs(vllm_engine, "hybrid", {"written": written, "read": read}, **CHUNKED)
+    runs = {}
+    for case, full in (("room", False), ("full", True)):
+        master = mooncake_master_factory(default_kv_lease_ttl=3000)
+        store_pool_factory(master, segment_bytes=16 << 20)
+        config = write_engine_store_config(master, tmp_path / f"mooncake-hybrid-retry-{case}.json")
+        settings = {"kv_transfer_config": moonlease_transfer_config(mooncake_retention_retry=True),
+                    "mooncake_config_path": config, **CHUNKED}
+        writer = vllm_engine("hybrid", **settings)
+        fillers = fill_and_lease(master) if full else []
+        assert_same(ve.generate_greedy(writer, [written], max_tokens=8, logprobs=True)[0], cold["written"],
+                    (case, "w"))
+        ve.wait_for_saves(writer)
+        retried = retention_keys(writer, "retried")
+        vllm_engine.stop(writer)
+        if full:
+            time.sleep(3.5)
+        stored = engine_keys(master, fillers)
+        reader = vllm_engine("hybrid", **settings)
+        before = ve.prefix_cache_counters(reader)
+        assert_same(ve.generate_greedy(reader, [read], max_tokens=8, logprobs=True)[0], cold["read"], (case, "r"))
+        hit = ve.prefix_cache_counters(reader).external_hits - before.external_hits
+        vllm_engine.stop(reader)
+        runs[case] = {"retried": retried, "hit": hit, "stored": stored}
+    print("hybrid retention retry room / full:", runs["room"], runs["full"])
+    assert runs["room"]["retried"] == 0 and runs["room"]["hit"] >= 512
+    # With room the save stores 4 full-attention blocks and 4 states (every key of them).
+    room_keys = runs["room"]["stored"]
+    states = (room_keys - 4) // 4  # keys per state (rank namespaces of the Mamba group)
+    assert room_keys == 4 + 4 * states
+    # Full store: the state at 512 is put again once the leases run out (the blocks, saved last,
+    # may find room by then), the 3 intermediate states are not: 4 blocks and one state stored,
+    # and the refusals did not stop the rest of the save (upstream's pressure skip).
+    assert runs["full"]["retried"] >= states
+    assert runs["full"]["stored"] == 4 + states
+    assert runs["full"]["hit"] == runs["room"]["hit"]

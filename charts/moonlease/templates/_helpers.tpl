@@ -130,6 +130,15 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
 {{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- /* Retention keys only when a piece is on, as the operator renders them (same config hash). */ -}}
+{{- $retention := $v.connector.retention | default dict -}}
+{{- if or $retention.pin $retention.skip -}}
+{{- $_ := set $file "mooncake_retention_pin" (eq $retention.pin true) -}}
+{{- $_ := set $file "mooncake_retention_skip" (eq $retention.skip true) -}}
+{{- end -}}
+{{- if $retention.retry -}}
+{{- $_ := set $file "mooncake_retention_retry" true -}}
+{{- end -}}
 {{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
 {{- dict "file" $file "kvTransferConfig" $kv | toJson -}}

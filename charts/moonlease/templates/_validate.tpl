@@ -25,6 +25,9 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and (has "lastHitOnly" $modes) (not .Values.vllm.hybrid) -}}
 {{- fail "leaseMode lastHitOnly is for hybrid models (full attention + align-mode Mamba): set vllm.hybrid=true for such a model, or choose leaseAll or selective" -}}
 {{- end -}}
+{{- if and (.Values.vllm.connector.retention | default dict).pin (eq (toString (index $m.master.settings "allow_evict_soft_pinned_objects")) "false") -}}
+{{- fail "vllm.connector.retention.pin needs mooncake.master.settings.allow_evict_soft_pinned_objects true (Mooncake's default): with false, pinned objects leave only when their pin expires and a full store refuses puts" -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.vllm.arms -}}
 {{- if has .name $names -}}

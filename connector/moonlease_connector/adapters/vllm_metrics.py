@@ -11,8 +11,9 @@ appear there under their operation label). Our own families:
 - `vllm:moonlease_lookup_junctions_total`: shared-prefix junctions lookups returned (seed 004)
 - `vllm:moonlease_junction_tail_keys_saved_total`: store keys saves wrote only because of a
   junction (tails the store already held, or whose block was freed, are not counted)
-- `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"}`: Moonlease retention
-  (issue 21): keys saves put soft-pinned, and keys the save plan kept out of the store
+- `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"|"retried"}`: Moonlease
+  retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of the store,
+  and keys stored by putting them again after the store refused them for lack of space
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
 - with a settings file: `vllm:moonlease_settings_info{lease_mode, junction_retention,
   settings_hash, source}` (what runs, value 1; the previous label set is removed on a switch)
@@ -108,7 +109,7 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
         tails = self.data.get(JUNCTION_TAILS_KEY, [])
         if tails:
             reduced["junction_tail_keys_saved"] = sum(int(r["keys"]) for r in tails)
-        for decision in ("pinned", "skipped"):
+        for decision in ("pinned", "skipped", "retried"):
             keys = sum(int(r["keys"]) for r in self.data.get(RETENTION_KEY, []) if r["decision"] == decision)
             if keys:
                 reduced[f"retention_keys_{decision}"] = keys
@@ -143,8 +144,9 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             labelnames=labelnames)
         self._retention = self._counter_cls(
             name="vllm:moonlease_retention_keys_total",
-            documentation="Moonlease retention: keys saves put soft-pinned (pinned) and keys the "
-                          "save plan kept out of the store (skipped).",
+            documentation="Moonlease retention: keys saves put soft-pinned (pinned), keys the "
+                          "save plan kept out of the store (skipped), and keys stored by a retried "
+                          "put after the store refused them for lack of space (retried).",
             labelnames=labelnames + ["decision"])
         self._capability = self._gauge_cls(
             name="vllm:moonlease_store_capability_info",

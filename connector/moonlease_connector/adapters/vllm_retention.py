@@ -11,6 +11,7 @@ benchmark both ask `build_resume_set`, then `core.retention.plan_save_retention`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,12 @@ from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread, JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import junctions_of
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
+from moonlease_connector.core.put_retry import (
+    DEFAULT_PUT_RETRY,
+    PutRetryPolicy,
+    answers_for_upstream,
+    plan_put_retry,
+)
 from moonlease_connector.core.retention import (
     ChunkKind,
     ChunkRetention,
@@ -108,14 +115,21 @@ class RetentionStoreMasks(JunctionStoreMasks):
         return tuple(result)
 
 
-class _PinningStore:
-    """The thread's store handle: puts of resume-set keys carry a soft pin, others as before."""
+class _RetentionStore:
+    """The thread's store handle: puts of pinned keys carry a soft pin, others as before; with
+    ``retry``, keys refused for lack of space are put again (`core.put_retry`)."""
 
     def __init__(self, store: Any, pinned: Callable[[str], bool],
-                 on_pinned: Callable[[int], None]) -> None:
+                 on_retention: Callable[[str, int], None],
+                 retry: Callable[[], PutRetryPolicy | None] = lambda: None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 retryable: Callable[[str], bool] = lambda key: True) -> None:
         self._store = store
         self._pinned = pinned
-        self._on_pinned = on_pinned
+        self._retryable = retryable
+        self._on_retention = on_retention
+        self._retry = retry
+        self._sleep = sleep
         self._configs: dict[int, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -126,25 +140,43 @@ class _PinningStore:
             self._configs = {id(config): build_soft_pin_config(config)}
         return self._configs[id(config)]
 
-    def batch_put_from_multi_buffers(self, keys: list[str], addrs: list[Any], sizes: list[Any],
-                                     config: Any = None, *args: Any) -> list[int]:
-        pinned = [i for i, key in enumerate(keys) if self._pinned(key)]
-        if not pinned:
-            return self._store.batch_put_from_multi_buffers(keys, addrs, sizes, config, *args)
-        plain = [i for i in range(len(keys)) if i not in set(pinned)]
-        results: list[int] = [0] * len(keys)
-        for indices, put_config in ((pinned, self._pin_config(config)), (plain, config)):
-            if not indices:
+    def _put(self, keys: list[str], addrs: list[Any], sizes: list[Any], config: Any,
+             args: tuple[Any, ...], indices: Sequence[int], results: list[int]) -> None:
+        """Put `indices` of the batch (pinned ones with the pin config), answers into `results`."""
+        pinned = [i for i in indices if self._pinned(keys[i])]
+        plain = [i for i in indices if not self._pinned(keys[i])]
+        for group, put_config in ((pinned, self._pin_config(config) if pinned else None), (plain, config)):
+            if not group:
                 continue
             answers = self._store.batch_put_from_multi_buffers(
-                [keys[i] for i in indices], [addrs[i] for i in indices], [sizes[i] for i in indices],
+                [keys[i] for i in group], [addrs[i] for i in group], [sizes[i] for i in group],
                 put_config, *args)
-            for i, answer in zip(indices, answers, strict=True):
+            for i, answer in zip(group, answers, strict=True):
                 results[i] = answer
-        written = sum(1 for i in pinned if results[i] >= 0)
+
+    def batch_put_from_multi_buffers(self, keys: list[str], addrs: list[Any], sizes: list[Any],
+                                     config: Any = None, *args: Any) -> list[int]:
+        policy = self._retry()
+        if policy is None and not any(self._pinned(key) for key in keys):
+            return self._store.batch_put_from_multi_buffers(keys, addrs, sizes, config, *args)
+        results: list[int] = [0] * len(keys)
+        self._put(keys, addrs, sizes, config, args, range(len(keys)), results)
+        attempts = 0
+        retryable = [self._retryable(key) for key in keys] if policy is not None else None
+        while policy is not None:
+            again = plan_put_retry(results, attempts, policy, retryable)
+            if not again:
+                break
+            attempts += 1
+            self._sleep(policy.delay_s)
+            self._put(keys, addrs, sizes, config, args, again, results)
+            stored = sum(1 for i in again if results[i] >= 0)
+            if stored:
+                self._on_retention("retried", stored)
+        written = sum(1 for i, key in enumerate(keys) if results[i] >= 0 and self._pinned(key))
         if written:
-            self._on_pinned(written)
-        return results
+            self._on_retention("pinned", written)
+        return answers_for_upstream(results, retryable)
 
 
 class RetentionSendingThread(JunctionSendingThread):
@@ -154,7 +186,9 @@ class RetentionSendingThread(JunctionSendingThread):
     ``pin`` its shared prefix (`shared_prefixes`, then `build_shared_set`), the plan
     (`core.retention.plan_save_retention`) over every chunk the job could write; window
     chunks the plan skips leave the save mask, recurrent states it skips leave the boundary
-    puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`. Keys already in
+    puts, and puts of pinned keys go out with a soft-pin `ReplicateConfig`. With ``retry``,
+    keys a put was refused for lack of space are put again (`core.put_retry`) before the
+    job reports its answers to upstream's thread. Keys already in
     the store are not re-put, so a shared prefix is pinned when a save writes it: after the
     tracker has seen it shared, the next time it is missing (evicted, or on a fresh store).
     """
@@ -174,9 +208,12 @@ class RetentionSendingThread(JunctionSendingThread):
         self._pinned_keys: frozenset[str] = frozenset()
         self._skipped_keys: frozenset[str] = frozenset()
         self._boundary_dropped = 0
-        # Passes puts through untouched while the current job has no pinned keys.
-        self.store = _PinningStore(self.store, lambda key: key in self._pinned_keys,
-                                   lambda keys: self._on_retention("pinned", keys))
+        # Passes puts through untouched while the current job has no pinned keys and retry is off.
+        self._unretried_keys: frozenset[str] = frozenset()
+        self.store = _RetentionStore(
+            self.store, lambda key: key in self._pinned_keys, self._on_retention,
+            retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,
+            retryable=lambda key: key not in self._unretried_keys)
 
     def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
         db = self.token_databases[group_id]
@@ -208,7 +245,11 @@ class RetentionSendingThread(JunctionSendingThread):
         plan = plan_save_retention(chunks, resume, settings, shared)
         pinned: set[str] = set()
         skipped: set[str] = set()
+        unretried: set[str] = set()
         window_skips: dict[int, set[int]] = {}
+        for chunk, again in zip(chunks, plan.retried, strict=False):
+            if not again:
+                unretried.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
         for chunk, decision in zip(chunks, plan.decisions, strict=True):
             if decision is ChunkRetention.PINNED:
                 pinned.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
@@ -216,16 +257,18 @@ class RetentionSendingThread(JunctionSendingThread):
                 skipped.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
                 window_skips.setdefault(chunk.group_id, set()).add(chunk.chunk)
         self._pinned_keys, self._skipped_keys = frozenset(pinned), frozenset(skipped)
+        self._unretried_keys = frozenset(unretried)
         self.masks.skipped = {g: frozenset(c) for g, c in window_skips.items()}
 
     def _handle_request(self, req_meta: Any) -> None:
         try:
-            if self.retention_now().active:
+            if self.retention_now().active:  # retry too: it re-puts only what the plan marks
                 self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+            self._unretried_keys = frozenset()
         self.masks.dropped = {}
         self._boundary_dropped = 0
         try:
@@ -237,6 +280,7 @@ class RetentionSendingThread(JunctionSendingThread):
             if skipped:
                 self._on_retention("skipped", skipped)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
+            self._unretried_keys = frozenset()
 
     def _boundary_puts(self, req_meta: Any) -> list[Any]:
         puts = super()._boundary_puts(req_meta)

@@ -35,6 +35,9 @@ Pieces (each a connector setting, off by default; README "Choosing a retention p
 - ``skip``: do not write window blocks or recurrent states outside the resume set (and the
   shared prefix) at all (they stay out of the store: bytes for more sessions). Full-attention blocks are never
   skipped: every longer prompt over them reads them.
+- ``retry``: put again, once the master has evicted, the keys a put was refused for lack of
+  space (`core.put_retry`) — every full-attention and window chunk, recurrent states only in
+  the resume set or shared prefix (`SaveRetentionPlan.retried`).
 """
 
 from __future__ import annotations
@@ -66,9 +69,16 @@ class RetentionSettings:
 
     pin: bool = False
     skip: bool = False
+    retry: bool = False
 
     @property
     def active(self) -> bool:
+        """Any piece on (the connector then runs its retention send thread)."""
+        return self.pin or self.skip or self.retry
+
+    @property
+    def plans_saves(self) -> bool:
+        """A piece that decides chunk by chunk (`plan_save_retention`) is on."""
         return self.pin or self.skip
 
 
@@ -83,9 +93,14 @@ class SaveChunk:
 
 @dataclass(frozen=True)
 class SaveRetentionPlan:
-    """Per chunk of the save, in the order given: how to write it."""
+    """Per chunk of the save, in the order given: how to write it.
+
+    `retried[i]` (with ``retry``; empty otherwise): whether chunk i is put again when the
+    store refuses it for lack of space — only what a continuation reads (`plan_save_retention`).
+    """
 
     decisions: tuple[ChunkRetention, ...]
+    retried: tuple[bool, ...] = ()
 
     def count(self, decision: ChunkRetention) -> int:
         return sum(1 for d in self.decisions if d is decision)
@@ -100,11 +115,22 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
     adapters' `load_mask` at the prompt's end and at its junctions); `shared_set` the pairs a
     hit at the end of the prompt's shared prefix loads (empty when nothing is shared). With
     ``pin`` the shared set is pinned; with ``skip`` window and recurrent chunks in neither set
-    are skipped. Full-attention chunks are never skipped.
+    are skipped. Full-attention chunks are never skipped. With ``retry`` the plan also says
+    which chunks are put again after a refusal (`SaveRetentionPlan.retried`).
     """
     decisions = []
+    retried = []
     for chunk in chunks:
         key = (chunk.group_id, chunk.chunk)
+        # `retry` re-puts full-attention and window blocks, but recurrent states only in the
+        # resume set or the shared prefix: re-putting dense retention's intermediate Mamba states
+        # (4x a block each) took room from conversations (hybrid trace at 0.05: -0.8 points over
+        # three runs, `git show a7dea1c:benchmarks/results/retention_retry_spread_hybrid.md`).
+        # Window blocks stay retried: under sparse retention the tails a save writes end at the
+        # replay boundary (align(prompt - 1): where the same prompt resumes), which the resume
+        # set, taken at the prompt's end, does not hold.
+        retried.append(settings.retry and (chunk.kind is not ChunkKind.RECURRENT or key in resume_set
+                                           or key in shared_set))
         if settings.pin and key in shared_set:
             decisions.append(ChunkRetention.PINNED)
         elif key in resume_set or key in shared_set:
@@ -113,4 +139,4 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
             decisions.append(ChunkRetention.SKIPPED)
         else:
             decisions.append(ChunkRetention.PLAIN)
-    return SaveRetentionPlan(tuple(decisions))
+    return SaveRetentionPlan(tuple(decisions), tuple(retried) if settings.retry else ())

@@ -231,6 +231,11 @@ class ConnectorSpec(ApiModel):
     retention_skip: bool = False
     """Moonlease retention: saves do not write sliding-window blocks or recurrent (Mamba) states
     that no continuation of the prompt loads (dense retention's intermediate states)."""
+    retention_retry: bool = False
+    """Moonlease retention: keys a save's put was refused for lack of space (NO_AVAILABLE_HANDLE)
+    are put again once the master has evicted (up to 3 times, 20 ms apart) instead of being
+    dropped; Mamba states only where a continuation resumes, not dense retention's
+    intermediate ones. Needs nothing from the master."""
 
 
 _ONE_OF_NAME_SELECTOR = CelRule(

@@ -46,7 +46,8 @@ def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
     config = MoonleaseConnectorConfig.for_mode(connector.lease_mode,
                                                junction_retention=connector.junction_retention,
                                                retention=RetentionSettings(pin=connector.retention_pin,
-                                                                           skip=connector.retention_skip))
+                                                                           skip=connector.retention_skip,
+                                                                           retry=connector.retention_retry))
     file = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
     digest = build_config_hash({"connector": CONNECTOR_CLASS, "file": file})
     return ConnectorSettings(file=file, config_hash=digest)
