@@ -189,19 +189,27 @@ def write_plots(results: dict[str, Any], folder: Path, plot_prefix: str = "serve
 
     workloads = sorted({r["workload"] for r in results["runs"]})
     written = []
-    for suffix, title, keys in (("ttft", "TTFT (s): p50 / p90 / p99",
+    for suffix, title, keys in (("ttft", "TTFT (s): p50 / p90 / p99 (bars: range over replays)",
                                  ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")),
-                                ("hit_rate", "store hit rate (%)", ("store_hit_rate",))):
+                                ("hit_rate", "store hit rate (%, bars: range over replays)",
+                                 ("store_hit_rate",))):
         fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
         for ax, workload in zip(axes[0], workloads):
             runs = [r for r in results["runs"] if r["workload"] == workload]
             labels = [f"{r['mode']}\n{r['pressure']['name']}" for r in runs]
             width = 0.8 / len(keys)
+            scale = 100 if suffix == "hit_rate" else 1
             for k, key in enumerate(keys):
-                values = [r["summary"][key] for r in runs]
-                values = [float("nan") if v is None else (100 * v if suffix == "hit_rate" else v)
-                          for v in values]
+                values = [float("nan") if r["summary"][key] is None else scale * r["summary"][key]
+                          for r in runs]
+                # Error bars: the range over the replays (lowest to highest), where there were several.
+                low, high = [], []
+                for run, value in zip(runs, values):
+                    spread = (run.get("spread") or {}).get(key)
+                    low.append(value - scale * spread[0] if spread else 0.0)
+                    high.append(scale * spread[1] - value if spread else 0.0)
                 ax.bar([i + k * width for i in range(len(runs))], values, width,
+                       yerr=[[max(v, 0.0) for v in low], [max(v, 0.0) for v in high]], capsize=2,
                        label=key.replace("ttft_", "").replace("_s", ""))
             ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(runs))], labels, fontsize=8)
             ax.set_title(f"{workload}: {title}")
