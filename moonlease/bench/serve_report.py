@@ -28,6 +28,12 @@ def _ranged(run: dict[str, Any], key: str, fmt: Any) -> str:
     return f"{text} ({fmt(spread[0]).rstrip(' %')}–{fmt(spread[1])})"
 
 
+def _load(run: dict[str, Any]) -> str:
+    """The machine's 1-minute load average when the cell started and ended (shared machine)."""
+    load = run.get("load_average")
+    return "n/a" if not load else f"{load[0]:.1f}–{load[1]:.1f}"
+
+
 def _misses(summary: dict[str, Any]) -> str:
     reusable = summary.get("reusable_by_age", {})
     if not reusable:
@@ -154,8 +160,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
         lines += [f"### {workload} ({info['layout']}): {info['requests']} requests, "
                   f"{info['prompt_tokens']} prompt tokens ({info['left_out']} over the length cap left out)", "",
                   "| pressure | mode | TTFT p50 (s) | p90 (s) | p99 (s) | store hit rate | reuse served | "
-                  "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed | "
+                  "machine load |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for run in results["runs"]:
             if run["workload"] != workload:
                 continue
@@ -166,7 +173,7 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                          f"{_ranged(run, 'store_hit_rate', _pct)} | {_ranged(run, 'reuse_served_rate', _pct)} | "
                          f"{_misses(s)} | {s['requests_per_s']:.2f} | {s['prompt_tokens_per_s']:.0f} | "
                          f"{_ranged(run, 'keys_leased_per_lookup', _num)} | {_num(s['evictions'], 0)} | "
-                         f"{s['requests_failed']} |")
+                         f"{s['requests_failed']} | {_load(run)} |")
         lines.append("")
     lines += [f"![TTFT per mode]({plot_prefix}_ttft.png)", "",
               f"![store hit rate per mode]({plot_prefix}_hit_rate.png)", ""]

@@ -271,6 +271,7 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
     summary, one summary per repeat, their spread and the raw numbers."""
     block = engine_block_tokens(case.model)
     local_prefix_cache = engine_prefix_cache(case.model, local_prefix_cache)
+    load_at_start = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
         master = MooncakeMaster(MasterSettings(eviction_high_watermark_ratio=pressure.watermark,
                                                default_kv_lease_ttl=lease_ttl_ms), log_dir=workdir)
@@ -311,6 +312,9 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
     errors = sorted({r.error for repeat in results for r in repeat if r.error})[:5]
     return {"model": case.model, "workload": case.workload, "mode": case.label,
             "pressure": asdict(pressure), "engine_prefix_cache": local_prefix_cache,
+            # The machine is shared: cells run one after another, so a mode compared with
+            # another ran under whatever load the machine had then (1-minute, start and end).
+            "load_average": [load_at_start, os.getloadavg()[0]],
             "summary": asdict(pooled), "repeats": per_repeat_dicts,
             "spread": {k: list(v) if v else None for k, v in spread_of(per_repeat_dicts).items()},
             "metric_deltas": summed, "metric_deltas_per_repeat": deltas,

@@ -42,6 +42,7 @@ def test_serve_bench_runs_a_case_and_writes_its_report(tmp_path: Path) -> None:
     assert low <= high and {low, high} == {r["ttft_p90_s"] for r in record["repeats"]}
     # The engine kept no prefix cache of its own (the default): reuse came from the store.
     assert record["engine_prefix_cache"] is False
+    assert len(record["load_average"]) == 2  # the shared machine's load around the cell
     assert record["metric_deltas"]["local_hits"] == 0
     assert record["metric_deltas"]["external_hits"] > 0
     assert 0 < summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
