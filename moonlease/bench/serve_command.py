@@ -41,6 +41,13 @@ def _pressures(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a whole number of at least 1")
+    return value
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     default_cases = ",".join(f"{c.model}:{c.workload}:{c.label}" for c in DEFAULT_CASES)
     default_pressures = ",".join(f"{p.name}:{p.segment_mib}:{p.watermark}" for p in DEFAULT_PRESSURES)
@@ -52,8 +59,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     parser.add_argument("--duration-s", type=float, default=SERVE_KNOBS["duration_s"],
                         help=f"virtual seconds of trace arrivals (default {SERVE_KNOBS['duration_s']:g})")
-    parser.add_argument("--wall-s", type=float, default=30.0,
-                        help="wall seconds the trace's arrivals are scaled to (default 30)")
+    parser.add_argument("--wall-s", type=float, default=45.0,
+                        help="wall seconds the trace's arrivals are scaled to (default 45)")
+    parser.add_argument("--repeats", type=_positive, default=2,
+                        help="replays of the trace per case and pressure, each from an empty store and "
+                             "engine cache; the report pools them and shows their range (default 2)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests in flight at most (default 4)")
     parser.add_argument("--max-prompt-tokens", type=int, default=1536,
@@ -65,6 +75,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "prompts: hybrid-serve 4 MiB, swa-serve 2 MiB; so most reuse has to come "
                              "from the store, as on a fleet where a session's next turn may land on "
                              "another engine)")
+    parser.add_argument("--engine-prefix-cache", choices=("on", "off"), default="off",
+                        help="the engine's own prefix cache. off (default): every reuse must come from the "
+                             "store, as on a fleet where each request lands on an engine that has not seen "
+                             "its prefix, so the store's contents (what the lease mode kept) decide each "
+                             "hit; hybrid models keep it on whatever this says (vLLM's align mode for Mamba "
+                             "needs it), with the engine's KV cache sized to about two prompts")
     parser.add_argument("--lease-ttl-ms", type=int, default=2000,
                         help="the master's default_kv_lease_ttl (default 2000)")
     parser.add_argument("--calibrate-tokens", type=int, default=1024,
@@ -75,6 +91,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-logs", action="store_true", help="keep server logs after a good run")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="only rewrite the report and plots from an earlier run's raw JSON")
+    parser.add_argument("--notes", type=Path, metavar="MARKDOWN",
+                        help="a paragraph on what the run shows, kept in the raw JSON and printed "
+                             "under 'Reading this run' (with --render: replaces the JSON's)")
 
 
 def _write_report(results: dict[str, Any], out: Path) -> None:
@@ -89,7 +108,10 @@ def _write_report(results: dict[str, Any], out: Path) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     if args.render is not None:
-        _write_report(json.loads(args.render.read_text()), args.out)
+        results = json.loads(args.render.read_text())
+        if args.notes is not None:
+            results["notes"] = args.notes.read_text()
+        _write_report(results, args.out)
         return 0
     os.environ.setdefault("GLOG_minloglevel", "1")
     from moonlease import devenv
@@ -129,7 +151,7 @@ def run_serve(args: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
     calibrated: set[str] = set()
     failed: list[str] = []
-    total = sum(len(plans[c.workload][1]) for c in args.cases) * len(args.pressures)
+    total = sum(len(plans[c.workload][1]) for c in args.cases) * len(args.pressures) * args.repeats
     interrupted = False
     with tqdm(total=total, desc="serve", unit="req", file=sys.stderr) as progress:
         try:
@@ -143,6 +165,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                           kv_cache_mib=args.kv_cache_mib or KV_CACHE_MIB.get(case.model, 4),
                                           max_model_len=args.max_prompt_tokens + args.max_output_tokens,
                                           lease_ttl_ms=args.lease_ttl_ms, calibrate_tokens=calibrate,
+                                          repeats=args.repeats,
+                                          local_prefix_cache=args.engine_prefix_cache == "on",
                                           retention_interval=DENSE_RETENTION_INTERVAL
                                           if plans[case.workload][0].header.retention == "dense" else None,
                                           say=say, on_done=lambda _r: progress.update(1))
@@ -152,8 +176,13 @@ def run_serve(args: argparse.Namespace) -> int:
                         continue
                     calibrated.add(case.model)
                     summary = record["summary"]
-                    say(f"  {case.model} {case.label} @ {pressure.name}: TTFT p50 {summary['ttft_p50_s']:.2f} s, "
-                        f"p90 {summary['ttft_p90_s']:.2f} s; store hit rate "
+                    cal = record.get("calibration")
+                    if cal:
+                        say(f"  {case.model}: prefill {cal['prefill_ms_per_token']:.2f} ms/token, store load "
+                            f"at most {_num(cal['load_ms_per_token'])} ms/token ({cal['prompt_tokens']}-token "
+                            f"prompt, medians of {cal['repeats']})")
+                    say(f"  {case.model} {case.label} @ {pressure.name} ({args.repeats} runs pooled): TTFT p50 "
+                        f"{summary['ttft_p50_s']:.2f} s, p90 {summary['ttft_p90_s']:.2f} s; store hit rate "
                         f"{_pct(summary['store_hit_rate'])}; {summary['requests_failed']} failed")
                     runs.append(record)
         except KeyboardInterrupt:
@@ -167,15 +196,17 @@ def run_serve(args: argparse.Namespace) -> int:
     results = {"command": command.strip(), "environment": environment, "interrupted": interrupted,
                "settings": {"seed": args.seed, "knobs": {k: list(v) if isinstance(v, tuple) else v
                                                          for k, v in knobs.items()},
-                            "wall_s": args.wall_s, "concurrency": args.concurrency,
+                            "wall_s": args.wall_s, "repeats": args.repeats, "concurrency": args.concurrency,
                             "max_prompt_tokens": args.max_prompt_tokens,
                             "max_output_tokens": args.max_output_tokens, "kv_cache_mib": args.kv_cache_mib,
-                            "lease_ttl_ms": args.lease_ttl_ms,
+                            "lease_ttl_ms": args.lease_ttl_ms, "engine_prefix_cache": args.engine_prefix_cache,
                             "pressures": [asdict(p) for p in args.pressures]},
                "traces": {w: {"requests": len(p), "left_out": n, "prompt_tokens": sum(len(r.token_ids) for r in p),
                               "virtual_s": t.span_s, "layout": t.header.layout}
                           for w, (t, p, n) in plans.items()},
                "wall_seconds": time.monotonic() - started, "runs": runs, "failed_cases": failed}
+    if args.notes is not None:
+        results["notes"] = args.notes.read_text()
     if runs:
         _write_report(results, args.out)
     if not args.keep_logs and not interrupted and not failed:
@@ -187,3 +218,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f} %"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

@@ -71,8 +71,8 @@ DEFAULT_CASES: tuple[ServeCase, ...] = (
     ServeCase("swa-serve", "agentic-swa", LeaseMode.LEASE_ALL),
     ServeCase("swa-serve", "agentic-swa", LeaseMode.LEASE_ALL, junctions=True),
 )
-#: mooncake_client refuses a segment under 16 MiB, and the default trace stores about 15 MiB
-#: (hybrid) and 5 MiB (sliding window): below 16 MiB the pressure comes from the master's
+#: mooncake_client refuses a segment under 16 MiB, and the default trace stores about 20 MiB
+#: (hybrid) and 8 MiB (sliding window): below 16 MiB the pressure comes from the master's
 #: eviction watermark, which starts evicting at that share of the segment (0.25: 4 MiB, 0.1:
 #: 1.6 MiB), so that the high-pressure cells do evict.
 DEFAULT_PRESSURES: tuple[Pressure, ...] = (
@@ -83,7 +83,10 @@ DEFAULT_PRESSURES: tuple[Pressure, ...] = (
 #: Trace knobs for serving on a CPU: no document-sized prompts, shorter system prompts.
 SERVE_KNOBS: dict[str, Any] = {"p_long": 0.0, "system_blocks": 16, "first_blocks": (4, 16),
                                "turn_blocks": (2, 6), "output_blocks": (1, 4),
-                               "duration_s": 300.0, "sessions_per_min": 3.0}
+                               "duration_s": 450.0, "sessions_per_min": 3.0}
+#: Per-repeat figures whose range (lowest, highest) the report shows beside the pooled value.
+SPREAD_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "store_hit_rate", "reuse_served_rate",
+               "keys_leased_per_lookup")
 
 
 def parse_cases(text: str) -> tuple[ServeCase, ...]:
@@ -252,3 +255,101 @@ def summarize(planned: Sequence[PlannedRequest], results: Sequence[RequestResult
         keys_leased_per_lookup=_ratio(metric_deltas.get("keys_leased"), lookups),
         keys_probed_per_lookup=_ratio(metric_deltas.get("keys_probed"), lookups),
         lookups=lookups, evictions=metric_deltas.get("evictions"))
+
+
+def summarize_repeats(planned: Sequence[PlannedRequest], results: Sequence[Sequence[RequestResult]],
+                      walls_s: Sequence[float], deltas: Sequence[Mapping[str, float]], *,
+                      block_tokens_hint: int = 16) -> tuple[CaseSummary, list[CaseSummary]]:
+    """One cell replayed several times: (pooled summary, one summary per repeat).
+
+    Pooled: percentiles over every repeat's requests, rates over the summed counters, throughput
+    over the summed wall time — what one run as long as all of them together would report.
+    """
+    if not (len(results) == len(walls_s) == len(deltas)) or not results:
+        raise ValueError("one result list, wall time and metric delta per repeat, at least one")
+    per_repeat = [summarize(planned, r, w, d, block_tokens_hint=block_tokens_hint)
+                  for r, w, d in zip(results, walls_s, deltas)]
+    summed: dict[str, float] = {}
+    for delta in deltas:
+        for key, value in delta.items():
+            summed[key] = summed.get(key, 0.0) + value
+    pooled = summarize(planned, [r for repeat in results for r in repeat], sum(walls_s), summed,
+                       block_tokens_hint=block_tokens_hint)
+    return pooled, per_repeat
+
+
+def spread_of(per_repeat: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float] | None]:
+    """(lowest, highest) of each `SPREAD_KEYS` figure over the repeats; None where unmeasured."""
+    spread: dict[str, tuple[float, float] | None] = {}
+    for key in SPREAD_KEYS:
+        values = [float(s[key]) for s in per_repeat
+                  if s.get(key) is not None and not math.isnan(float(s[key]))]
+        spread[key] = (min(values), max(values)) if values else None
+    return spread
+
+
+class Separation(str, Enum):
+    """How a mode's per-repeat figures sit against lease-all's in the same cell."""
+
+    LOWER = "lower"  # every repeat of the mode below every repeat of lease-all
+    HIGHER = "higher"  # every repeat above
+    OVERLAP = "overlap"  # the ranges overlap: no difference this run can tell from noise
+    SINGLE = "single run"  # one repeat each: no spread to compare against
+
+
+@dataclass(frozen=True)
+class ModeDifference:
+    """A mode against lease-all on one workload at one pressure (pooled figures, ranges)."""
+
+    workload: str
+    pressure: str
+    mode: str
+    ttft_p50_delta_s: float
+    ttft_p90_delta_s: float
+    hit_rate_delta_pts: float | None
+    ttft_p90: Separation
+    hit_rate: Separation
+
+
+def _separation(mode: tuple[float, float] | None, base: tuple[float, float] | None,
+                repeats: int) -> Separation:
+    if repeats < 2 or mode is None or base is None:
+        return Separation.SINGLE
+    if mode[1] < base[0]:
+        return Separation.LOWER
+    if mode[0] > base[1]:
+        return Separation.HIGHER
+    return Separation.OVERLAP
+
+
+def compare_modes(runs: Sequence[Mapping[str, Any]]) -> list[ModeDifference]:
+    """Every non-baseline mode against `leaseAll` in the same workload and pressure.
+
+    `runs` are the report's records (`workload`, `mode`, `pressure.name`, `summary`, and, with
+    repeats, `repeats` and `spread`). A mode *separates* from lease-all only when its range over
+    the repeats does not overlap lease-all's: the run's own noise is the yardstick.
+    """
+    base = {(r["workload"], r["pressure"]["name"]): r for r in runs if r["mode"] == LeaseMode.LEASE_ALL.value}
+    differences = []
+    for run in runs:
+        key = (run["workload"], run["pressure"]["name"])
+        if run["mode"] == LeaseMode.LEASE_ALL.value or key not in base:
+            continue
+        ref, s, b = base[key], run["summary"], base[key]["summary"]
+        repeats = min(len(run.get("repeats") or [None]), len(ref.get("repeats") or [None]))
+        mode_spread, base_spread = run.get("spread") or {}, ref.get("spread") or {}
+        hit = None
+        if s.get("store_hit_rate") is not None and b.get("store_hit_rate") is not None:
+            hit = 100 * (s["store_hit_rate"] - b["store_hit_rate"])
+        differences.append(ModeDifference(
+            workload=run["workload"], pressure=run["pressure"]["name"], mode=run["mode"],
+            ttft_p50_delta_s=s["ttft_p50_s"] - b["ttft_p50_s"],
+            ttft_p90_delta_s=s["ttft_p90_s"] - b["ttft_p90_s"], hit_rate_delta_pts=hit,
+            ttft_p90=_separation(_pair(mode_spread.get("ttft_p90_s")), _pair(base_spread.get("ttft_p90_s")), repeats),
+            hit_rate=_separation(_pair(mode_spread.get("store_hit_rate")),
+                                 _pair(base_spread.get("store_hit_rate")), repeats)))
+    return differences
+
+
+def _pair(value: Any) -> tuple[float, float] | None:
+    return None if value is None else (float(value[0]), float(value[1]))

@@ -19,6 +19,21 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _ranged(run: dict[str, Any], key: str, fmt: Any) -> str:
+    """The pooled value, and the repeats' range when there were several: `0.42 (0.38–0.47)`."""
+    text = fmt(run["summary"].get(key))
+    spread = (run.get("spread") or {}).get(key)
+    if spread is None or len(run.get("repeats") or []) < 2:
+        return text
+    return f"{text} ({fmt(spread[0]).rstrip(' %')}–{fmt(spread[1])})"
+
+
+def _load(run: dict[str, Any]) -> str:
+    """The machine's 1-minute load average when the cell started and ended (shared machine)."""
+    load = run.get("load_average")
+    return "n/a" if not load else f"{load[0]:.1f}–{load[1]:.1f}"
+
+
 def _misses(summary: dict[str, Any]) -> str:
     reusable = summary.get("reusable_by_age", {})
     if not reusable:
@@ -54,18 +69,38 @@ def render_seed_comparison(results: dict[str, Any]) -> list[str]:
     lines += ["",
               "Seed 002 reports TTFT P90 12.8 s with lease-all and 3.83 s with selective lease at a 95 % "
               "watermark, on GPU engines serving a production-sized model, where recomputing a prefix "
-              "costs far more than loading it and a fleet's working set overflows the store. Here "
-              "everything is scaled down: a tiny random-weight model on a shared 2-core CPU (the "
-              "calibration table shows how much cheaper a load is than a prefill here, which bounds "
-              "what any hit can save), a store of tens of MiB, five virtual minutes of trace in half "
-              "a wall minute, one engine with a small prefix cache of its own, and CPU contention "
-              "from other work on the machine (the load average above). A lease mode changes TTFT "
-              "only through the store hits it wins back, so the TTFT differences above are at most "
-              "the hit-rate difference times the prefill-vs-load gap; each cell is one run (no "
-              "spread measured), so small TTFT differences are within noise. Read the table as the "
-              "modes running end to end under real serving, with the direction of their hit-rate "
-              "effect, not as a reproduction of seed 002's factor.", ""]
+              "costs far more than loading it and a fleet's working set overflows the store for hours. "
+              "Here everything is scaled down: a small random-weight model on a shared 2-core CPU (the "
+              "calibration table above gives the prefill-vs-load gap here, which bounds what any hit "
+              "can save), a store of tens of MiB, minutes of trace compressed into under a wall minute, "
+              "one engine with a small prefix cache of its own that serves much of the reuse before the "
+              "store is asked, and CPU contention from other work on the machine (the load average "
+              "above). A lease mode changes TTFT only through the store hits it wins back, so a TTFT "
+              "difference is at most the hit-rate difference times that gap (plus the queueing it "
+              "saves); where the hit rates do not separate, neither can TTFT. The replays of each cell "
+              "give the run's own noise (the ranges in brackets, and the separation column above).", ""]
     return lines
+
+
+def render_mode_differences(results: dict[str, Any]) -> list[str]:
+    """Each mode against lease-all in the same cell: pooled deltas and whether the repeats'
+    ranges separate (`moonlease.bench.serve_plan.compare_modes` decides)."""
+    from moonlease.bench.serve_plan import compare_modes
+
+    lines = ["## Modes against leaseAll", "",
+             "Pooled differences (mode minus leaseAll, same workload and pressure). *Separated*: every "
+             "replay of the mode lies on one side of every replay of leaseAll (`lower`/`higher`); "
+             "`overlap`: the ranges overlap, so this run cannot tell the difference from its own noise.", "",
+             "| workload | pressure | mode | Δ TTFT p50 (s) | Δ TTFT p90 (s) | p90 separated | "
+             "Δ store hit rate (pts) | hit rate separated |", "| --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
+    differences = compare_modes(results["runs"])
+    for d in differences:
+        hit = "n/a" if d.hit_rate_delta_pts is None else f"{d.hit_rate_delta_pts:+.1f}"
+        lines.append(f"| {d.workload} | {d.pressure} | {d.mode} | {d.ttft_p50_delta_s:+.2f} | "
+                     f"{d.ttft_p90_delta_s:+.2f} | {d.ttft_p90.value} | {hit} | {d.hit_rate.value} |")
+    if not differences:
+        lines.append("| (no mode ran beside leaseAll) | | | | | | | |")
+    return lines + [""]
 
 
 def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
@@ -93,15 +128,22 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
               "again (its KV loaded from the store, the rest prefilled). Prefill per token: the cold TTFT "
               "less a one-token prompt's, over the prompt; load per token: the from-store TTFT less the "
               "prefill of the tokens the store did not give, over the tokens it gave (an upper bound: "
-              "scheduling and the first decode step included). Medians of 3.", "",
-              "| model | prompt tokens | cold TTFT (s) | from-store TTFT (s) | tokens from store | "
-              "prefill ms/token | load ms/token (upper bound) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+              "scheduling and the first decode step included). Medians of the repeats, after one "
+              "unmeasured warm-up of each (every engine gets that warm-up before its first request).", "",
+              "| model | prompt tokens | repeats | cold TTFT (s) | from-store TTFT (s) | tokens from store | "
+              "prefill ms/token | load ms/token (upper bound) | load / prefill |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for run in results["runs"]:
         cal = run.get("calibration")
         if cal:
-            lines.append(f"| {run['model']} | {cal['prompt_tokens']} | {_s(cal['cold_ttft_s'])} | "
+            ratio = cal.get("load_over_prefill")
+            if ratio is None and cal.get("load_ms_per_token") is not None and cal["prefill_ms_per_token"]:
+                ratio = cal["load_ms_per_token"] / cal["prefill_ms_per_token"]
+            lines.append(f"| {run['model']} | {cal['prompt_tokens']} | {cal.get('repeats', 3)} | "
+                         f"{_s(cal['cold_ttft_s'])} | "
                          f"{_s(cal['store_ttft_s'])} | {cal['tokens_from_store']:.0f} | "
-                         f"{_num(cal['prefill_ms_per_token'], 2)} | {_num(cal['load_ms_per_token'], 2)} |")
+                         f"{_num(cal['prefill_ms_per_token'], 2)} | {_num(cal['load_ms_per_token'], 2)} | "
+                         f"{_num(ratio, 2)}× |")
     lines.append("")
     lines += ["## Results", "",
               "TTFT measured by the client from sending to the first streamed token (a request waiting "
@@ -110,27 +152,35 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
               "any cache over tokens an earlier request of the trace had sent. *Misses by age*: requests "
               "that got a block or more less than they could reuse, by wall seconds since that prefix was "
               "last sent (missed/reusable requests). *Keys leased per lookup*: "
-              "`vllm:moonlease_lookup_keys_total{kind=\"leased\"}` over `vllm:moonlease_lookups_total`.", ""]
+              "`vllm:moonlease_lookup_keys_total{kind=\"leased\"}` over `vllm:moonlease_lookups_total`. "
+              f"Each cell replays the trace {settings.get('repeats', 1)} time(s) on one engine, every "
+              "replay from an empty store and engine cache; figures pool the replays, and the range over "
+              "them follows in brackets (lowest–highest).", ""]
     for workload, info in sorted(results["traces"].items()):
         lines += [f"### {workload} ({info['layout']}): {info['requests']} requests, "
                   f"{info['prompt_tokens']} prompt tokens ({info['left_out']} over the length cap left out)", "",
                   "| pressure | mode | TTFT p50 (s) | p90 (s) | p99 (s) | store hit rate | reuse served | "
-                  "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed | "
+                  "machine load |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for run in results["runs"]:
             if run["workload"] != workload:
                 continue
             s, p = run["summary"], run["pressure"]
             lines.append(f"| {p['name']} ({p['segment_mib']} MiB, watermark {p['watermark']}) | {run['mode']} | "
-                         f"{_s(s['ttft_p50_s'])} | {_s(s['ttft_p90_s'])} | {_s(s['ttft_p99_s'])} | "
-                         f"{_pct(s['store_hit_rate'])} | {_pct(s['reuse_served_rate'])} | {_misses(s)} | "
-                         f"{s['requests_per_s']:.2f} | {s['prompt_tokens_per_s']:.0f} | "
-                         f"{_num(s['keys_leased_per_lookup'])} | {_num(s['evictions'], 0)} | "
-                         f"{s['requests_failed']} |")
+                         f"{_ranged(run, 'ttft_p50_s', _s)} | {_ranged(run, 'ttft_p90_s', _s)} | "
+                         f"{_ranged(run, 'ttft_p99_s', _s)} | "
+                         f"{_ranged(run, 'store_hit_rate', _pct)} | {_ranged(run, 'reuse_served_rate', _pct)} | "
+                         f"{_misses(s)} | {s['requests_per_s']:.2f} | {s['prompt_tokens_per_s']:.0f} | "
+                         f"{_ranged(run, 'keys_leased_per_lookup', _num)} | {_num(s['evictions'], 0)} | "
+                         f"{s['requests_failed']} | {_load(run)} |")
         lines.append("")
     lines += [f"![TTFT per mode]({plot_prefix}_ttft.png)", "",
               f"![store hit rate per mode]({plot_prefix}_hit_rate.png)", ""]
+    lines += render_mode_differences(results)
     lines += render_seed_comparison(results)
+    if results.get("notes"):
+        lines += ["## Reading this run", "", results["notes"].strip(), ""]
     lines += ["## How to reproduce", "", "```bash", results["command"], "```", "",
               "Re-render this file and the plots from the raw numbers: "
               f"`moonlease bench serve --render {plot_prefix}.json --out {plot_prefix}.md`.", "",
@@ -146,19 +196,27 @@ def write_plots(results: dict[str, Any], folder: Path, plot_prefix: str = "serve
 
     workloads = sorted({r["workload"] for r in results["runs"]})
     written = []
-    for suffix, title, keys in (("ttft", "TTFT (s): p50 / p90 / p99",
+    for suffix, title, keys in (("ttft", "TTFT (s): p50 / p90 / p99 (bars: range over replays)",
                                  ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s")),
-                                ("hit_rate", "store hit rate (%)", ("store_hit_rate",))):
+                                ("hit_rate", "store hit rate (%, bars: range over replays)",
+                                 ("store_hit_rate",))):
         fig, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4), squeeze=False)
         for ax, workload in zip(axes[0], workloads):
             runs = [r for r in results["runs"] if r["workload"] == workload]
             labels = [f"{r['mode']}\n{r['pressure']['name']}" for r in runs]
             width = 0.8 / len(keys)
+            scale = 100 if suffix == "hit_rate" else 1
             for k, key in enumerate(keys):
-                values = [r["summary"][key] for r in runs]
-                values = [float("nan") if v is None else (100 * v if suffix == "hit_rate" else v)
-                          for v in values]
+                values = [float("nan") if r["summary"][key] is None else scale * r["summary"][key]
+                          for r in runs]
+                # Error bars: the range over the replays (lowest to highest), where there were several.
+                low, high = [], []
+                for run, value in zip(runs, values):
+                    spread = (run.get("spread") or {}).get(key)
+                    low.append(value - scale * spread[0] if spread else 0.0)
+                    high.append(scale * spread[1] - value if spread else 0.0)
                 ax.bar([i + k * width for i in range(len(runs))], values, width,
+                       yerr=[[max(v, 0.0) for v in low], [max(v, 0.0) for v in high]], capsize=2,
                        label=key.replace("ttft_", "").replace("_s", ""))
             ax.set_xticks([i + width * (len(keys) - 1) / 2 for i in range(len(runs))], labels, fontsize=8)
             ax.set_title(f"{workload}: {title}")

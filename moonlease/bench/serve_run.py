@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moonlease.bench.serve_plan import (
-    PlannedRequest, Pressure, RequestResult, ServeCase, summarize)
+    PlannedRequest, Pressure, RequestResult, ServeCase, spread_of, summarize, summarize_repeats)
 from moonlease.testbed.mooncake import (
     MasterSettings, MooncakeMaster, StorePool, parse_metrics, write_engine_store_config)
 from moonlease.testbed.processes import ManagedProcess, free_port, http_get
@@ -66,7 +66,7 @@ class ServeEngine:
     """`vllm serve` on a tiny model with our connector, as a managed process."""
 
     def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, *, kv_cache_mib: int,
-                 max_model_len: int, retention_interval: int | None) -> None:
+                 max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True) -> None:
         self.port = free_port()
         model_path = build_tiny_model(case.model)
         spec = spec_for(case.model)
@@ -82,7 +82,8 @@ class ServeEngine:
                 "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager",
                 "--seed", "0", "--max-model-len", str(max_model_len),
                 "--kv-cache-memory-bytes", str(kv_cache_mib << 20),
-                "--enable-prompt-tokens-details", "--enable-prefix-caching",
+                "--enable-prompt-tokens-details",
+                "--enable-prefix-caching" if local_prefix_cache else "--no-enable-prefix-caching",
                 "--disable-uvicorn-access-log",
                 "--kv-transfer-config", json.dumps(kv_transfer)]
         if spec.block_size is not None:
@@ -121,13 +122,16 @@ class ServeEngine:
             raise ConnectionError(f"{self.url}/metrics answered {status}")
         return engine_counters(body)
 
-    def reset_local_cache(self, timeout_s: float = 60.0) -> None:
-        """Drop the engine's own prefix cache (the store keeps its keys); retried while busy."""
+    def reset_local_cache(self, timeout_s: float = 60.0, *, store: bool = False) -> None:
+        """Drop the engine's own prefix cache; with `store`, empty the store too (the
+        connector's reset: in-flight saves drained, then `remove_all(force=True)`). Retried
+        while the engine is busy."""
         import urllib.request
 
         deadline = time.monotonic() + timeout_s
+        query = "?reset_external=true" if store else ""
         while True:
-            request = urllib.request.Request(self.url + "/reset_prefix_cache", method="POST")
+            request = urllib.request.Request(self.url + "/reset_prefix_cache" + query, method="POST")
             with urllib.request.urlopen(request, timeout=30) as response:
                 if json.loads(response.read() or b"{}").get("success", True):
                     return
@@ -191,17 +195,26 @@ async def replay(url: str, model: str, planned: Sequence[PlannedRequest], concur
         return list(await asyncio.gather(*(one(session, p) for p in planned)))
 
 
-def calibrate(engine: ServeEngine, model: str, prompt_tokens: int, repeats: int = 3) -> dict[str, float]:
+def warm_up(engine: ServeEngine, model: str, prompt_tokens: int = 512) -> None:
+    """One prompt prefilled, the engine's cache dropped, the same prompt loaded from the store:
+    the first of each costs extra (kernels for new shapes, the transfer engine's first
+    connection to the pool), which no measured request should pay."""
+    calibrate(engine, model, prompt_tokens, repeats=1, seed=54321)
+
+
+def calibrate(engine: ServeEngine, model: str, prompt_tokens: int, repeats: int = 5,
+              seed: int = 12345) -> dict[str, float]:
     """Prefill vs store-load time per token on this machine, from TTFTs of one engine.
 
     Per repeat: a fresh prompt (nothing cached anywhere: prefill), then the engine's own cache
     is dropped and the same prompt sent again (its KV comes from the store: load). A one-token
     prompt's TTFT (scheduling and the first decode step) is subtracted from the prefill; the
-    load keeps it (an upper bound). Medians of the repeats.
+    load keeps it (an upper bound). Medians of the repeats (five by default: on a shared
+    machine one slow sample must not decide the figure).
     """
     import random
 
-    rng = random.Random(12345)
+    rng = random.Random(seed)
 
     async def ttft(tokens: list[int]) -> RequestResult:
         import aiohttp
@@ -228,10 +241,18 @@ def calibrate(engine: ServeEngine, model: str, prompt_tokens: int, repeats: int 
     # The second send also prefills what the store did not give (at least the last block). The
     # one-token TTFT is not subtracted here: an upper bound, robust to a noisy baseline.
     load_s = max(w - (prompt_tokens - tokens_loaded) * prefill_s_per_token, 0.0)
-    return {"prompt_tokens": prompt_tokens, "one_token_ttft_s": b, "cold_ttft_s": c,
-            "store_ttft_s": w, "tokens_from_store": tokens_loaded,
-            "prefill_ms_per_token": prefill_s_per_token * 1000,
-            "load_ms_per_token": load_s * 1000 / tokens_loaded if tokens_loaded else None}
+    load_ms = load_s * 1000 / tokens_loaded if tokens_loaded else None
+    return {"prompt_tokens": prompt_tokens, "repeats": repeats, "one_token_ttft_s": b,
+            "cold_ttft_s": c, "store_ttft_s": w, "tokens_from_store": tokens_loaded,
+            "prefill_ms_per_token": prefill_s_per_token * 1000, "load_ms_per_token": load_ms,
+            "load_over_prefill": load_ms / (prefill_s_per_token * 1000)
+            if load_ms is not None and prefill_s_per_token > 0 else None}
+
+
+def engine_prefix_cache(model: str, requested: bool) -> bool:
+    """Whether the engine keeps its own prefix cache: as requested, except for models that
+    need it (vLLM's align mode for Mamba runs only with prefix caching on)."""
+    return requested or bool(spec_for(model).engine_kwargs.get("enable_prefix_caching"))
 
 
 def engine_block_tokens(model: str) -> int:
@@ -241,10 +262,16 @@ def engine_block_tokens(model: str) -> int:
 
 def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedRequest], workdir: Path, *,
              concurrency: int, kv_cache_mib: int, max_model_len: int, lease_ttl_ms: int,
-             retention_interval: int | None,
+             retention_interval: int | None, repeats: int, local_prefix_cache: bool = True,
              calibrate_tokens: int, say: Callable[[str], None],
              on_done: Callable[[RequestResult], None]) -> dict[str, Any]:
-    """One case under one pressure, on a fresh master and pool; its summary and raw numbers."""
+    """One case under one pressure, on a fresh master and pool: the trace replayed `repeats`
+    times on one engine, each time from an empty store and an empty engine cache (the engine's
+    reset with `reset_external`: the store's keys removed, checked on the master). Its pooled
+    summary, one summary per repeat, their spread and the raw numbers."""
+    block = engine_block_tokens(case.model)
+    local_prefix_cache = engine_prefix_cache(case.model, local_prefix_cache)
+    load_at_start = os.getloadavg()[0]
     with contextlib.ExitStack() as stack:
         master = MooncakeMaster(MasterSettings(eviction_high_watermark_ratio=pressure.watermark,
                                                default_kv_lease_ttl=lease_ttl_ms), log_dir=workdir)
@@ -252,29 +279,59 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
         pool = StorePool(master, segment_bytes=pressure.segment_mib << 20, log_dir=workdir)
         stack.enter_context(pool)
         engine = ServeEngine(case, master, workdir, kv_cache_mib=kv_cache_mib, max_model_len=max_model_len,
-                             retention_interval=retention_interval)
+                             retention_interval=retention_interval, local_prefix_cache=local_prefix_cache)
         stack.callback(shutil.rmtree, engine.rpc_dir, ignore_errors=True)
         say(f"{case.model} {case.label} @ {pressure.name}: starting vllm serve (log: {engine.process.log_path})")
         stack.enter_context(engine.process)
+        warm_up(engine, str(engine.model_path))
         calibration = None
         if calibrate_tokens:
             calibration = calibrate(engine, str(engine.model_path), calibrate_tokens)
-            engine.reset_local_cache()
-        before, master_before = engine.counters(), master.metrics()
-        started = time.monotonic()
-        results = asyncio.run(replay(engine.url, str(engine.model_path), planned, concurrency, on_done))
-        wall = time.monotonic() - started
-        after, master_after = engine.counters(), master.metrics()
-    deltas = {k: after[k] - before.get(k, 0.0) for k in after}
-    deltas["store_allocated_bytes_at_end"] = master_after.get("master_allocated_bytes", 0.0)
-    deltas["evictions"] = (master_after.get("master_evicted_key_count", 0.0)
-                           - master_before.get("master_evicted_key_count", 0.0))
-    summary = summarize(planned, results, wall, deltas, block_tokens_hint=engine_block_tokens(case.model))
-    errors = sorted({r.error for r in results if r.error})[:5]
+        results: list[list[RequestResult]] = []
+        walls: list[float] = []
+        deltas: list[dict[str, float]] = []
+        for repeat in range(repeats):
+            _empty_caches(engine, master)
+            before, master_before = engine.counters(), master.metrics()
+            started = time.monotonic()
+            results.append(asyncio.run(replay(engine.url, str(engine.model_path), planned, concurrency,
+                                              on_done)))
+            walls.append(time.monotonic() - started)
+            after, master_after = engine.counters(), master.metrics()
+            delta = {k: after[k] - before.get(k, 0.0) for k in after}
+            delta["store_allocated_bytes_at_end"] = master_after.get("master_allocated_bytes", 0.0)
+            delta["evictions"] = (master_after.get("master_evicted_key_count", 0.0)
+                                  - master_before.get("master_evicted_key_count", 0.0))
+            deltas.append(delta)
+            one = summarize(planned, results[-1], walls[-1], delta, block_tokens_hint=block)
+            say(f"    repeat {repeat + 1}/{repeats}: TTFT p50 {one.ttft_p50_s:.2f} s, p90 {one.ttft_p90_s:.2f} s; "
+                f"store hit rate {'n/a' if one.store_hit_rate is None else f'{100 * one.store_hit_rate:.1f} %'}")
+    pooled, per_repeat = summarize_repeats(planned, results, walls, deltas, block_tokens_hint=block)
+    summed = {k: sum(d.get(k, 0.0) for d in deltas) for k in deltas[0]}
+    per_repeat_dicts = [asdict(s) for s in per_repeat]
+    errors = sorted({r.error for repeat in results for r in repeat if r.error})[:5]
     return {"model": case.model, "workload": case.workload, "mode": case.label,
-            "pressure": asdict(pressure), "summary": asdict(summary), "metric_deltas": deltas,
+            "pressure": asdict(pressure), "engine_prefix_cache": local_prefix_cache,
+            # The machine is shared: cells run one after another, so a mode compared with
+            # another ran under whatever load the machine had then (1-minute, start and end).
+            "load_average": [load_at_start, os.getloadavg()[0]],
+            "summary": asdict(pooled), "repeats": per_repeat_dicts,
+            "spread": {k: list(v) if v else None for k, v in spread_of(per_repeat_dicts).items()},
+            "metric_deltas": summed, "metric_deltas_per_repeat": deltas,
             "calibration": calibration, "errors": errors,
-            "ttfts_s": [r.ttft_s for r in results if r.ttft_s is not None]}
+            "ttfts_s": [r.ttft_s for repeat in results for r in repeat if r.ttft_s is not None]}
+
+
+def _empty_caches(engine: ServeEngine, master: MooncakeMaster, timeout_s: float = 60.0) -> None:
+    """Empty the engine's cache and the store before a repeat; fail loudly if keys stay."""
+    engine.reset_local_cache(store=True)
+    deadline = time.monotonic() + timeout_s
+    while (keys := master.metrics().get("master_key_count", 0.0)) > 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the store still holds {keys:.0f} keys after the engine's reset "
+                               "(remove_all); the repeats would not start from the same state")
+        time.sleep(0.5)
+        engine.reset_local_cache(store=True)
 
 
 def interrupt_safe_env() -> None:

@@ -147,18 +147,22 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                     "query_pre_attn_scalar": 32, "rms_norm_eps": 1e-6},
             block_size=32,
         ),
-        # The serving benchmark's models (`moonlease bench serve`): wide enough that prefilling
-        # a token clearly costs more on a CPU than loading its KV from the store (one KV head,
-        # few attention layers: little KV per token, much compute per token).
+        # The serving benchmark's models (`moonlease bench serve`, issue 20): prefilling a token
+        # must cost clearly more on this CPU than loading its KV from the store. Prefill grows
+        # with parameters per token, a load with KV bytes per token and the store calls per
+        # block: so a wide MLP (6144, most of the parameters), few KV heads and few attention
+        # layers. Measured on the shared 2-core machine (benchmarks/results/serve.md, 1024-token
+        # prompt): load about a quarter of prefill per token; with MLP 3072 the sliding-window
+        # model's load came out above its prefill on a loaded machine.
         TinyModelSpec(
             name="hybrid-serve",
             description="NemotronHForCausalLM, layers M-*-M- (Mamba2, MLP, attention, MLP, Mamba2, "
-                        "MLP), hidden 768, MLP 3072, 8 heads x 64, 4 KV heads, Mamba expand 1 (a state small "
+                        "MLP), hidden 768, MLP 6144, 8 heads x 64, 4 KV heads, Mamba expand 1 (a state small "
                         "enough for 128-token blocks); the serving "
                         "benchmark's hybrid model",
             config_class="NemotronHConfig",
             model_class="NemotronHForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 3072,
+            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 6144,
                     "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp",
                                           "linear_attention", "mlp"],
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
@@ -172,11 +176,11 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
         TinyModelSpec(
             name="swa-serve",
             description="Gemma3ForCausalLM (text): 4 layers alternating sliding_attention (window "
-                        "64) and full_attention, hidden 768, MLP 3072, 8 heads x 64, 1 KV head; the "
+                        "64) and full_attention, hidden 768, MLP 6144, 8 heads x 64, 1 KV head; the "
                         "serving benchmark's sliding-window model",
             config_class="Gemma3TextConfig",
             model_class="Gemma3ForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 3072,
+            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 6144,
                     "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1,
                     "head_dim": 64, "max_position_embeddings": 4096, "sliding_window": 64,
                     "layer_types": ["sliding_attention", "full_attention"] * 2,

@@ -24,7 +24,7 @@ def test_serve_bench_runs_a_case_and_writes_its_report(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "moonlease.cli", "bench", "serve",
          "--cases", "swa-serve:agentic-swa:leaseAll", "--pressures", "tiny:16:0.9",
-         "--duration-s", "120", "--wall-s", "8", "--calibrate-tokens", "256",
+         "--duration-s", "120", "--wall-s", "8", "--calibrate-tokens", "256", "--repeats", "2",
          "--out", str(out), "--log-dir", str(tmp_path / "logs")],
         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
@@ -33,16 +33,28 @@ def test_serve_bench_runs_a_case_and_writes_its_report(tmp_path: Path) -> None:
     summary = record["summary"]
     trace = results["traces"]["agentic-swa"]
     assert trace["requests"] > 0
-    assert summary["requests_ok"] + summary["requests_failed"] == trace["requests"]
+    # Two replays, each from an empty store (the run checks the master's key count), pooled.
+    assert len(record["repeats"]) == 2
+    assert summary["requests_ok"] + summary["requests_failed"] == 2 * trace["requests"]
     assert summary["requests_failed"] == 0, record["errors"]
+    assert all(r["requests_ok"] == trace["requests"] for r in record["repeats"])
+    low, high = record["spread"]["ttft_p90_s"]
+    assert low <= high and {low, high} == {r["ttft_p90_s"] for r in record["repeats"]}
+    # The engine kept no prefix cache of its own (the default): reuse came from the store.
+    assert record["engine_prefix_cache"] is False
+    assert len(record["load_average"]) == 2  # the shared machine's load around the cell
+    assert record["metric_deltas"]["local_hits"] == 0
+    assert record["metric_deltas"]["external_hits"] > 0
     assert 0 < summary["ttft_p50_s"] <= summary["ttft_p90_s"] <= summary["ttft_p99_s"]
     # The connector really looked the prompts up in the store (its own metrics, via /metrics).
     assert record["metric_deltas"]["lookups"] > 0
     assert record["metric_deltas"]["external_queries"] > 0
     calibration = record["calibration"]
     assert calibration["prompt_tokens"] == 256 and calibration["cold_ttft_s"] > 0
+    assert calibration["tokens_from_store"] > 0 and calibration["load_over_prefill"] is not None
     markdown = out.read_text()
-    for part in ("## Prefill vs load on this machine", "## Results", "## Against seed 002",
+    for part in ("## Prefill vs load on this machine", "## Results", "## Modes against leaseAll",
+                 "## Against seed 002",
                  "## How to reproduce", "serve_ttft.png", "serve_hit_rate.png"):
         assert part in markdown
     for name in ("serve_ttft.png", "serve_hit_rate.png"):

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from moonlease.bench.serve_plan import (
-    LeaseMode, PlannedRequest, RequestResult, age_bucket, block_tokens, parse_cases, parse_pressures,
-    plan_requests, summarize)
+    LeaseMode, PlannedRequest, RequestResult, Separation, age_bucket, block_tokens, compare_modes,
+    parse_cases, parse_pressures, plan_requests, spread_of, summarize, summarize_repeats)
 from moonlease.bench.trace import Trace, TraceHeader, TraceRequest
 
 pytestmark = pytest.mark.unit
@@ -80,3 +80,56 @@ def test_cases_and_pressures_parse_with_clear_errors():
     assert (pressure.segment_mib, pressure.watermark) == (24, 0.95)
     with pytest.raises(ValueError, match="watermark"):
         parse_pressures("x:24:1.5")
+
+
+def test_repeats_pool_requests_and_counters_and_keep_each_summary():
+    planned = [PlannedRequest(0, 0.0, "s", "new", (1,) * 64, 4, 0, None),
+               PlannedRequest(1, 1.0, "s", "turn", (1,) * 64, 4, 48, 0.5)]
+    first = [RequestResult(0, 1.0, 1.1, 64, 0, 4), RequestResult(1, 0.2, 0.3, 64, 48, 4)]
+    second = [RequestResult(0, 3.0, 3.1, 64, 0, 4), RequestResult(1, 0.4, 0.5, 64, 0, 4)]
+    pooled, (one, two) = summarize_repeats(
+        planned, [first, second], [10.0, 30.0],
+        [{"external_hits": 48, "external_queries": 128}, {"external_hits": 0, "external_queries": 128}])
+    assert (one.store_hit_rate, two.store_hit_rate) == (pytest.approx(48 / 128), 0.0)
+    assert pooled.store_hit_rate == pytest.approx(48 / 256)  # summed counters, not a mean of rates
+    assert pooled.requests_ok == 4 and pooled.requests_per_s == pytest.approx(4 / 40)
+    assert pooled.ttft_p50_s == pytest.approx(0.7)  # median of 0.2, 0.4, 1.0, 3.0
+    assert pooled.misses_by_age == {"0-1 s": 1} and pooled.reusable_by_age == {"0-1 s": 2}
+    spread = spread_of([vars(one), vars(two)])
+    assert spread["store_hit_rate"] == (0.0, pytest.approx(48 / 128))
+    assert spread["ttft_p90_s"] == (pytest.approx(0.92), pytest.approx(2.74))
+    assert spread["keys_leased_per_lookup"] is None  # not measured in either repeat
+    with pytest.raises(ValueError, match="per repeat"):
+        summarize_repeats(planned, [first], [1.0, 2.0], [{}])
+
+
+def _record(mode: str, p90: float, p90_range: tuple[float, float], hit: float,
+            hit_range: tuple[float, float], repeats: int = 2, pressure: str = "high") -> dict:
+    return {"workload": "w", "mode": mode, "pressure": {"name": pressure},
+            "summary": {"ttft_p50_s": p90 / 2, "ttft_p90_s": p90, "store_hit_rate": hit},
+            "repeats": [{}] * repeats, "spread": {"ttft_p90_s": list(p90_range), "store_hit_rate": list(hit_range)}}
+
+
+def test_modes_are_compared_with_lease_all_in_the_same_cell_against_the_runs_own_spread():
+    runs = [_record("leaseAll", 1.0, (0.9, 1.1), 0.30, (0.28, 0.32)),
+            _record("selective", 0.6, (0.5, 0.7), 0.31, (0.29, 0.33)),
+            _record("lastHitOnly", 1.3, (1.2, 1.4), 0.40, (0.39, 0.41)),
+            _record("selective", 0.5, (0.5, 0.5), 0.9, (0.9, 0.9), pressure="low")]  # no baseline there
+    selective, last_hit = compare_modes(runs)
+    assert (selective.mode, selective.pressure) == ("selective", "high")
+    assert selective.ttft_p90_delta_s == pytest.approx(-0.4) and selective.ttft_p50_delta_s == pytest.approx(-0.2)
+    assert selective.ttft_p90 is Separation.LOWER and selective.hit_rate is Separation.OVERLAP
+    assert selective.hit_rate_delta_pts == pytest.approx(1.0)
+    assert last_hit.ttft_p90 is Separation.HIGHER and last_hit.hit_rate is Separation.HIGHER
+    single = compare_modes([_record("leaseAll", 1.0, (1.0, 1.0), 0.3, (0.3, 0.3), repeats=1),
+                            _record("selective", 0.1, (0.1, 0.1), 0.9, (0.9, 0.9), repeats=1)])
+    assert single[0].ttft_p90 is Separation.SINGLE  # one run each: nothing to call separated
+
+
+def test_the_engine_prefix_cache_stays_on_only_where_the_model_needs_it():
+    from moonlease.bench.serve_run import engine_prefix_cache
+
+    assert engine_prefix_cache("swa-serve", requested=False) is False
+    assert engine_prefix_cache("swa-serve", requested=True) is True
+    # vLLM's align mode for Mamba runs only with prefix caching on.
+    assert engine_prefix_cache("hybrid-serve", requested=False) is True
