@@ -133,22 +133,25 @@ async def _populate(kube: Any, deployments: int, policies: int, namespaces: int,
     return resting, names[(masters - 1) % namespaces], round(sum(sizes) / len(sizes))
 
 
-async def _operator(kube: Any, design: str, interval: float, workdir: Path) -> tuple[Any, Any]:
+async def _operator(kube: Any, design: str, interval: float, workdir: Path, profile: Path | None = None,
+                    ) -> tuple[Any, Any]:
     kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     log = open(workdir / f"operator-{design}.log", "wb")
     flags = ["--benchmark-polling"] if design == "polling" else []
+    # --profile: cProfile the whole operator process (written when it stops on SIGTERM).
+    profiler = ["-m", "cProfile", "-o", str(profile / f"operator-{design}.prof")] if profile is not None else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "moonlease_operator", "--standalone", "--reconcile-interval", str(interval), *flags,
+        sys.executable, *profiler, "-m", "moonlease_operator", "--standalone", "--reconcile-interval", str(interval), *flags,
         env=env, stdout=log, stderr=asyncio.subprocess.STDOUT)
     return proc, log
 
 
 async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str]], rollout_ns: str,
                          interval: float, rest_seconds: float, settle_timeout: float, rollout_timeout: float,
-                         workdir: Path) -> dict[str, Any]:
-    proc, log = await _operator(kube, design, interval, workdir)
+                         workdir: Path, profile: Path | None = None) -> dict[str, Any]:
+    proc, log = await _operator(kube, design, interval, workdir, profile)
     rss: list[int] = []
     sampling = True
 
@@ -248,7 +251,7 @@ def _by_kind(calls: list[Any]) -> dict[str, int]:
 
 async def run(*, deployments: int, policies: int, namespaces: int, rollout_targets: int, interval: float,
               rest_seconds: float, tick: float, settle_timeout: float, rollout_timeout: float,
-              designs: tuple[str, ...] = DESIGNS) -> dict[str, Any]:
+              designs: tuple[str, ...] = DESIGNS, profile: Path | None = None) -> dict[str, Any]:
     """One fleet, then each design against it (see the module docstring)."""
     workdir = Path(tempfile.mkdtemp(prefix="moonlease-bench-"))
     async with local_api_server(tick_interval=tick) as kube:
@@ -263,7 +266,7 @@ async def run(*, deployments: int, policies: int, namespaces: int, rollout_targe
             setup = time.monotonic() - t0
             runs = [await measure_design(kube, design, resting=resting, rollout_ns=rollout_ns, interval=interval,
                                          rest_seconds=rest_seconds, settle_timeout=settle_timeout,
-                                         rollout_timeout=rollout_timeout, workdir=workdir)
+                                         rollout_timeout=rollout_timeout, workdir=workdir, profile=profile)
                     for design in designs]
         finally:
             await connectors.stop()
@@ -355,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=600.0)
     parser.add_argument("--rollout-timeout", type=float, default=300.0)
     parser.add_argument("--design", choices=DESIGNS, action="append", default=None, help="default: both")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="cProfile the operator process: DIR/operator-<design>.prof (slows it down)")
     parser.add_argument("--write", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="also save the raw results here")
     parser.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
@@ -376,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                 deployments=deployments, policies=args.policies, namespaces=namespaces,
                 rollout_targets=args.rollout_targets, interval=args.interval, rest_seconds=args.rest,
                 tick=args.tick, settle_timeout=args.settle_timeout, rollout_timeout=args.rollout_timeout,
-                designs=tuple(args.design or DESIGNS))))
+                designs=tuple(args.design or DESIGNS), profile=args.profile)))
             print(json.dumps(results[-1], indent=2), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")
