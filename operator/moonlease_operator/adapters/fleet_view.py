@@ -4,7 +4,7 @@
   on every event, and the answer of each status write).
 - Deployments and StatefulSets of the served namespaces: every one (a policy may select any
   workload by label or name, and a selector changes with the spec, so no server-side selector
-  can cover them), kept trimmed (`watch_cache.trim_object`).
+  can cover them), kept trimmed to what the planner reads (`core.kept_fields`).
 - ConfigMaps: only labelled ones — the settings files (`moonlease.io/connector-settings`) and
   those a policy changed (`moonlease.io/policy`, e.g. the master's file). A master's file the
   policy has not changed yet is read by name while reconciling.

@@ -7,10 +7,11 @@ resumes from the last resourceVersion it saw when a stream ends. A watch answere
 vanished meanwhile is reported like a watch event, so nothing is missed. Reconciles read these
 caches instead of the API server; at rest the operator sends no request but its open watches.
 
-Objects are kept trimmed (`trim_object`): without `metadata.managedFields` and kubectl's
-last-applied annotation, which the planner never reads and which are most of a real object's
-size. `on_change(kind, old, new)` is called for every change after the first listing (the
-caller maps it to the policies it concerns and wakes them). A cache made with `indexed=True`
+Objects are kept trimmed to what the planner reads (`core.kept_fields.trim_object`): without
+`metadata.managedFields`, kubectl's last-applied annotation, and (workloads, pods) the container
+fields and env vars the planner never reads — most of a real object's size. A listing is
+trimmed page by page, as it arrives. `on_change(kind, old, new)` is called for every change
+after the first listing (the caller maps it to the policies it concerns and wakes them). A cache made with `indexed=True`
 also keeps a label index per namespace (`core.label_index`), current with every change.
 """
 
@@ -23,14 +24,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.core.kept_fields import LAST_APPLIED, trim_object
 from moonlease_operator.core.label_index import LabelIndex
+
+__all__ = ["LAST_APPLIED", "ObjectCache", "collection_path", "is_older", "trim_object"]
 
 logger = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
 OnChange = Callable[[str, JsonObj | None, JsonObj | None], None]
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 _COLLECTIONS: Mapping[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
@@ -44,16 +47,6 @@ def collection_path(kind: str, namespace: str | None) -> str:
     """The collection URL of `kind` in `namespace`, or across the cluster (None)."""
     prefix, plural = _COLLECTIONS[kind]
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
-
-
-def trim_object(obj: JsonObj, kind: str) -> JsonObj:
-    """The object as the cache keeps it: its kind set, bookkeeping the planner never reads dropped."""
-    meta = dict(obj.get("metadata") or {})
-    meta.pop("managedFields", None)
-    annotations = meta.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return {**obj, "kind": kind, "metadata": meta}
 
 
 class ObjectCache:
@@ -139,10 +132,10 @@ class ObjectCache:
         if not first:
             self.relists += 1
         items, version = await self._client().list_with_version(
-            collection_path(self.kind, scope), label_selector=self.label_selector, page_size=self._page_size)
+            collection_path(self.kind, scope), label_selector=self.label_selector, page_size=self._page_size,
+            keep=lambda item: trim_object(item, self.kind))
         fresh: dict[str, dict[str, JsonObj]] = {}
-        for item in items:
-            obj = trim_object(item, self.kind)
+        for obj in items:
             meta = obj["metadata"]
             fresh.setdefault(meta.get("namespace", scope or ""), {})[meta["name"]] = obj
         old = self._objects[scope]

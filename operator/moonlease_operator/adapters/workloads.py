@@ -7,7 +7,9 @@ ConfigMaps): the master's when it has one and the settings ConfigMap of each vLL
 the policy.
 
 `apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
-sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
+sends the difference guarded by the object's resourceVersion — a strategic merge patch for
+Deployments and StatefulSets (element by element: the cached copy it starts from is trimmed,
+`core.kept_fields`), a JSON merge patch for ConfigMaps — and on a 409
 reads the object again and asks again (never re-sending a stale decision). Retried writes are
 idempotent because `build_update` is.
 """
@@ -24,7 +26,13 @@ from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicySpec, PolicySpecError, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
-from moonlease_operator.core.slots import build_merge_patch, build_update, managed_by, policy_label_value
+from moonlease_operator.core.slots import (
+    build_merge_patch,
+    build_strategic_merge_patch,
+    build_update,
+    managed_by,
+    policy_label_value,
+)
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import (
     EventNote,
@@ -149,10 +157,11 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
         if new is None:
             report.unchanged += 1
             return
-        patch = build_merge_patch(obj, new)
+        strategic = change.kind in WORKLOAD_KINDS
+        patch = (build_strategic_merge_patch if strategic else build_merge_patch)(obj, new)
         patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
         try:
-            answer = await client.merge_patch(path, patch)
+            answer = await (client.strategic_merge_patch if strategic else client.merge_patch)(path, patch)
         except ApiError as exc:
             if exc.not_found:
                 report.vanished += 1
