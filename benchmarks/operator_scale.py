@@ -165,6 +165,15 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
+
+    def cpu_seconds() -> float:
+        """The operator process's CPU time so far (user + system): what it cost, whatever else
+        loads this shared machine (wall-clock times here are the machine's)."""
+        try:
+            times = psutil.Process(proc.pid).cpu_times()
+        except psutil.Error:
+            return float("nan")
+        return float(times.user + times.system)
     result: dict[str, Any] = {"design": design}
     try:
         # Every resting policy reaches its resting phase (created before this operator started,
@@ -173,9 +182,11 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
         settled = await _wait(lambda: all(_phase(kube, ns, n) == "AwaitingApproval" for ns, n in resting)
                               or proc.returncode is not None, settle_timeout)
         result["settle_s"] = round(time.monotonic() - t0, 1) if settled else None
+        result["settle_cpu_s"] = round(cpu_seconds(), 1)  # start-up listing and every first reconcile
         await asyncio.sleep(2.0)  # the last status writes' own watch events
         mark, traffic = len(kube.api_calls()), kube.traffic.snapshot()
         rss_before_rest = len(rss)
+        cpu_before_rest = cpu_seconds()
         await asyncio.sleep(rest_seconds)
         calls = [c for c in kube.api_calls()[mark:] if c.user_agent.startswith(AGENT)]
         served = kube.traffic.since(traffic)
@@ -187,21 +198,22 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             "bytes_per_minute": round(served.total_bytes * per_minute),
             "by_kind": _by_kind(calls),
             "rss_mib_peak": round(max(rss[rss_before_rest:], default=0) / 2**20, 1),
+            "cpu_s": round(cpu_seconds() - cpu_before_rest, 2),
         }
 
         # One rollout: a new policy over its own Deployments.
         mark = len(kube.api_calls())
         name = f"rollout-{design}"
         body = policy(name, rollout_ns, "rollout", approval=False)
-        t0 = time.monotonic()
+        t0, cpu_before_rollout = time.monotonic(), cpu_seconds()
         await kube.create(body)
-        first_patch = None
+        first_patch = first_patch_cpu = None
         deadline = time.monotonic() + rollout_timeout
         while time.monotonic() < deadline and proc.returncode is None:
             calls = kube.api_calls()[mark:]
             if first_patch is None and any(c.user_agent.startswith(AGENT) and (c.verb, c.resource) ==
                                            ("patch", "deployments") for c in calls):
-                first_patch = time.monotonic() - t0
+                first_patch, first_patch_cpu = time.monotonic() - t0, cpu_seconds() - cpu_before_rollout
             if _phase(kube, rollout_ns, name) in ("Ready", "Degraded", "Invalid"):
                 break
             await asyncio.sleep(0.05)
@@ -211,11 +223,13 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
         result["rollout"] = {
             "phase": status.get("phase"), "seconds": round(wall, 1), "finished": status.get("phase") == "Ready",
             "first_patch_s": round(first_patch, 2) if first_patch is not None else None,
+            "first_patch_cpu_s": round(first_patch_cpu, 2) if first_patch_cpu is not None else None,
             "requests": len(calls), "by_kind": _by_kind(calls),
             "workload_patches": sum(1 for c in calls if (c.verb, c.resource) == ("patch", "deployments")),
             "status_patches": sum(1 for c in calls if c.rbac_resource == "mooncakeleasepolicies/status"),
             "events": sum(1 for c in calls if c.resource == "events"),
             "status_bytes": len(json.dumps(status)),
+            "cpu_s": round(cpu_seconds() - cpu_before_rollout, 1),
         }
         # The next design starts from the same fleet: give the rollout's workloads back.
         await kube.delete("mlp", rollout_ns, name)
@@ -303,8 +317,9 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
         f"{results[-1]['load_average_1m_at_end']}).",
         "",
         "| fleet | design | at rest: requests / min | LISTs / min | bytes read / min | peak RSS | "
-        "rollout: requests | first PATCH after create | to Ready | status size |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "rollout: requests | first PATCH after create (operator CPU meanwhile) | to Ready | status size | "
+        "operator CPU: settle / rest / rollout |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in results:
         fleet = (f"{result['deployments']} Deployments, {result['policies']} policies, "
@@ -312,13 +327,17 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
         for design, run in result["designs"].items():
             rest, rollout = run["rest"], run["rollout"]
             first = f"{rollout['first_patch_s']} s" if rollout["first_patch_s"] is not None else "none"
+            if rollout.get("first_patch_cpu_s") is not None:
+                first += f" ({rollout['first_patch_cpu_s']} s)"
+            cpu = " / ".join("n/a" if v is None else f"{v} s" for v in
+                             (run.get("settle_cpu_s"), rest.get("cpu_s"), rollout.get("cpu_s")))
             ready = f"{rollout['seconds']} s" if rollout["finished"] else f"not Ready in {rollout['seconds']} s"
             unsettled = "" if rest["settled"] else " (not all settled)"
             lines.append(
                 f"| {fleet} | {design} | {rest['requests_per_minute']}{unsettled} | {rest['lists_per_minute']} | "
                 f"{rest['bytes_per_minute'] / 2**20:.2f} MiB | {run['rss_mib_peak']} MiB | {rollout['requests']} "
                 f"({rollout['workload_patches']} workload PATCHes, {rollout['status_patches']} status, "
-                f"{rollout['events']} events) | {first} | {ready} | {rollout['status_bytes']} B |")
+                f"{rollout['events']} events) | {first} | {ready} | {rollout['status_bytes']} B | {cpu} |")
     lines += [
         "",
         "Goals (issue 16): at rest 0 requests beyond the open watches; first workload PATCH < 2 s after the",

@@ -43,6 +43,11 @@ async def test_a_policy_at_rest_sends_no_request_over_a_minute_of_reconcile_inte
     async with OperatorThread(connection=kube.connection_info(), options=options):
         await kube.create(policy())
         await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        # Each workload's settings ConfigMap was created without reading it first (the caches
+        # say it is not there; one that exists would answer 409 and be read then).
+        ours = [c for c in kube.api_calls() if c.user_agent.startswith(AGENT) and c.resource == "configmaps"]
+        assert [c for c in ours if c.verb == "create"]  # (a create names no object in its path)
+        assert not [c for c in ours if c.verb == "get" and (c.name or "").endswith("-moonlease")]
         await asyncio.sleep(0.5)  # the last status write's own watch event comes back
         mark, traffic = len(kube.api_calls()), kube.traffic.snapshot()
         await asyncio.sleep(3.0)
