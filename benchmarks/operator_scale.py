@@ -133,22 +133,25 @@ async def _populate(kube: Any, deployments: int, policies: int, namespaces: int,
     return resting, names[(masters - 1) % namespaces], round(sum(sizes) / len(sizes))
 
 
-async def _operator(kube: Any, design: str, interval: float, workdir: Path) -> tuple[Any, Any]:
+async def _operator(kube: Any, design: str, interval: float, workdir: Path, profile: Path | None = None,
+                    ) -> tuple[Any, Any]:
     kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     log = open(workdir / f"operator-{design}.log", "wb")
     flags = ["--benchmark-polling"] if design == "polling" else []
+    # --profile: cProfile the whole operator process (written when it stops on SIGTERM).
+    profiler = ["-m", "cProfile", "-o", str(profile / f"operator-{design}.prof")] if profile is not None else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "moonlease_operator", "--standalone", "--reconcile-interval", str(interval), *flags,
+        sys.executable, *profiler, "-m", "moonlease_operator", "--standalone", "--reconcile-interval", str(interval), *flags,
         env=env, stdout=log, stderr=asyncio.subprocess.STDOUT)
     return proc, log
 
 
 async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str]], rollout_ns: str,
                          interval: float, rest_seconds: float, settle_timeout: float, rollout_timeout: float,
-                         workdir: Path) -> dict[str, Any]:
-    proc, log = await _operator(kube, design, interval, workdir)
+                         workdir: Path, profile: Path | None = None) -> dict[str, Any]:
+    proc, log = await _operator(kube, design, interval, workdir, profile)
     rss: list[int] = []
     sampling = True
 
@@ -162,6 +165,15 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             await asyncio.sleep(0.1)
 
     sampler = asyncio.create_task(sample())
+
+    def cpu_seconds() -> float:
+        """The operator process's CPU time so far (user + system): what it cost, whatever else
+        loads this shared machine (wall-clock times here are the machine's)."""
+        try:
+            times = psutil.Process(proc.pid).cpu_times()
+        except psutil.Error:
+            return float("nan")
+        return float(times.user + times.system)
     result: dict[str, Any] = {"design": design}
     try:
         # Every resting policy reaches its resting phase (created before this operator started,
@@ -170,9 +182,11 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
         settled = await _wait(lambda: all(_phase(kube, ns, n) == "AwaitingApproval" for ns, n in resting)
                               or proc.returncode is not None, settle_timeout)
         result["settle_s"] = round(time.monotonic() - t0, 1) if settled else None
+        result["settle_cpu_s"] = round(cpu_seconds(), 1)  # start-up listing and every first reconcile
         await asyncio.sleep(2.0)  # the last status writes' own watch events
         mark, traffic = len(kube.api_calls()), kube.traffic.snapshot()
         rss_before_rest = len(rss)
+        cpu_before_rest = cpu_seconds()
         await asyncio.sleep(rest_seconds)
         calls = [c for c in kube.api_calls()[mark:] if c.user_agent.startswith(AGENT)]
         served = kube.traffic.since(traffic)
@@ -184,21 +198,22 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             "bytes_per_minute": round(served.total_bytes * per_minute),
             "by_kind": _by_kind(calls),
             "rss_mib_peak": round(max(rss[rss_before_rest:], default=0) / 2**20, 1),
+            "cpu_s": round(cpu_seconds() - cpu_before_rest, 2),
         }
 
         # One rollout: a new policy over its own Deployments.
         mark = len(kube.api_calls())
         name = f"rollout-{design}"
         body = policy(name, rollout_ns, "rollout", approval=False)
-        t0 = time.monotonic()
+        t0, cpu_before_rollout = time.monotonic(), cpu_seconds()
         await kube.create(body)
-        first_patch = None
+        first_patch = first_patch_cpu = None
         deadline = time.monotonic() + rollout_timeout
         while time.monotonic() < deadline and proc.returncode is None:
             calls = kube.api_calls()[mark:]
             if first_patch is None and any(c.user_agent.startswith(AGENT) and (c.verb, c.resource) ==
                                            ("patch", "deployments") for c in calls):
-                first_patch = time.monotonic() - t0
+                first_patch, first_patch_cpu = time.monotonic() - t0, cpu_seconds() - cpu_before_rollout
             if _phase(kube, rollout_ns, name) in ("Ready", "Degraded", "Invalid"):
                 break
             await asyncio.sleep(0.05)
@@ -208,11 +223,13 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
         result["rollout"] = {
             "phase": status.get("phase"), "seconds": round(wall, 1), "finished": status.get("phase") == "Ready",
             "first_patch_s": round(first_patch, 2) if first_patch is not None else None,
+            "first_patch_cpu_s": round(first_patch_cpu, 2) if first_patch_cpu is not None else None,
             "requests": len(calls), "by_kind": _by_kind(calls),
             "workload_patches": sum(1 for c in calls if (c.verb, c.resource) == ("patch", "deployments")),
             "status_patches": sum(1 for c in calls if c.rbac_resource == "mooncakeleasepolicies/status"),
             "events": sum(1 for c in calls if c.resource == "events"),
             "status_bytes": len(json.dumps(status)),
+            "cpu_s": round(cpu_seconds() - cpu_before_rollout, 1),
         }
         # The next design starts from the same fleet: give the rollout's workloads back.
         await kube.delete("mlp", rollout_ns, name)
@@ -248,7 +265,7 @@ def _by_kind(calls: list[Any]) -> dict[str, int]:
 
 async def run(*, deployments: int, policies: int, namespaces: int, rollout_targets: int, interval: float,
               rest_seconds: float, tick: float, settle_timeout: float, rollout_timeout: float,
-              designs: tuple[str, ...] = DESIGNS) -> dict[str, Any]:
+              designs: tuple[str, ...] = DESIGNS, profile: Path | None = None) -> dict[str, Any]:
     """One fleet, then each design against it (see the module docstring)."""
     workdir = Path(tempfile.mkdtemp(prefix="moonlease-bench-"))
     async with local_api_server(tick_interval=tick) as kube:
@@ -263,7 +280,7 @@ async def run(*, deployments: int, policies: int, namespaces: int, rollout_targe
             setup = time.monotonic() - t0
             runs = [await measure_design(kube, design, resting=resting, rollout_ns=rollout_ns, interval=interval,
                                          rest_seconds=rest_seconds, settle_timeout=settle_timeout,
-                                         rollout_timeout=rollout_timeout, workdir=workdir)
+                                         rollout_timeout=rollout_timeout, workdir=workdir, profile=profile)
                     for design in designs]
         finally:
             await connectors.stop()
@@ -300,8 +317,9 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
         f"{results[-1]['load_average_1m_at_end']}).",
         "",
         "| fleet | design | at rest: requests / min | LISTs / min | bytes read / min | peak RSS | "
-        "rollout: requests | first PATCH after create | to Ready | status size |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "rollout: requests | first PATCH after create (operator CPU meanwhile) | to Ready | status size | "
+        "operator CPU: settle / rest / rollout |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for result in results:
         fleet = (f"{result['deployments']} Deployments, {result['policies']} policies, "
@@ -309,13 +327,17 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
         for design, run in result["designs"].items():
             rest, rollout = run["rest"], run["rollout"]
             first = f"{rollout['first_patch_s']} s" if rollout["first_patch_s"] is not None else "none"
+            if rollout.get("first_patch_cpu_s") is not None:
+                first += f" ({rollout['first_patch_cpu_s']} s)"
+            cpu = " / ".join("n/a" if v is None else f"{v} s" for v in
+                             (run.get("settle_cpu_s"), rest.get("cpu_s"), rollout.get("cpu_s")))
             ready = f"{rollout['seconds']} s" if rollout["finished"] else f"not Ready in {rollout['seconds']} s"
             unsettled = "" if rest["settled"] else " (not all settled)"
             lines.append(
                 f"| {fleet} | {design} | {rest['requests_per_minute']}{unsettled} | {rest['lists_per_minute']} | "
                 f"{rest['bytes_per_minute'] / 2**20:.2f} MiB | {run['rss_mib_peak']} MiB | {rollout['requests']} "
                 f"({rollout['workload_patches']} workload PATCHes, {rollout['status_patches']} status, "
-                f"{rollout['events']} events) | {first} | {ready} | {rollout['status_bytes']} B |")
+                f"{rollout['events']} events) | {first} | {ready} | {rollout['status_bytes']} B | {cpu} |")
     lines += [
         "",
         "Goals (issue 16): at rest 0 requests beyond the open watches; first workload PATCH < 2 s after the",
@@ -327,7 +349,9 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
         "of a namespace once per policy per interval, so its bytes grow with Deployments x policies /",
         "namespaces. Peak RSS includes the start-up listing (paginated, trimmed of `managedFields` as it",
         "arrives). The times are this shared machine's, with the API server, the simulated controllers and",
-        "the operator on the same 2 cores; the request and byte counts carry over to a real cluster.",
+        "the operator on the same 2 cores; the request and byte counts carry over to a real cluster. Operator CPU:",
+        "the operator process's user + system CPU seconds in each phase (and up to the first PATCH), which",
+        "say what the operator itself cost whatever else loads the machine (n/a: not recorded in that run).",
         "",
         *notes,
         "",
@@ -355,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=600.0)
     parser.add_argument("--rollout-timeout", type=float, default=300.0)
     parser.add_argument("--design", choices=DESIGNS, action="append", default=None, help="default: both")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="cProfile the operator process: DIR/operator-<design>.prof (slows it down)")
     parser.add_argument("--write", type=Path, default=None, help="write the markdown report here")
     parser.add_argument("--json", type=Path, default=None, help="also save the raw results here")
     parser.add_argument("--render", type=Path, nargs="+", default=None, metavar="JSON",
@@ -376,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 deployments=deployments, policies=args.policies, namespaces=namespaces,
                 rollout_targets=args.rollout_targets, interval=args.interval, rest_seconds=args.rest,
                 tick=args.tick, settle_timeout=args.settle_timeout, rollout_timeout=args.rollout_timeout,
-                designs=tuple(args.design or DESIGNS))))
+                designs=tuple(args.design or DESIGNS), profile=args.profile)))
             print(json.dumps(results[-1], indent=2), flush=True)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2), encoding="utf-8")

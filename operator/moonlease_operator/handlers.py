@@ -174,8 +174,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
 
     async def poke_policy(memo: kopf.Memo, body: kopf.Body, type: str | None, **_: Any) -> None:
         """Keep the policy as kopf delivered it; a change that is not a status write wakes its
-        daemon (and, for a spec change or deletion, the namespace's other policies: their claims
-        on shared workloads may change)."""
+        daemon (and, for a creation, spec change or deletion, the other policies that cover the
+        same workloads: their claims may change)."""
         fleet = context.fleet()
         raw = dict(body)
         meta = raw.get("metadata") or {}
@@ -186,8 +186,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             return
         _wake(memo).set()
         if old is None or new is None or (old.get("metadata") or {}).get("generation") != meta.get("generation"):
-            for other in fleet.policies_in(namespace):
-                context.wake(namespace, (other.get("metadata") or {}).get("name", ""))
+            for other in fleet.policies_sharing(namespace, name, old, new):
+                context.wake(namespace, other)
 
     async def release_policy(meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body,
                              logger: logging.Logger, **_: Any) -> None:

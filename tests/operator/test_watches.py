@@ -10,7 +10,10 @@ import dataclasses
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease.testbed.kube import LocalApiServer, deployment_manifest
+from moonlease_operator.adapters.kube import KubeClient
+from moonlease_operator.adapters.watch_cache import ObjectCache
+from moonlease_operator.api import LabelSelector
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import NS, WORKLOADS, create_fleet, phase, policy, workload
@@ -40,6 +43,11 @@ async def test_a_policy_at_rest_sends_no_request_over_a_minute_of_reconcile_inte
     async with OperatorThread(connection=kube.connection_info(), options=options):
         await kube.create(policy())
         await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        # Each workload's settings ConfigMap was created without reading it first (the caches
+        # say it is not there; one that exists would answer 409 and be read then).
+        ours = [c for c in kube.api_calls() if c.user_agent.startswith(AGENT) and c.resource == "configmaps"]
+        assert [c for c in ours if c.verb == "create"]  # (a create names no object in its path)
+        assert not [c for c in ours if c.verb == "get" and (c.name or "").endswith("-moonlease")]
         await asyncio.sleep(0.5)  # the last status write's own watch event comes back
         mark, traffic = len(kube.api_calls()), kube.traffic.snapshot()
         await asyncio.sleep(3.0)
@@ -74,3 +82,47 @@ async def test_a_watch_ended_with_410_gone_lists_again_and_misses_no_change(kube
                             timeout=WAIT, what="a watch answered 410 Gone")
         await kube.wait_for(lambda: "--eviction_ratio=0.1" in workload(kube, "mooncake-master")["spec"]["template"]
                             ["spec"]["containers"][0]["args"], timeout=WAIT, what="the missed edit repaired")
+
+
+async def test_the_workload_caches_label_index_follows_every_change_and_a_410_relist(kube: LocalApiServer) -> None:
+    """The label index the planner selects through (`core.label_index`) stays what the cache
+    holds: after creations, relabels and deletions arriving by watch, our own writes' answers,
+    and a relist after 410 Gone that finds changes made while the watch was away."""
+    client = KubeClient(kube.connection_info())
+    cache = ObjectCache(lambda: client, "Deployment", (), indexed=True, error_delay=0.05)
+    selector = LabelSelector(match_labels={"tier": "decode"})
+
+    def consistent() -> bool:
+        index = cache.index(NS)
+        held = {name for name, obj in cache.in_namespace(NS).items()
+                if (obj["metadata"].get("labels") or {}).get("tier") == "decode"}
+        return index is not None and len(index) == len(cache.in_namespace(NS)) and index.candidates(selector) == held
+
+    for i in range(6):
+        await kube.create(deployment_manifest(f"w{i}", labels={"tier": "decode" if i % 2 else "prefill"}))
+    cache.start()
+    try:
+        await asyncio.wait_for(cache.wait_synced(), WAIT)
+        assert consistent() and cache.index(NS).candidates(selector) == {"w1", "w3", "w5"}  # type: ignore[union-attr]
+        await kube.patch("deployments", NS, "w0", {"metadata": {"labels": {"tier": "decode"}}})
+        await kube.patch("deployments", NS, "w1", {"metadata": {"labels": {"tier": None}}})
+        await kube.delete("deployments", NS, "w3")
+        await kube.wait_for(lambda: consistent() and cache.index(NS).candidates(selector) == {"w0", "w5"},  # type: ignore[union-attr]
+                            timeout=WAIT, what="the index after watch events")
+        answer = await kube.patch("deployments", NS, "w2", {"metadata": {"labels": {"tier": "decode"}}})
+        cache.record_written({**answer, "kind": "Deployment"})  # our own write, before its event
+        assert consistent() and "w2" in cache.index(NS).candidates(selector)  # type: ignore[operator,union-attr]
+
+        blocked = kube.inject_failures("deployments", None, None, status=503, count=10**6, verbs=("watch",))
+        assert kube.close_watches("deployments") >= 1
+        await kube.wait_for(lambda: blocked.fired >= 1, timeout=WAIT, what="a refused watch")
+        await kube.patch("deployments", NS, "w4", {"metadata": {"labels": {"tier": "decode"}}})
+        await kube.delete("deployments", NS, "w5")
+        kube.compact()
+        blocked.remaining = 0
+        await kube.wait_for(lambda: cache.relists >= 1, timeout=WAIT, what="a relist after 410 Gone")
+        await kube.wait_for(lambda: consistent() and cache.index(NS).candidates(selector) == {"w0", "w2", "w4"},  # type: ignore[union-attr]
+                            timeout=WAIT, what="the index after the relist")
+    finally:
+        await cache.stop()
+        await client.close()

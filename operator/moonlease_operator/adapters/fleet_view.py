@@ -4,7 +4,7 @@
   on every event, and the answer of each status write).
 - Deployments and StatefulSets of the served namespaces: every one (a policy may select any
   workload by label or name, and a selector changes with the spec, so no server-side selector
-  can cover them), kept trimmed (`watch_cache.trim_object`).
+  can cover them), kept trimmed to what the planner reads (`core.kept_fields`).
 - ConfigMaps: only labelled ones — the settings files (`moonlease.io/connector-settings`) and
   those a policy changed (`moonlease.io/policy`, e.g. the master's file). A master's file the
   policy has not changed yet is read by name while reconciling.
@@ -26,13 +26,25 @@ from moonlease_operator.adapters.watch_cache import ObjectCache, is_older
 from moonlease_operator.adapters.workloads import object_path
 from moonlease_operator.api import PolicySpec, PolicySpecError, parse_spec
 from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
-from moonlease_operator.core.fleet import WORKLOAD_KINDS, WorkloadKey
+from moonlease_operator.core.fleet import WORKLOAD_KINDS, WorkloadIndex, WorkloadKey
 from moonlease_operator.core.rollout import FetchPlan, Observed, config_maps_to_restore, settings_config_maps_to_read
 from moonlease_operator.core.slots import POLICY_LABEL, managed_by, policy_label_value
-from moonlease_operator.core.wakeups import is_verifying, policies_concerned, settings_owner
+from moonlease_operator.core.wakeups import (
+    is_verifying,
+    policies_concerned,
+    policies_sharing_workloads,
+    settings_owner,
+)
 
 JsonObj = dict[str, Any]
 Wake = Callable[[str, str], None]
+
+
+def _parse(raw: Mapping[str, Any]) -> PolicySpec | None:
+    try:
+        return parse_spec(raw.get("spec") or {})
+    except PolicySpecError:
+        return None
 
 
 class FleetView:
@@ -44,7 +56,8 @@ class FleetView:
         self._client, self._namespaces, self._wake = client, tuple(namespaces), wake
         options: dict[str, Any] = {"on_change": self._changed, "watch_timeout": watch_timeout,
                                    "error_delay": error_delay, "on_unauthorized": on_unauthorized}
-        self.workload_caches = {kind: ObjectCache(client, kind, namespaces, **options) for kind in WORKLOAD_KINDS}
+        self.workload_caches = {kind: ObjectCache(client, kind, namespaces, indexed=True, **options)
+                                for kind in WORKLOAD_KINDS}
         self.config_map_caches = (
             ObjectCache(client, "ConfigMap", namespaces, label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true", **options),
             ObjectCache(client, "ConfigMap", namespaces, label_selector=POLICY_LABEL, **options),
@@ -118,6 +131,12 @@ class FleetView:
         return {(kind, name): obj for kind, cache in self.workload_caches.items()
                 for name, obj in cache.in_namespace(namespace).items()}
 
+    def index(self, namespace: str) -> WorkloadIndex:
+        """kind -> the label index of the namespace's workloads (live: it may be ahead of a
+        `workloads` snapshot taken earlier, which `core.fleet.select` allows for)."""
+        return {kind: index for kind, cache in self.workload_caches.items()
+                if (index := cache.index(namespace)) is not None}
+
     def _cached_config_map(self, namespace: str, name: str) -> JsonObj | None:
         for cache in self.config_map_caches:
             if (obj := cache.get(namespace, name)) is not None:
@@ -131,8 +150,9 @@ class FleetView:
         labelled it yet) and, when asked, the pods."""
         await self.ensure_started()
         workloads = self.workloads(namespace)
+        index = self.index(namespace)
         config_maps: dict[str, JsonObj] = {}
-        for name in (settings_config_maps_to_read(plan.spec, workloads) if plan.spec else ()):
+        for name in (settings_config_maps_to_read(plan.spec, workloads, index) if plan.spec else ()):
             if (obj := self._cached_config_map(namespace, name)) is not None:
                 config_maps[name] = obj
         for name in plan.config_maps:
@@ -143,7 +163,8 @@ class FleetView:
         if plan.pods:
             await self.ensure_pods()
             pods = list(self.pod_cache.in_namespace(namespace).values())
-        return Observed(workloads=workloads, config_maps=config_maps, policies=self.policies_in(namespace), pods=pods)
+        return Observed(workloads=workloads, config_maps=config_maps, policies=self.policies_in(namespace), pods=pods,
+                        index=index)
 
     async def managed(self, namespace: str, policy: str, spec: PolicySpec | PolicySpecError) -> list[JsonObj]:
         """Every workload and ConfigMap of the namespace that carries this policy's label (what
@@ -181,6 +202,17 @@ class FleetView:
         return dict(obj)
 
     # ---- waking -------------------------------------------------------------------------------
+
+    def policies_sharing(self, namespace: str, name: str, old: Mapping[str, Any] | None,
+                         new: Mapping[str, Any] | None) -> set[str]:
+        """The other policies a creation, spec edit or deletion of policy `name` concerns
+        (`core.wakeups.policies_sharing_workloads`); before the first listing, all of them."""
+        others = {n: raw for n, raw in self._policies.get(namespace, {}).items() if n != name}
+        if not all(cache.synced for cache in self.workload_caches.values()):
+            return set(others)  # nothing to compare with yet: their first reconcile is still to come
+        versions = [_parse(raw) for raw in (old, new) if raw is not None]
+        specs = {n: self._spec(raw) for n, raw in others.items()}
+        return policies_sharing_workloads(name, versions, specs, self.workloads(namespace), self.index(namespace))
 
     def _changed(self, kind: str, old: JsonObj | None, new: JsonObj | None) -> None:
         obj = new or old or {}

@@ -132,9 +132,12 @@ class KubeClient:
         items, _ = await self.list_with_version(path, label_selector=label_selector, page_size=page_size)
         return items
 
-    async def list_with_version(self, path: str, *, label_selector: str | None = None,
-                                page_size: int = LIST_PAGE_SIZE) -> tuple[list[dict[str, Any]], str | None]:
-        """Every item, paginated, and the list's resourceVersion (where a watch resumes from)."""
+    async def list_with_version(self, path: str, *, label_selector: str | None = None, page_size: int = LIST_PAGE_SIZE,
+                                keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                                ) -> tuple[list[dict[str, Any]], str | None]:
+        """Every item, paginated, and the list's resourceVersion (where a watch resumes from).
+        `keep`: what to keep of each item, applied page by page (so that a large listing is
+        never held whole: the caches keep a trimmed copy)."""
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -144,8 +147,10 @@ class KubeClient:
             if token:
                 params["continue"] = token
             answer = await self.request("GET", path, params=params) or {}
-            items.extend(answer.get("items") or [])
             meta = answer.get("metadata") or {}
+            page = answer.get("items") or []
+            items.extend(page if keep is None else map(keep, page))
+            del page, answer  # the page as decoded: freed before the next one arrives
             token = meta.get("continue") or None
             if token is None:
                 return items, meta.get("resourceVersion")
@@ -173,6 +178,10 @@ class KubeClient:
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
         return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+    async def strategic_merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+        """A strategic merge patch (built-in kinds only: Deployments, StatefulSets, ...)."""
+        return await self.request("PATCH", path, body=patch, content_type="application/strategic-merge-patch+json")
 
     async def create(self, path: str, body: Mapping[str, Any]) -> Any:
         return await self.request("POST", path, body=body)

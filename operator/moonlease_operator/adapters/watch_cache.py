@@ -7,10 +7,12 @@ resumes from the last resourceVersion it saw when a stream ends. A watch answere
 vanished meanwhile is reported like a watch event, so nothing is missed. Reconciles read these
 caches instead of the API server; at rest the operator sends no request but its open watches.
 
-Objects are kept trimmed (`trim_object`): without `metadata.managedFields` and kubectl's
-last-applied annotation, which the planner never reads and which are most of a real object's
-size. `on_change(kind, old, new)` is called for every change after the first listing (the
-caller maps it to the policies it concerns and wakes them).
+Objects are kept trimmed to what the planner reads (`core.kept_fields.trim_object`): without
+`metadata.managedFields`, kubectl's last-applied annotation, and (workloads, pods) the container
+fields and env vars the planner never reads — most of a real object's size. A listing is
+trimmed page by page, as it arrives. `on_change(kind, old, new)` is called for every change
+after the first listing (the caller maps it to the policies it concerns and wakes them). A cache made with `indexed=True`
+also keeps a label index per namespace (`core.label_index`), current with every change.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.core.kept_fields import LAST_APPLIED, trim_object
+from moonlease_operator.core.label_index import LabelIndex
+
+__all__ = ["LAST_APPLIED", "ObjectCache", "collection_path", "is_older", "trim_object"]
 
 logger = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
 OnChange = Callable[[str, JsonObj | None, JsonObj | None], None]
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 _COLLECTIONS: Mapping[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
@@ -44,16 +49,6 @@ def collection_path(kind: str, namespace: str | None) -> str:
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
 
 
-def trim_object(obj: JsonObj, kind: str) -> JsonObj:
-    """The object as the cache keeps it: its kind set, bookkeeping the planner never reads dropped."""
-    meta = dict(obj.get("metadata") or {})
-    meta.pop("managedFields", None)
-    annotations = meta.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return {**obj, "kind": kind, "metadata": meta}
-
-
 class ObjectCache:
     """The objects of one kind in the served namespaces (all of them: `namespaces` empty),
     optionally only those matching `label_selector`, kept current by a watch."""
@@ -61,7 +56,7 @@ class ObjectCache:
     def __init__(self, client: Callable[[], KubeClient], kind: str, namespaces: Sequence[str] = (), *,
                  label_selector: str | None = None, on_change: OnChange | None = None,
                  watch_timeout: float = 300.0, error_delay: float = 1.0, page_size: int = 500,
-                 on_unauthorized: Callable[[], Awaitable[None]] | None = None) -> None:
+                 on_unauthorized: Callable[[], Awaitable[None]] | None = None, indexed: bool = False) -> None:
         self.kind, self.label_selector = kind, label_selector
         self._client, self._scopes = client, tuple(namespaces) or (None,)
         self._on_change, self._on_unauthorized = on_change, on_unauthorized
@@ -69,6 +64,7 @@ class ObjectCache:
         self._objects: dict[str | None, dict[str, dict[str, JsonObj]]] = {scope: {} for scope in self._scopes}
         self._synced: dict[str | None, asyncio.Event] = {scope: asyncio.Event() for scope in self._scopes}
         self._tasks: list[asyncio.Task[None]] = []
+        self._indexes: dict[str, LabelIndex] | None = {} if indexed else None
         self.relists = 0
         """Listings after the first one (a watch answered 410 Gone)."""
 
@@ -81,6 +77,12 @@ class ObjectCache:
 
     def get(self, namespace: str, name: str) -> JsonObj | None:
         return self.in_namespace(namespace).get(name)
+
+    def index(self, namespace: str) -> LabelIndex | None:
+        """The label index of one namespace (a live view: do not change it); None unless `indexed`."""
+        if self._indexes is None:
+            return None
+        return self._indexes.setdefault(namespace, LabelIndex())
 
     @property
     def synced(self) -> bool:
@@ -130,14 +132,19 @@ class ObjectCache:
         if not first:
             self.relists += 1
         items, version = await self._client().list_with_version(
-            collection_path(self.kind, scope), label_selector=self.label_selector, page_size=self._page_size)
+            collection_path(self.kind, scope), label_selector=self.label_selector, page_size=self._page_size,
+            keep=lambda item: trim_object(item, self.kind))
         fresh: dict[str, dict[str, JsonObj]] = {}
-        for item in items:
-            obj = trim_object(item, self.kind)
+        for obj in items:
             meta = obj["metadata"]
             fresh.setdefault(meta.get("namespace", scope or ""), {})[meta["name"]] = obj
         old = self._objects[scope]
         self._objects[scope] = fresh
+        if self._indexes is not None:
+            for namespace in set(old) | set(fresh):
+                index = self._indexes[namespace] = LabelIndex()
+                for name, obj in fresh.get(namespace, {}).items():
+                    index.put(name, _labels(obj))
         if not first and self._on_change is not None:
             for namespace in set(old) | set(fresh):
                 before, after = old.get(namespace, {}), fresh.get(namespace, {})
@@ -179,6 +186,7 @@ class ObjectCache:
             objects = self._objects[scope].setdefault(namespace, {})
             if not is_older(raw, objects.get(meta.get("name", ""))):
                 objects[meta["name"]] = trim_object(raw, self.kind)
+                self._index_put(namespace, meta["name"], objects[meta["name"]])
 
     def _apply(self, scope: str | None, kind: str | None, raw: JsonObj) -> None:
         obj = trim_object(raw, self.kind)
@@ -191,11 +199,23 @@ class ObjectCache:
         if kind == "DELETED":
             objects.pop(name, None)
             new = None
+            if self._indexes is not None:
+                self.index(namespace).remove(name)  # type: ignore[union-attr]
         else:
             objects[name] = obj
             new = obj
+            self._index_put(namespace, name, obj)
         if self._on_change is not None:
             self._on_change(self.kind, old, new)
+
+
+    def _index_put(self, namespace: str, name: str, obj: JsonObj) -> None:
+        if self._indexes is not None:
+            self.index(namespace).put(name, _labels(obj))  # type: ignore[union-attr]
+
+
+def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
 
 
 def _version(obj: Mapping[str, Any]) -> str | None:

@@ -7,7 +7,9 @@ ConfigMaps): the master's when it has one and the settings ConfigMap of each vLL
 the policy.
 
 `apply_change` writes one `WorkloadChange`: it asks the pure `build_update` for the new object,
-sends the difference as a JSON merge patch guarded by the object's resourceVersion, and on a 409
+sends the difference guarded by the object's resourceVersion — a strategic merge patch for
+Deployments and StatefulSets (element by element: the cached copy it starts from is trimmed,
+`core.kept_fields`), a JSON merge patch for ConfigMaps — and on a 409
 reads the object again and asks again (never re-sending a stale decision). Retried writes are
 idempotent because `build_update` is.
 """
@@ -24,7 +26,13 @@ from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicySpec, PolicySpecError, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
-from moonlease_operator.core.slots import build_merge_patch, build_update, managed_by, policy_label_value
+from moonlease_operator.core.slots import (
+    build_merge_patch,
+    build_strategic_merge_patch,
+    build_update,
+    managed_by,
+    policy_label_value,
+)
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import (
     EventNote,
@@ -129,6 +137,15 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
     """Write one change, re-reading and re-deciding on 409 (see the module docstring)."""
     path = object_path(change.kind, namespace, change.name)
     obj = current
+    if obj is None and change.create_from is not None:
+        # Not in the caller's view (the caches hold every settings ConfigMap the operator made):
+        # create it at once instead of reading first; one that exists after all answers 409 and
+        # is read and changed below. Saves a GET per workload on its first rollout.
+        if (created := await _create(client, namespace, change)) is not None:
+            report.patched += 1
+            if created:
+                report.written.append(_with_kind(created, change.kind))
+            return
     for _ in range(CONFLICT_ATTEMPTS):
         if obj is None:
             try:
@@ -149,10 +166,11 @@ async def apply_change(client: KubeClient, namespace: str, change: WorkloadChang
         if new is None:
             report.unchanged += 1
             return
-        patch = build_merge_patch(obj, new)
+        strategic = change.kind in WORKLOAD_KINDS
+        patch = (build_strategic_merge_patch if strategic else build_merge_patch)(obj, new)
         patch.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
         try:
-            answer = await client.merge_patch(path, patch)
+            answer = await (client.strategic_merge_patch if strategic else client.merge_patch)(path, patch)
         except ApiError as exc:
             if exc.not_found:
                 report.vanished += 1
@@ -186,14 +204,22 @@ async def _create(client: KubeClient, namespace: str, change: WorkloadChange) ->
 async def apply_changes(client: KubeClient, namespace: str, changes: Sequence[WorkloadChange],
                         lookup: Callable[[WorkloadChange], Mapping[str, Any] | None], *,
                         concurrency: int = 8) -> ApplyReport:
-    """Apply the planner's changes: ConfigMaps first (a master's file before its restart), then
-    the workloads, up to `concurrency` at a time. The first error is raised after the rest ran."""
+    """Apply the planner's changes: the ConfigMaps first (a master's file before its restart),
+    then the workloads; each group up to `concurrency` at a time. The first error is raised after
+    the rest of its group ran (a ConfigMap's error before any workload is written)."""
     report = ApplyReport()
     refused_maps = set()
-    for change in (c for c in changes if c.kind == "ConfigMap"):
-        if not await _apply_or_record(client, namespace, change, lookup(change), report):
-            refused_maps.add(change.name)
     gate = asyncio.Semaphore(concurrency)
+
+    async def one_map(change: WorkloadChange) -> None:
+        async with gate:
+            if not await _apply_or_record(client, namespace, change, lookup(change), report):
+                refused_maps.add(change.name)
+
+    results = await asyncio.gather(*(one_map(c) for c in changes if c.kind == "ConfigMap"), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        raise errors[0]
 
     async def one(change: WorkloadChange) -> None:
         if refused_maps and change.require_annotation:

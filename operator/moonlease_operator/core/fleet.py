@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_operator.api import PolicySpec, StageName, WorkloadKind
-from moonlease_operator.core.slots import managed_by, policy_label_value
+from moonlease_operator.api import LabelSelector, PolicySpec, StageName, WorkloadKind
+from moonlease_operator.core.label_index import LabelIndex
+from moonlease_operator.core.slots import POLICY_LABEL, managed_by, policy_label_value
 
 WorkloadKey = tuple[str, str]  # (kind, name)
+WorkloadIndex = Mapping[str, LabelIndex]
+"""kind -> the label index of the namespace's workloads of that kind (`core.label_index`)."""
 
 
 @dataclass(frozen=True)
@@ -59,33 +62,55 @@ class Fleet:
         return frozenset(m.key for m in self.members if m.obj is not None)
 
 
-def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> Fleet:
+def resolve_fleet(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
+                  index: WorkloadIndex | None = None) -> Fleet:
     """The master first, then each target's workloads in spec order (a selector's sorted by
-    name); a workload claimed twice (a name and a selector) counts once, for the first."""
+    name); a workload claimed twice (a name and a selector) counts once, for the first.
+    `index`: narrows each selector's scan to its candidates (same answer, see `select`)."""
     master_key = (spec.master.kind.value, spec.master.name)
     members = [Member(StageName.MASTER, *master_key, spec.master.container, None, workloads.get(master_key))]
     missing = [] if workloads.get(master_key) is not None else [f"{master_key[0]}/{master_key[1]} (master) not found"]
     seen = {master_key}
     unmatched: list[str] = []
-    for index, target in enumerate(spec.targets):
+    for position, target in enumerate(spec.targets):
         stage = StageName(target.role.value)
         if target.name is not None:
             keys = [(target.kind.value, target.name)]
             if workloads.get(keys[0]) is None:
-                missing.append(f"{keys[0][0]}/{keys[0][1]} (targets[{index}]) not found")
+                missing.append(f"{keys[0][0]}/{keys[0][1]} (targets[{position}]) not found")
         else:
             assert target.selector is not None  # the spec's own rule: exactly one of name/selector
-            keys = sorted(k for k, obj in workloads.items() if k[0] == target.kind.value
-                          and target.selector.matches((obj.get("metadata") or {}).get("labels") or {}))
+            keys = select(target.kind.value, target.selector, workloads, index)
             if not keys:
-                missing.append(f"no {target.kind.value} matches the selector of targets[{index}]")
+                missing.append(f"no {target.kind.value} matches the selector of targets[{position}]")
                 unmatched.append(missing[-1])
         for key in keys:
             if key in seen:
                 continue
             seen.add(key)
-            members.append(Member(stage, *key, target.container, index, workloads.get(key)))
+            members.append(Member(stage, *key, target.container, position, workloads.get(key)))
     return Fleet(tuple(members), tuple(missing), tuple(unmatched))
+
+
+def select(kind: str, selector: LabelSelector, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
+           index: WorkloadIndex | None = None) -> list[WorkloadKey]:
+    """The workloads of `kind` that `selector` selects, sorted. Each is checked by the selector
+    itself; `index` only says which to check (all of them without one): an index that is ahead
+    of `workloads` (the caches moved on while planning) cannot add a workload `workloads` lacks."""
+    kind_index = index.get(kind) if index is not None else None
+    names = kind_index.candidates(selector) if kind_index is not None else None
+    pool = ((kind, n) for n in names) if names is not None else (k for k in workloads if k[0] == kind)
+    return sorted(k for k in pool if (obj := workloads.get(k)) is not None
+                  and selector.matches((obj.get("metadata") or {}).get("labels") or {}))
+
+
+def managed_keys(label: str, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
+                 index: WorkloadIndex | None = None) -> list[WorkloadKey]:
+    """The workloads carrying the policy label value `label` (`slots.policy_label_value`), sorted."""
+    if index is None:
+        return sorted(k for k, obj in workloads.items() if managed_by(obj) == label)
+    pool = ((kind, name) for kind, kind_index in index.items() for name in kind_index.with_label(POLICY_LABEL, label))
+    return sorted(k for k in pool if (obj := workloads.get(k)) is not None and managed_by(obj) == label)
 
 
 @dataclass(frozen=True)
@@ -117,8 +142,8 @@ def evaluate_claims(*, name: str, created: str, fleet: Fleet, others: Sequence[C
 
 
 def build_claim(name: str, created: str, spec: PolicySpec,
-                workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> Claim:
-    return Claim(name=name, created=created, keys=resolve_fleet(spec, workloads).keys)
+                workloads: Mapping[WorkloadKey, Mapping[str, Any]], index: WorkloadIndex | None = None) -> Claim:
+    return Claim(name=name, created=created, keys=resolve_fleet(spec, workloads, index).keys)
 
 
 WORKLOAD_KINDS = tuple(kind.value for kind in WorkloadKind)

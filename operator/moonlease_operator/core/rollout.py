@@ -99,14 +99,23 @@ from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
-    managed_by,
     needs_update,
     policy_label_value,
     rollback_revision,
     template_config_hash,
 )
 from moonlease_operator.core.events import EventNote
-from moonlease_operator.core.fleet import Claim, Fleet, Member, WorkloadKey, build_claim, evaluate_claims, resolve_fleet
+from moonlease_operator.core.fleet import (
+    Claim,
+    Fleet,
+    Member,
+    WorkloadIndex,
+    WorkloadKey,
+    build_claim,
+    evaluate_claims,
+    managed_keys,
+    resolve_fleet,
+)
 from moonlease_operator.core.health import (
     Health,
     WorkloadHealth,
@@ -176,6 +185,9 @@ class Observed:
     """The arms' metrics, read because `FetchPlan.ab_due` asked for them."""
     settings_reports: Mapping[str, SettingsReport] | None = None
     """Pod name -> what its connector's settings endpoint said; read with the pods."""
+    index: WorkloadIndex | None = None
+    """The watch caches' label index of `workloads` (`core.label_index`): selecting costs what
+    it selects; None: every selector scans `workloads` (same answer)."""
 
 
 @dataclass(frozen=True)
@@ -207,10 +219,11 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
                      ab_due=due, spec=spec)
 
 
-def settings_config_maps_to_read(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]]) -> tuple[str, ...]:
+def settings_config_maps_to_read(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
+                                 index: WorkloadIndex | None = None) -> tuple[str, ...]:
     """The settings ConfigMaps of the policy's vLLM workloads (`<workload>-moonlease`): read one
     by one by name, so the operator needs `get` on ConfigMaps, never `list` (least privilege)."""
-    return tuple(settings_config_map_name(m.name) for m in resolve_fleet(spec, workloads).members
+    return tuple(settings_config_map_name(m.name) for m in resolve_fleet(spec, workloads, index).members
                  if m.stage is not StageName.MASTER)
 
 
@@ -265,7 +278,7 @@ def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous:
     # rolled out, a problem with one target is reported on that target and the rollout,
     # rollback or drift repair goes on for the rest (issue 15). The master is never optional.
     started = previous.revision is not None
-    fleet = resolve_fleet(spec, observed.workloads)
+    fleet = resolve_fleet(spec, observed.workloads, observed.index)
     if fleet.missing and (not started or fleet.master.obj is None):
         return _waiting_for_workloads(previous, policy, fleet.missing, now)
     claims = evaluate_claims(name=policy.name, created=policy.created, fleet=fleet,
@@ -411,7 +424,8 @@ def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
             spec = parse_spec(raw.get("spec") or {})
         except PolicySpecError:
             continue  # a refused policy claims nothing
-        claims.append(build_claim(meta.get("name", ""), meta.get("creationTimestamp", ""), spec, observed.workloads))
+        claims.append(build_claim(meta.get("name", ""), meta.get("creationTimestamp", ""), spec, observed.workloads,
+                                  observed.index))
     return claims
 
 
@@ -814,9 +828,9 @@ class _Planner:
 
     def _release_orphans(self) -> None:
         """Workloads this policy changed but no longer covers get their original back."""
-        for key, obj in sorted(self.observed.workloads.items()):
-            if managed_by(obj) == policy_label_value(self.policy.name) and key not in self.fleet.keys \
-                    and key not in self.held and key not in self.excluded:
+        for key in managed_keys(policy_label_value(self.policy.name), self.observed.workloads, self.observed.index):
+            obj = self.observed.workloads[key]
+            if key not in self.fleet.keys and key not in self.held and key not in self.excluded:
                 change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
                 if needs_update(obj, change):
                     self.changes.append(change)

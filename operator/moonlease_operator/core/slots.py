@@ -516,4 +516,60 @@ def build_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonObj
     return patch
 
 
+#: The list fields of a pod template that Kubernetes' strategic merge patch merges element by
+#: element, and the key it matches them by (`patchMergeKey` in k8s.io/api core/v1).
+STRATEGIC_MERGE_KEYS: Mapping[str, str] = {
+    "containers": "name", "initContainers": "name", "env": "name", "volumes": "name", "volumeMounts": "mountPath",
+}
+
+
+def build_strategic_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonObj:
+    """The strategic merge patch (Deployments, StatefulSets) that turns `old` into `new` where
+    they differ, and leaves alone what neither holds. Like `build_merge_patch`, except that the
+    lists of `STRATEGIC_MERGE_KEYS` are patched element by element, by key (a removed element
+    becomes `{key: ..., "$patch": "delete"}`), instead of being sent whole.
+
+    Why: the watch caches keep workloads trimmed to what the planner reads (a container's
+    resources, probes and foreign env vars dropped: `core.kept_fields`); a merge patch of
+    `spec.template.spec.containers` would send that trimmed list whole and delete the rest on
+    the server. Element by element, what the cache dropped is never mentioned, so it stays."""
+    patch: JsonObj = {}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    for key, value in new.items():
+        before = old.get(key) if key in old else _MISSING
+        if before is not _MISSING and before == value:
+            continue
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            patch[key] = build_strategic_merge_patch(before, value)
+        elif key in STRATEGIC_MERGE_KEYS and _keyed(before, STRATEGIC_MERGE_KEYS[key]) \
+                and _keyed(value, STRATEGIC_MERGE_KEYS[key]):
+            patch[key] = _keyed_list_patch(before, value, STRATEGIC_MERGE_KEYS[key])
+        elif key in STRATEGIC_MERGE_KEYS and isinstance(value, list) and before is not _MISSING:
+            patch[key] = [*copy.deepcopy(value), {"$patch": "replace"}]  # unkeyed elements: the list as a whole
+        else:
+            patch[key] = copy.deepcopy(value)
+    return patch
+
+
+def _keyed(items: Any, key: str) -> bool:
+    return isinstance(items, list) and all(isinstance(i, Mapping) and key in i for i in items) \
+        and len({json.dumps(i[key], sort_keys=True) for i in items}) == len(items)
+
+
+def _keyed_list_patch(old: list[Any], new: list[Any], key: str) -> list[Any]:
+    before = {json.dumps(i[key], sort_keys=True): i for i in old}
+    after = {json.dumps(i[key], sort_keys=True) for i in new}
+    elements: list[Any] = []
+    for item in new:
+        was = before.get(json.dumps(item[key], sort_keys=True))
+        if was is None:
+            elements.append(copy.deepcopy(item))
+        elif was != item:
+            elements.append({key: copy.deepcopy(item[key]), **build_strategic_merge_patch(was, item)})
+    elements += [{key: copy.deepcopy(i[key]), "$patch": "delete"} for k, i in before.items() if k not in after]
+    return elements
+
+
 _MISSING = object()

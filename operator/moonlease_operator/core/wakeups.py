@@ -16,7 +16,7 @@ from typing import Any
 
 from moonlease_operator.api import Phase, PolicySpec, PolicyStatus, StagePhase
 from moonlease_operator.core.connector_delivery import settings_config_map_name
-from moonlease_operator.core.fleet import resolve_fleet
+from moonlease_operator.core.fleet import WorkloadIndex, WorkloadKey, managed_keys, resolve_fleet
 from moonlease_operator.core.slots import managed_by, policy_label_value
 
 _VERIFYING_STAGES = (StagePhase.PROGRESSING, StagePhase.ROLLING_BACK)
@@ -54,6 +54,27 @@ def _covers(spec: PolicySpec, kind: str, obj: Mapping[str, Any]) -> bool:
     # The same membership rule the planner uses (`resolve_fleet`), asked about this one object.
     key = (kind, name)
     return key in resolve_fleet(spec, {key: obj}).keys
+
+
+def policies_sharing_workloads(name: str, versions: Iterable[PolicySpec | None], specs: Mapping[str, PolicySpec | None],
+                               workloads: Mapping[WorkloadKey, Mapping[str, Any]],
+                               index: WorkloadIndex | None = None) -> set[str]:
+    """The other policies of the namespace (by name) that a creation, spec edit or deletion of
+    policy `name` concerns: their claims on shared workloads may change (`core.fleet.evaluate_claims`
+    looks only at a policy's own workloads, and who else covers or labels them). `versions`: the
+    policy's parsed spec before and after (None: absent or invalid). `specs`: the others'.
+
+    A policy is concerned when it covers a workload that `name` covered before or after the
+    change, or that carries `name`'s label. The others are not: waking every policy of the
+    namespace on each edit made one edit cost a full reconcile of every policy (issue 16)."""
+    shared: set[WorkloadKey] = set(managed_keys(policy_label_value(name), workloads, index))
+    for spec in versions:
+        if spec is not None:
+            shared |= resolve_fleet(spec, workloads, index).keys
+    if not shared:
+        return set()
+    return {other for other, spec in specs.items()
+            if other != name and spec is not None and not shared.isdisjoint(resolve_fleet(spec, workloads, index).keys)}
 
 
 def settings_owner(config_map_name: str) -> str | None:
