@@ -496,23 +496,36 @@ def _render(slot: str, value: Wrapped) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-def build_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonObj:
+def build_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any],
+                      merge_keys: Mapping[str, str] | None = None) -> JsonObj:
     """The RFC 7386 merge patch that turns `old` into `new` (removed keys become null; lists
     are sent whole, which is safe because callers add a resourceVersion precondition).
 
+    With `merge_keys` (list field -> the key its elements are matched by), the lists of those
+    fields are patched element by element, as Kubernetes' strategic merge patch reads them: a
+    changed element by its key, a removed one as `{key: ..., "$patch": "delete"}`, a list whose
+    elements have no unique key replaced whole (`{"$patch": "replace"}`).
+
     A merge patch cannot set a value to null; nothing we write is null (JSON values with nulls
     live inside the --kv-transfer-config string, not in the object)."""
+    keys = merge_keys or {}
     patch: JsonObj = {}
     for key in old:
         if key not in new:
             patch[key] = None
     for key, value in new.items():
         before = old.get(key) if key in old else _MISSING
-        if before is _MISSING or before != value:
-            if isinstance(before, Mapping) and isinstance(value, Mapping):
-                patch[key] = build_merge_patch(before, value)
-            else:
-                patch[key] = copy.deepcopy(value)
+        if before is not _MISSING and before == value:
+            continue
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            patch[key] = build_merge_patch(before, value, keys)
+        elif key in keys and isinstance(value, list) and before is not _MISSING:
+            merge_key = keys[key]
+            patch[key] = (_keyed_list_patch(before, value, merge_key, keys)
+                          if _keyed(before, merge_key) and _keyed(value, merge_key)
+                          else [*copy.deepcopy(value), {"$patch": "replace"}])  # unkeyed: the list as a whole
+        else:
+            patch[key] = copy.deepcopy(value)
     return patch
 
 
@@ -525,32 +538,14 @@ STRATEGIC_MERGE_KEYS: Mapping[str, str] = {
 
 def build_strategic_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonObj:
     """The strategic merge patch (Deployments, StatefulSets) that turns `old` into `new` where
-    they differ, and leaves alone what neither holds. Like `build_merge_patch`, except that the
-    lists of `STRATEGIC_MERGE_KEYS` are patched element by element, by key (a removed element
-    becomes `{key: ..., "$patch": "delete"}`), instead of being sent whole.
+    they differ, and leaves alone what neither holds: `build_merge_patch` with the pod
+    template's `STRATEGIC_MERGE_KEYS`.
 
     Why: the watch caches keep workloads trimmed to what the planner reads (a container's
     resources, probes and foreign env vars dropped: `core.kept_fields`); a merge patch of
     `spec.template.spec.containers` would send that trimmed list whole and delete the rest on
     the server. Element by element, what the cache dropped is never mentioned, so it stays."""
-    patch: JsonObj = {}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    for key, value in new.items():
-        before = old.get(key) if key in old else _MISSING
-        if before is not _MISSING and before == value:
-            continue
-        if isinstance(before, Mapping) and isinstance(value, Mapping):
-            patch[key] = build_strategic_merge_patch(before, value)
-        elif key in STRATEGIC_MERGE_KEYS and _keyed(before, STRATEGIC_MERGE_KEYS[key]) \
-                and _keyed(value, STRATEGIC_MERGE_KEYS[key]):
-            patch[key] = _keyed_list_patch(before, value, STRATEGIC_MERGE_KEYS[key])
-        elif key in STRATEGIC_MERGE_KEYS and isinstance(value, list) and before is not _MISSING:
-            patch[key] = [*copy.deepcopy(value), {"$patch": "replace"}]  # unkeyed elements: the list as a whole
-        else:
-            patch[key] = copy.deepcopy(value)
-    return patch
+    return build_merge_patch(old, new, STRATEGIC_MERGE_KEYS)
 
 
 def _keyed(items: Any, key: str) -> bool:
@@ -558,7 +553,7 @@ def _keyed(items: Any, key: str) -> bool:
         and len({json.dumps(i[key], sort_keys=True) for i in items}) == len(items)
 
 
-def _keyed_list_patch(old: list[Any], new: list[Any], key: str) -> list[Any]:
+def _keyed_list_patch(old: list[Any], new: list[Any], key: str, merge_keys: Mapping[str, str]) -> list[Any]:
     before = {json.dumps(i[key], sort_keys=True): i for i in old}
     after = {json.dumps(i[key], sort_keys=True) for i in new}
     elements: list[Any] = []
@@ -567,7 +562,7 @@ def _keyed_list_patch(old: list[Any], new: list[Any], key: str) -> list[Any]:
         if was is None:
             elements.append(copy.deepcopy(item))
         elif was != item:
-            elements.append({key: copy.deepcopy(item[key]), **build_strategic_merge_patch(was, item)})
+            elements.append({key: copy.deepcopy(item[key]), **build_merge_patch(was, item, merge_keys)})
     elements += [{key: copy.deepcopy(i[key]), "$patch": "delete"} for k, i in before.items() if k not in after]
     return elements
 
