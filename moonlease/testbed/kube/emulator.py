@@ -47,7 +47,7 @@ import json
 import secrets
 import string
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp.web
@@ -66,6 +66,7 @@ from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.resources import BUILTIN_RESOURCES, CONFIGMAPS, CRDS, NAMESPACES, SECRETS, VERBS, ResourceType
 from moonlease.testbed.kube.schemas import apply_schema_defaults, prune_unknown_fields, schema_errors
 from moonlease.testbed.kube.selectors import parse_field_selector, parse_label_selector
+from moonlease.testbed.kube.store_index import StoreIndex
 from moonlease.testbed.kube.timestamps import now_rfc3339
 from moonlease.testbed.kube.validation import (
     MAX_OBJECT_BYTES,
@@ -81,6 +82,10 @@ from moonlease.testbed.kube.validation import (
 from moonlease.testbed.kube.watches import DEFAULT_WATCH_HISTORY, Change, WatchCache, WatchFilter
 
 JsonObj = dict[str, Any]
+
+#: Called with every write as it is published: (type, "ADDED" | "MODIFIED" | "DELETED", the
+#: object as stored — read it, never change it).
+WriteListener = Callable[[ResourceType, str, JsonObj], None]
 
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -133,6 +138,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     _faults: list[InjectedFault] = attrs.field(factory=list, init=False)
     _watches: WatchCache = attrs.field(init=False)
+    _index: StoreIndex = attrs.field(factory=StoreIndex, init=False)
+    _listeners: list[WriteListener] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         _read_namespace_paths()
@@ -254,6 +261,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return None
         return copy.deepcopy(self.objects[key].raw)
 
+    def stored_object(self, what: Any, namespace: str | None, name: str) -> Mapping[str, Any] | None:
+        """The live object as stored, not copied: read it, never change it (the simulated
+        controllers read thousands of objects a tick; a deep copy each cost seconds)."""
+        key = self._key(self.resource_type(what), namespace, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return self.objects[key].raw
+
     def list_objects(self, what: Any, namespace: str | None = None, *,
                      label_selector: str | None = None, field_selector: str | None = None) -> list[JsonObj]:
         """Live objects of a type (deep copies, in creation order), optionally in one namespace
@@ -265,23 +280,26 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return self._select_live(rtype, selection)
 
     def _select_live(self, rtype: ResourceType, selection: WatchFilter) -> list[JsonObj]:
+        """Live objects matching `selection` (deep copies, creation order)."""
+        return [copy.deepcopy(raw) for raw in self._match_live(rtype, selection)]
+
+    def _match_live(self, rtype: ResourceType, selection: WatchFilter) -> list[JsonObj]:
+        """Live objects matching `selection`, as stored (read-only: copy what leaves the
+        emulator), found through the index: the type, the namespace, the label terms."""
         found = []
-        for (ref, ns, _), obj in self.objects.items():
-            if ref != rtype.ref or obj.deleted or (selection.namespace is not None and ns != selection.namespace):
-                continue
-            raw = obj.raw
+        for key in self._index.live_keys(rtype.ref, selection.namespace, selection.labels):
+            raw = self.objects[key].raw
             if selection.matches(raw):
-                found.append(copy.deepcopy(raw))
+                found.append(raw)
         return found
 
-    def _select_at(self, rtype: ResourceType, selection: WatchFilter, revision: int) -> list[JsonObj]:
-        """The objects as they were at `revision`, rebuilt from their histories (deep copies)."""
+    def _match_at(self, rtype: ResourceType, selection: WatchFilter, revision: int) -> list[JsonObj]:
+        """The objects as they were at `revision`, rebuilt from their histories (as stored,
+        read-only)."""
         found = []
-        for (ref, ns, _), obj in self.objects.items():
-            if ref != rtype.ref or (selection.namespace is not None and ns != selection.namespace):
-                continue
+        for key in self._index.keys(rtype.ref, selection.namespace):
             state = None
-            for version in obj.history:
+            for version in self.objects[key].history:
                 if version is None:  # a deletion, at the revision of the version before it
                     state = None
                     continue
@@ -289,21 +307,38 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     break
                 state = version.raw
             if state is not None and selection.matches(state):
-                found.append(copy.deepcopy(state))
+                found.append(state)
         return found
 
-    def objects_by_owner(self, what: Any) -> dict[str, list[JsonObj]]:
-        """Live objects of a type (deep copies) grouped by the uid of each owner they name: one
-        pass over the store, for the simulator's per-tick pod bookkeeping."""
+    def live_names(self, what: Any, namespace: str | None = None) -> list[tuple[str | None, str]]:
+        """(namespace, name) of every live object of a type, creation order, without copying
+        any object."""
+        return [(ns, name) for _, ns, name in self._index.live_keys(self.resource_type(what).ref, namespace)]
+
+    def owned_objects(self, what: Any, uid: str) -> list[Mapping[str, Any]]:
+        """Live objects of a type whose ownerReferences name `uid`, as stored (read-only, like
+        `stored_object`), through the owner index: a controller's view of its dependents."""
         ref = self.resource_type(what).ref
+        return [self.objects[key].raw for key in self._index.owned_by(uid) if key[0] == ref]
+
+    def objects_by_owner(self, what: Any) -> dict[str, list[JsonObj]]:
+        """Live objects of a type (deep copies) grouped by the uid of each owner they name."""
+        rtype = self.resource_type(what)
         found: dict[str, list[JsonObj]] = {}
-        for (obj_ref, _, _), obj in self.objects.items():
-            if obj_ref != ref or obj.deleted:
-                continue
-            raw = obj.raw
+        for raw in self._match_live(rtype, WatchFilter(namespace=None)):
             for owner in raw.get("metadata", {}).get("ownerReferences") or []:
                 found.setdefault(owner.get("uid", ""), []).append(copy.deepcopy(raw))
         return found
+
+    def add_write_listener(self, listener: WriteListener) -> None:
+        """Call `listener` with every write as it is published (synchronously, in the writer's
+        task): how the simulated controllers act only on what changed instead of rescanning
+        the store."""
+        self._listeners.append(listener)
+
+    def remove_write_listener(self, listener: WriteListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def history(self, what: Any, namespace: str | None, name: str) -> list[JsonObj | None]:
         """Every stored version of an object, oldest first (None marks a deletion)."""
@@ -322,6 +357,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         out and its event reaching the watch queues nothing else runs, so a BOOKMARK never claims
         a revision whose event is still on its way."""
         self._watches.record(rtype.ref, Change(int(raw["metadata"]["resourceVersion"]), event_type, raw, previous))
+        meta = raw["metadata"]
+        self._index.record(self._key(rtype, meta.get("namespace"), meta["name"]),
+                           None if event_type == "DELETED" else raw)
+        for listener in list(self._listeners):
+            listener(rtype, event_type, raw)
 
     # ---- writes -----------------------------------------------------------------------------
 
@@ -464,8 +504,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         meta_now = current["metadata"]
         has_status = "status" in rtype.subresources
         if subresource == "status":
-            # Writes to /status change the status and nothing else.
-            merged = copy.deepcopy(current)
+            # Writes to /status change the status and nothing else. `current` is this write's own
+            # copy: the new version may share its unchanged parts (metadata is copied below).
+            merged = dict(current)
             if "status" in new:
                 merged["status"] = new["status"]
             else:
@@ -479,7 +520,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if "status" in current:
                 new["status"] = copy.deepcopy(current["status"])
         new["apiVersion"], new["kind"] = rtype.api_version, rtype.kind
-        meta = new.setdefault("metadata", {})
+        meta = new["metadata"] = dict(new.get("metadata") or {})  # changed below, never `current`'s
         # Identity and server-owned fields cannot change.
         for fixed in ("name", "namespace", "uid", "creationTimestamp", "generation", "deletionTimestamp"):
             if fixed in meta_now:
@@ -516,16 +557,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if rtype == CRDS:
             self._forget_crd(obj)
         # Cascade to dependents (foreground/background GC collapsed into "right away").
-        uid = meta.get("uid")
-        for (ref, _, _), other in list(self.objects.items()):
-            if other.deleted:
-                continue
-            owners = other.raw.get("metadata", {}).get("ownerReferences") or []
-            if any(o.get("uid") == uid for o in owners):
-                dependent = copy.deepcopy(other.raw)
-                dtype = self._types.get(ref)
-                if dtype is not None:
-                    self._remove(dtype, dependent)
+        for key in self._index.owned_by(meta.get("uid") or ""):
+            other = self.objects[key]
+            dtype = self._types.get(key[0])
+            if dtype is not None and not other.deleted:
+                self._remove(dtype, copy.deepcopy(other.raw))
 
     def _admit(self, rtype: ResourceType, obj: JsonObj, *, strict_fields: bool) -> JsonObj:
         """Validate metadata (and ConfigMap/Secret data); prune, default and validate custom
@@ -694,21 +730,22 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         async with self._lock:
             if token is None:
                 revision, start = self._revision, ""
-                items = self._select_live(rtype, selection)
+                items = self._match_live(rtype, selection)
             else:
                 if token.revision < self._watches.horizon(rtype.ref):
                     raise errors.expired("The provided continue parameter is too old to display a consistent list"
                                          " result. You can start a new list without the continue parameter.")
                 revision, start = token.revision, token.start
-                items = self._select_at(rtype, selection, revision)
-        items.sort(key=sort_key)
-        chosen = page(items, revision=revision, limit=limit, start=start)
+                items = self._match_at(rtype, selection, revision)
+            items.sort(key=sort_key)
+            chosen = page(items, revision=revision, limit=limit, start=start)
+            shown = copy.deepcopy(chosen.items)  # only the page leaves the store, not every match
         metadata: JsonObj = {"resourceVersion": str(revision)}
         if chosen.next_token is not None:
             metadata["continue"] = chosen.next_token
             metadata["remainingItemCount"] = chosen.remaining
         return {"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List", "metadata": metadata,
-                "items": chosen.items}
+                "items": shown}
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
         rtype = self._request_type(request)
@@ -835,10 +872,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     # ---- the request log ------------------------------------------------------------------------
 
-    def api_calls(self) -> list[ApiCall]:
-        """Every HTTP request so far, oldest first."""
+    def api_calls(self, since: int = 0) -> list[ApiCall]:
+        """Every HTTP request so far, oldest first; `since`: only those after the first `since`
+        (a caller polling the log reads only what is new)."""
         calls = []
-        for req in list(self._requests):
+        for req in self._requests[since:]:
             res = req.resource
             is_resource = res is not None and res.plural is not None
             calls.append(ApiCall(

@@ -131,8 +131,9 @@ class LocalApiServer:
                 if (involved_name is None or e.get("involvedObject", {}).get("name") == involved_name)
                 and (reason is None or e.get("reason") == reason)]
 
-    def api_calls(self) -> list[ApiCall]:
-        return self.emulator.api_calls()
+    def api_calls(self, since: int = 0) -> list[ApiCall]:
+        """The requests real clients made, oldest first (after the first `since`)."""
+        return self.emulator.api_calls(since)
 
     @property
     def traffic(self) -> Traffic:
