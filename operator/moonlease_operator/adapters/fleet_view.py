@@ -62,7 +62,7 @@ class FleetView:
             ObjectCache(client, "ConfigMap", namespaces, label_selector=f"{SETTINGS_CONFIG_MAP_LABEL}=true", **options),
             ObjectCache(client, "ConfigMap", namespaces, label_selector=POLICY_LABEL, **options),
         )
-        self.pod_cache = ObjectCache(client, "Pod", namespaces, **options)
+        self.pod_cache = ObjectCache(client, "Pod", namespaces, indexed=True, **options)
         self._policies: dict[str, dict[str, JsonObj]] = {}
         self._specs: dict[tuple[str, str], tuple[Any, PolicySpec | None]] = {}
         self._started: asyncio.Task[None] | None = None
@@ -159,12 +159,13 @@ class FleetView:
             obj = self._cached_config_map(namespace, name) or await self._read_config_map(namespace, name)
             if obj is not None:
                 config_maps[name] = obj
-        pods = None
+        pods = pod_index = None
         if plan.pods:
             await self.ensure_pods()
             pods = list(self.pod_cache.in_namespace(namespace).values())
+            pod_index = self.pod_cache.index(namespace)
         return Observed(workloads=workloads, config_maps=config_maps, policies=self.policies_in(namespace), pods=pods,
-                        index=index)
+                        index=index, pod_index=pod_index)
 
     async def managed(self, namespace: str, policy: str, spec: PolicySpec | PolicySpecError) -> list[JsonObj]:
         """Every workload and ConfigMap of the namespace that carries this policy's label (what

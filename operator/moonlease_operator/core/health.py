@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import LabelSelector
+from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, same_flag_value, template_config_hash
 from moonlease_operator.core.workload_args import find_container, flag_value
 
@@ -42,9 +43,10 @@ class WorkloadHealth:
     ready: int | None = None
 
 
-def evaluate_health(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | None) -> WorkloadHealth:
+def evaluate_health(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | PodSet | None) -> WorkloadHealth:
     """The health of one Deployment or StatefulSet; `pods` (None: not looked at) are the pods
-    of its namespace, of which those matching its selector are considered."""
+    of its namespace, of which those matching its selector are considered (a `PodSet` finds
+    them through its label index: same answer)."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     status = obj.get("status") or {}
     generation = meta.get("generation")
@@ -108,18 +110,21 @@ def restored_master_flags(obj: Mapping[str, Any], container: str | None, names: 
     return {name: flag_value(tokens, name) for name in names}
 
 
-def current_ready_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def current_ready_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | PodSet) -> list[Mapping[str, Any]]:
     """The workload's Ready pods of its current pod template (the ones a stage verifies)."""
     return [p for p in _own_pods(obj, pods) if _pod_hash(p) == template_config_hash(obj) and _pod_ready(p)]
 
 
-def _own_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _own_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | PodSet) -> list[Mapping[str, Any]]:
     raw = (obj.get("spec") or {}).get("selector") or {}
     try:
         selector = LabelSelector.model_validate(raw)
     except ValueError:
         return []
     namespace = (obj.get("metadata") or {}).get("namespace")
+    if isinstance(pods, PodSet):
+        return [p for p in pods.selected(namespace, selector)
+                if not (p.get("metadata") or {}).get("deletionTimestamp")]
     return [p for p in pods
             if (p.get("metadata") or {}).get("namespace", namespace) == namespace
             and not (p.get("metadata") or {}).get("deletionTimestamp")

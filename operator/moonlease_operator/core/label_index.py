@@ -58,6 +58,10 @@ class LabelIndex:
                     if not names:
                         del store[index]  # type: ignore[arg-type]
 
+    def labels_of(self, name: str) -> Mapping[str, str] | None:
+        """The labels the index holds for `name` (None: not indexed)."""
+        return self._labels.get(name)
+
     def with_label(self, key: str, value: str) -> frozenset[str]:
         """The names carrying label `key=value`."""
         return frozenset(self._names.get((key, value), ()))

@@ -124,6 +124,8 @@ from moonlease_operator.core.health import (
     evaluate_master_pod,
     restored_master_flags,
 )
+from moonlease_operator.core.label_index import LabelIndex
+from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.verbs import (
     VerbDecision,
@@ -188,6 +190,9 @@ class Observed:
     index: WorkloadIndex | None = None
     """The watch caches' label index of `workloads` (`core.label_index`): selecting costs what
     it selects; None: every selector scans `workloads` (same answer)."""
+    pod_index: LabelIndex | None = None
+    """The pod cache's label index of `pods` (one namespace), if it keeps one: `PodSet` uses it
+    when it agrees with `pods`, else indexes them itself (same answer)."""
 
 
 @dataclass(frozen=True)
@@ -466,6 +471,14 @@ class _Planner:
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
     listed_targets: int = DEFAULT_LISTED_TARGETS
     all_targets: list[TargetStatus] = field(default_factory=list)  # filled by _status
+    _pod_set: PodSet | None = None
+
+    def _pods(self) -> PodSet | None:
+        """The observed pods, indexed once per plan (None: not fetched): each target's pods
+        are found through the index, not by scanning every pod of the namespace."""
+        if self._pod_set is None and self.observed.pods is not None:
+            self._pod_set = PodSet(self.observed.pods, self.observed.pod_index)
+        return self._pod_set
 
     def plan(self) -> ReconcilePlan:
         desired_hash = build_config_hash({"master": self.master.config_hash, "connector": self.connector.config_hash})
@@ -478,7 +491,7 @@ class _Planner:
         self.paused_at = (self.now if effect is VerbEffect.PAUSE else
                           None if effect in (VerbEffect.RESUME, VerbEffect.ABORT) else prev.paused_at)
         self._begin_ab_test(desired_hash, effect)
-        self.health = {m.key: evaluate_health(m.obj or {}, self.observed.pods) for m in self.fleet.members}
+        self.health = {m.key: evaluate_health(m.obj or {}, self._pods()) for m in self.fleet.members}
         out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
         # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
         # target that comes back is brought in by a new attempt.
@@ -706,7 +719,7 @@ class _Planner:
             obj = member.obj or {}
             flags: Mapping[str, str | None] = (
                 restored_master_flags(obj, member.container, self.master.flags) if restored else self.master.flags)
-            return [problem for pod in current_ready_pods(obj, self.observed.pods)
+            return [problem for pod in current_ready_pods(obj, self._pods() or ())
                     if (problem := evaluate_master_pod(pod, member.container, flags)) is not None]
         return []
 
@@ -731,7 +744,7 @@ class _Planner:
             return ["pods not read"], False
         reports = self.observed.settings_reports or {}
         problems, refused = [], False
-        for pod in current_ready_pods(obj, self.observed.pods):
+        for pod in current_ready_pods(obj, self._pods() or ()):
             name = str((pod.get("metadata") or {}).get("name"))
             problem = evaluate_pod_settings(name, reports.get(name), expected)
             if problem is not None:
@@ -1129,7 +1142,7 @@ class _Planner:
     def _excluded_targets(self) -> list[TargetStatus]:
         result = []
         for member, why in self.excluded.values():
-            health = evaluate_health(member.obj, self.observed.pods) if member.obj is not None else None
+            health = evaluate_health(member.obj, self._pods()) if member.obj is not None else None
             result.append(TargetStatus(
                 kind=WorkloadKind(member.kind), name=member.name, role=member.stage, phase=TargetPhase.EXCLUDED,
                 observed_generation=health.generation if health else None,
