@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import copy
 import json
 import os
@@ -103,7 +104,45 @@ def policy(name: str, namespace: str, group: str, *, approval: bool) -> dict[str
 
 
 def _phase(kube: Any, namespace: str, name: str) -> str | None:
-    return ((kube.get("mlp", namespace, name) or {}).get("status") or {}).get("phase")
+    # Read as stored, not copied: the driver polls 51 policies and must not load the test bed.
+    return ((kube.emulator.stored_object("mlp", namespace, name) or {}).get("status") or {}).get("phase")
+
+
+class LoopLag:
+    """The worst lateness of this process's event loop since `reset()`: how long a request to
+    the in-process API server could have waited for the test bed (simulator, connectors,
+    this driver) to let it in."""
+
+    def __init__(self, period: float = 0.05) -> None:
+        self.period = period
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.period)
+            self.worst = max(self.worst, loop.time() - before - self.period)
+
+    def reset(self) -> float:
+        worst, self.worst = self.worst, 0.0
+        return round(worst, 2)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _testbed_idle(kube: Any, connectors: Any) -> bool:
+    """No simulated controller or connector work pending (every Deployment observed, its pods
+    Ready, every settings file delivered)."""
+    return bool(kube.simulator.idle and connectors.idle)
 
 
 async def _populate(kube: Any, deployments: int, policies: int, namespaces: int, rollout_targets: int,
@@ -150,7 +189,8 @@ async def _operator(kube: Any, design: str, interval: float, workdir: Path, prof
 
 async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str]], rollout_ns: str,
                          interval: float, rest_seconds: float, settle_timeout: float, rollout_timeout: float,
-                         workdir: Path, profile: Path | None = None) -> dict[str, Any]:
+                         workdir: Path, connectors: Any, lag: LoopLag,
+                         profile: Path | None = None) -> dict[str, Any]:
     proc, log = await _operator(kube, design, interval, workdir, profile)
     rss: list[int] = []
     sampling = True
@@ -178,17 +218,20 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
     try:
         # Every resting policy reaches its resting phase (created before this operator started,
         # or already there from the other design's run).
-        t0 = time.monotonic()
+        t0, bed0 = time.monotonic(), time.process_time()
+        lag.reset()
         settled = await _wait(lambda: all(_phase(kube, ns, n) == "AwaitingApproval" for ns, n in resting)
                               or proc.returncode is not None, settle_timeout)
         result["settle_s"] = round(time.monotonic() - t0, 1) if settled else None
         result["settle_cpu_s"] = round(cpu_seconds(), 1)  # start-up listing and every first reconcile
+        result["settle_testbed"] = {"cpu_s": round(time.process_time() - bed0, 1), "worst_loop_lag_s": lag.reset()}
         await asyncio.sleep(2.0)  # the last status writes' own watch events
         mark, traffic = len(kube.api_calls()), kube.traffic.snapshot()
         rss_before_rest = len(rss)
-        cpu_before_rest = cpu_seconds()
+        cpu_before_rest, bed0 = cpu_seconds(), time.process_time()
+        lag.reset()
         await asyncio.sleep(rest_seconds)
-        calls = [c for c in kube.api_calls()[mark:] if c.user_agent.startswith(AGENT)]
+        calls = [c for c in kube.api_calls(mark) if c.user_agent.startswith(AGENT)]
         served = kube.traffic.since(traffic)
         per_minute = 60.0 / rest_seconds
         result["rest"] = {
@@ -199,27 +242,37 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             "by_kind": _by_kind(calls),
             "rss_mib_peak": round(max(rss[rss_before_rest:], default=0) / 2**20, 1),
             "cpu_s": round(cpu_seconds() - cpu_before_rest, 2),
+            "testbed": {"cpu_s": round(time.process_time() - bed0, 2), "worst_loop_lag_s": lag.reset()},
         }
+
+        # The test bed has nothing pending before the edit: what follows is the rollout's.
+        t0 = time.monotonic()
+        idle = await _wait(lambda: _testbed_idle(kube, connectors), settle_timeout)
+        result["testbed_idle_wait_s"] = round(time.monotonic() - t0, 1) if idle else None
 
         # One rollout: a new policy over its own Deployments.
         mark = len(kube.api_calls())
         name = f"rollout-{design}"
         body = policy(name, rollout_ns, "rollout", approval=False)
-        t0, cpu_before_rollout = time.monotonic(), cpu_seconds()
+        lag.reset()
+        t0, cpu_before_rollout, bed0 = time.monotonic(), cpu_seconds(), time.process_time()
         await kube.create(body)
-        first_patch = first_patch_cpu = None
+        first_patch = first_patch_cpu = first_patch_lag = None
+        seen = mark
         deadline = time.monotonic() + rollout_timeout
         while time.monotonic() < deadline and proc.returncode is None:
-            calls = kube.api_calls()[mark:]
+            calls = kube.api_calls(seen) if first_patch is None else []
+            seen += len(calls)
             if first_patch is None and any(c.user_agent.startswith(AGENT) and (c.verb, c.resource) ==
                                            ("patch", "deployments") for c in calls):
                 first_patch, first_patch_cpu = time.monotonic() - t0, cpu_seconds() - cpu_before_rollout
+                first_patch_lag = lag.reset()
             if _phase(kube, rollout_ns, name) in ("Ready", "Degraded", "Invalid"):
                 break
             await asyncio.sleep(0.05)
         wall = time.monotonic() - t0
         status = (kube.get("mlp", rollout_ns, name) or {}).get("status") or {}
-        calls = [c for c in kube.api_calls()[mark:] if c.user_agent.startswith(AGENT)]
+        calls = [c for c in kube.api_calls(mark) if c.user_agent.startswith(AGENT)]
         result["rollout"] = {
             "phase": status.get("phase"), "seconds": round(wall, 1), "finished": status.get("phase") == "Ready",
             "first_patch_s": round(first_patch, 2) if first_patch is not None else None,
@@ -230,6 +283,9 @@ async def measure_design(kube: Any, design: str, *, resting: list[tuple[str, str
             "events": sum(1 for c in calls if c.resource == "events"),
             "status_bytes": len(json.dumps(status)),
             "cpu_s": round(cpu_seconds() - cpu_before_rollout, 1),
+            "testbed": {"cpu_s": round(time.process_time() - bed0, 1),
+                        "worst_loop_lag_before_first_patch_s": first_patch_lag,
+                        "worst_loop_lag_s": max(lag.reset(), first_patch_lag or 0.0)},
         }
         # The next design starts from the same fleet: give the rollout's workloads back.
         await kube.delete("mlp", rollout_ns, name)
@@ -271,6 +327,8 @@ async def run(*, deployments: int, policies: int, namespaces: int, rollout_targe
     async with local_api_server(tick_interval=tick) as kube:
         connectors = ConnectorPods(kube, Path(tempfile.mkdtemp(prefix="moonlease-bench-pods-")), interval=0.2)
         connectors.start()
+        lag = LoopLag()
+        lag.start()
         try:
             t0 = time.monotonic()
             resting, rollout_ns, size = await _populate(kube, deployments, policies, namespaces, rollout_targets)
@@ -278,15 +336,24 @@ async def run(*, deployments: int, policies: int, namespaces: int, rollout_targe
                 group = name.removeprefix("policy-")
                 await kube.create(policy(name, ns, group, approval=True))
             setup = time.monotonic() - t0
+            # The simulated controller creates every pod before any operator starts: what the
+            # operator meets is a settled fleet, and this settle is the test bed's, not its.
+            t0, bed0 = time.monotonic(), time.process_time()
+            idle = await _wait(lambda: _testbed_idle(kube, connectors), settle_timeout)
+            testbed_settle = {"seconds": round(time.monotonic() - t0, 1) if idle else None,
+                              "cpu_s": round(time.process_time() - bed0, 1)}
             runs = [await measure_design(kube, design, resting=resting, rollout_ns=rollout_ns, interval=interval,
                                          rest_seconds=rest_seconds, settle_timeout=settle_timeout,
-                                         rollout_timeout=rollout_timeout, workdir=workdir, profile=profile)
+                                         rollout_timeout=rollout_timeout, workdir=workdir, connectors=connectors,
+                                         lag=lag, profile=profile)
                     for design in designs]
         finally:
+            await lag.stop()
             await connectors.stop()
     return {"deployments": deployments, "policies": policies + 1, "resting_policies": policies,
             "namespaces": namespaces, "rollout_targets": rollout_targets, "deployment_bytes_mean": size,
             "reconcile_interval_s": interval, "simulator_tick_s": tick, "setup_s": round(setup, 1),
+            "testbed_settle": testbed_settle,
             "designs": {r["design"]: r for r in runs}, "workdir": str(workdir),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
             "load_average_1m_at_end": round(os.getloadavg()[0], 2)}
@@ -338,6 +405,31 @@ def render_markdown(results: list[dict[str, Any]], command: str, notes: list[str
                 f"{rest['bytes_per_minute'] / 2**20:.2f} MiB | {run['rss_mib_peak']} MiB | {rollout['requests']} "
                 f"({rollout['workload_patches']} workload PATCHes, {rollout['status_patches']} status, "
                 f"{rollout['events']} events) | {first} | {ready} | {rollout['status_bytes']} B | {cpu} |")
+    bed_rows = [r for r in results if r.get("testbed_settle")]
+    if bed_rows:
+        lines += [
+            "",
+            "The test bed in the same runs (the benchmark process: API server, simulated Deployment controller,",
+            "simulated connectors, this driver): how long it took to settle the fleet before any operator started,",
+            "its CPU seconds per phase, and the worst lateness of its event loop (how long a request could wait",
+            "to be answered) during the operator's settle / at rest / until the first PATCH / the whole rollout.",
+            "",
+            "| fleet | design | test bed settle (CPU) | CPU: settle / rest / rollout | worst loop lag: settle / rest / "
+            "to first PATCH / rollout |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for result in bed_rows:
+            fleet = (f"{result['deployments']} Deployments, {result['policies']} policies, "
+                     f"{result['namespaces']} namespace{'s' if result['namespaces'] > 1 else ''}")
+            bed = result["testbed_settle"]
+            for design, run in result["designs"].items():
+                settle, rest, rollout = (run.get("settle_testbed") or {}, run["rest"].get("testbed") or {},
+                                         run["rollout"].get("testbed") or {})
+                lines.append(
+                    f"| {fleet} | {design} | {bed['seconds']} s ({bed['cpu_s']} s) | {settle.get('cpu_s')} / "
+                    f"{rest.get('cpu_s')} / {rollout.get('cpu_s')} s | {settle.get('worst_loop_lag_s')} / "
+                    f"{rest.get('worst_loop_lag_s')} / {rollout.get('worst_loop_lag_before_first_patch_s')} / "
+                    f"{rollout.get('worst_loop_lag_s')} s |")
     lines += [
         "",
         "Goals (issue 16): at rest 0 requests beyond the open watches; first workload PATCH < 2 s after the",
