@@ -55,6 +55,9 @@ class ConfigMapVolume:
     def write(self, text: str) -> None:
         self.version += 1
         target = self.root / f"..2026_{os.getpid()}_{self.version:04d}"
+        while target.exists():  # the directory of an earlier pod of the same name
+            self.version += 1
+            target = self.root / f"..2026_{os.getpid()}_{self.version:04d}"
         target.mkdir()
         (target / self.key).write_text(text)
         tmp = self.root / "..data_tmp"
@@ -72,6 +75,7 @@ class _Pod:
     watcher: SettingsWatcher
     port: int
     namespace: str | None = None
+    uid: str = ""  # the pod object this connector runs in (a re-created pod gets a new one)
     owner: str = ""
     config_map: str = ""
     written: str | None = None
@@ -142,12 +146,20 @@ class ConnectorPods:
             if state is not None and state.namespace == namespace:
                 self._stop(self._pods.pop(name))
             return
-        state = self._pods.get(name) or self._start(name, pod)
+        config_map_name = (volume.get("configMap") or {}).get("name", "")
+        config_map = self.kube.emulator.stored_object(CONFIGMAPS, namespace, config_map_name)
+        text = ((config_map or {}).get("data") or {}).get(SETTINGS_FILE_NAME)
+        state = self._pods.get(name)
+        uid = str(pod["metadata"].get("uid", ""))
+        if state is not None and state.uid != uid:  # deleted and created again: a new container
+            self._stop(self._pods.pop(name))
+            state = None
+        if state is None:
+            state = self._start(name, pod, text)
+            state.uid = uid
         state.namespace = namespace
         state.owner = next((o["name"] for o in pod["metadata"].get("ownerReferences") or []), "")
-        state.config_map = (volume.get("configMap") or {}).get("name", "")
-        config_map = self.kube.emulator.stored_object(CONFIGMAPS, namespace, state.config_map)
-        text = ((config_map or {}).get("data") or {}).get(SETTINGS_FILE_NAME)
+        state.config_map = config_map_name
         if text is not None and text != state.written and (state.owner not in self.frozen or state.written is None):
             state.volume.write(text)
             state.written = text
@@ -161,7 +173,10 @@ class ConnectorPods:
         """No pod or ConfigMap written since the last pass."""
         return not (self._scan_all or self._dirty)
 
-    def _start(self, name: str, pod: Mapping[str, Any]) -> _Pod:
+    def _start(self, name: str, pod: Mapping[str, Any], text: str | None) -> _Pod:
+        """Start a pod's connector; `text`, the settings file its ConfigMap holds now, is in its
+        volume before the connector starts (a kubelet mounts the volume before the container
+        runs), so the connector starts on it rather than switching to it a poll later."""
         container = next((c for c in (pod.get("spec") or {}).get("containers") or []
                           if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
         extra = (kv_doc(container) or {}).get(EXTRA_CONFIG_KEY) or {}
@@ -171,6 +186,8 @@ class ConnectorPods:
         except ConnectorConfigError:
             defaults = MoonleaseConnectorConfig()
         volume = ConfigMapVolume(self.root / name)
+        if text is not None:
+            volume.write(text)
         live = LiveSettings(ActiveSettings(defaults, SettingsSource.STARTUP))
         exporter = SettingsExporter()
         exporter.show(live.current())
@@ -179,7 +196,7 @@ class ConnectorPods:
                                   layout_problem=lambda mode: None, exporter=exporter,
                                   poll_interval_s=self.interval)
         watcher.start()
-        state = _Pod(volume, exporter, watcher, port)
+        state = _Pod(volume, exporter, watcher, port, written=text)
         self._pods[name] = state
         return state
 

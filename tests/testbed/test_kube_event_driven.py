@@ -101,3 +101,33 @@ async def test_connector_pods_look_only_at_written_pods(kube_manual: LocalApiSer
         assert reads == [("Pod", "default", name)] and pods.idle
     finally:
         await pods.stop()
+
+
+async def test_a_pod_deleted_and_created_again_between_passes_gets_a_new_connector(
+        kube_manual: LocalApiServer, tmp_path: Path) -> None:
+    """The simulated controller may delete a pod and create one of the same name in one step
+    (a rollback to an earlier template): that is a new container, whose connector announces
+    its endpoint on the new pod object."""
+    from moonlease_connector.settings import SETTINGS_FILE_NAME
+    from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, SETTINGS_VOLUME
+
+    await kube_manual.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-moonlease"},
+                              "data": {SETTINGS_FILE_NAME: '{"lease_mode": "selective"}'}})
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0"},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm:1",
+                                     "volumeMounts": [{"name": SETTINGS_VOLUME, "mountPath": "/etc/moonlease"}]}],
+                     "volumes": [{"name": SETTINGS_VOLUME, "configMap": {"name": "web-moonlease"}}]}}
+    pods = ConnectorPods(kube_manual, tmp_path)
+    try:
+        await kube_manual.create(body)
+        await pods.sync()
+        first = kube_manual.get(PODS, "default", "web-0")
+        assert first is not None and SETTINGS_PORT_ANNOTATION in first["metadata"]["annotations"]
+        await kube_manual.delete(PODS, "default", "web-0")
+        await kube_manual.create(body)
+        await pods.sync()
+        again = kube_manual.get(PODS, "default", "web-0")
+        assert again is not None and again["metadata"]["uid"] != first["metadata"]["uid"]
+        assert again["metadata"]["annotations"][SETTINGS_PORT_ANNOTATION] == pods.endpoint("web-0").split(":")[1]
+    finally:
+        await pods.stop()
