@@ -76,6 +76,22 @@ class MoonleaseConnectorConfig(BaseModel):
                            "(up to 3 times, 20 ms apart), instead of being dropped; Mamba states "
                            "only where a continuation resumes, not dense retention's "
                            "intermediate ones.")
+    mooncake_retention_evict: bool = Field(
+        False, description="Moonlease retention: before a save's put would take the store above "
+                           "mooncake_retention_evict_watermark of its capacity (the master's "
+                           "master_allocated_bytes / master_total_capacity_bytes), the connector "
+                           "removes the keys its saves touched least recently (batch_remove, "
+                           "not forced), so conversations leave whole and oldest first instead "
+                           "of by the master's near-random first eviction pass.")
+    mooncake_retention_evict_watermark: float = Field(
+        0.9, gt=0.0, le=1.0,
+        description="Moonlease retention evict: the share of the store's capacity saves keep it "
+                    "under; set it to the master's eviction_high_watermark_ratio (Mooncake's "
+                    "default 0.9; the operator renders the policy's master setting).")
+    mooncake_master_metrics_url: str | None = Field(
+        None, description="Moonlease retention evict: the master's Prometheus endpoint (default "
+                          "http://<master_server_address host>:9003/metrics, from "
+                          "MOONCAKE_CONFIG_PATH).")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
@@ -111,7 +127,8 @@ class MoonleaseConnectorConfig(BaseModel):
     def retention(self) -> RetentionSettings:
         """The retention pieces on (`core.retention`)."""
         return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip,
-                                 retry=self.mooncake_retention_retry)
+                                 retry=self.mooncake_retention_retry, evict=self.mooncake_retention_evict,
+                                 evict_watermark=self.mooncake_retention_evict_watermark)
 
     @classmethod
     def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False,
@@ -120,11 +137,14 @@ class MoonleaseConnectorConfig(BaseModel):
         # keys it rendered before retention existed (same config hash, no rolling restart).
         # `retry` came later: its key is rendered only when it is on, so policies with pin or
         # skip keep their hash too.
-        pieces: dict[str, bool] = (
+        pieces: dict[str, Any] = (
             {"mooncake_retention_pin": retention.pin, "mooncake_retention_skip": retention.skip}
             if retention.pin or retention.skip else {})
         if retention.retry:
             pieces["mooncake_retention_retry"] = True
+        if retention.evict:  # later still: rendered only when on, with the watermark it keeps
+            pieces["mooncake_retention_evict"] = True
+            pieces["mooncake_retention_evict_watermark"] = retention.evict_watermark
         return cls(mooncake_selective_lease=mode is LeaseMode.SELECTIVE,
                    mooncake_kda_last_hit_only=mode is LeaseMode.LAST_HIT_ONLY,
                    mooncake_junction_retention=junction_retention, **pieces)

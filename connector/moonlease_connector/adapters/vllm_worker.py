@@ -62,6 +62,7 @@ from moonlease_connector.adapters.vllm_lookup_server import (
     stop_upstream_lookup_server,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
+from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
@@ -304,7 +305,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             # settings in force (a settings file can switch the pieces without a restart).
             thread_class, extra = RetentionSendingThread, {
                 "retention": lambda: self.moonlease_config.retention,
-                "on_retention": self._record_retention}
+                "on_retention": self._record_retention,
+                # Retention `evict` reads the store's usage from the master's metrics.
+                "master_usage": MasterUsage(self.moonlease_config.mooncake_master_metrics_url
+                                            or default_master_metrics_url())}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),
