@@ -139,7 +139,15 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- if $retention.retry -}}
 {{- $_ := set $file "mooncake_retention_retry" true -}}
 {{- end -}}
+{{- if $retention.evict -}}
+{{- $_ := set $file "mooncake_retention_evict" true -}}
+{{- $_ := set $file "mooncake_retention_evict_watermark" (float64 (index .ctx.Values.mooncake.master.settings "eviction_high_watermark_ratio")) -}}
+{{- end -}}
 {{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}
+{{- if and $retention.evict (not (hasKey $extra "mooncake_master_metrics_url")) -}}
+{{- $host := regexReplaceAll ":[0-9]+$" (include "moonlease.masterAddress" .ctx) "" -}}
+{{- $_ := set $extra "mooncake_master_metrics_url" (printf "http://%s:%d/metrics" $host (int .ctx.Values.mooncake.master.metricsPort)) -}}
+{{- end -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
 {{- dict "file" $file "kvTransferConfig" $kv | toJson -}}
 {{- end -}}

@@ -28,6 +28,9 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and (.Values.vllm.connector.retention | default dict).pin (eq (toString (index $m.master.settings "allow_evict_soft_pinned_objects")) "false") -}}
 {{- fail "vllm.connector.retention.pin needs mooncake.master.settings.allow_evict_soft_pinned_objects true (Mooncake's default): with false, pinned objects leave only when their pin expires and a full store refuses puts" -}}
 {{- end -}}
+{{- if and (.Values.vllm.connector.retention | default dict).evict (kindIs "invalid" (index $m.master.settings "eviction_high_watermark_ratio")) -}}
+{{- fail "vllm.connector.retention.evict keeps the store under the master's eviction watermark: set mooncake.master.settings.eviction_high_watermark_ratio (Mooncake's default is 0.9)" -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.vllm.arms -}}
 {{- if has .name $names -}}

@@ -287,7 +287,7 @@ def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous:
     if claims and (not started or master_key in claims):
         return _refused(previous, policy, Reason.CONFLICTING_POLICY, list(claims.values()), now)
 
-    connector = build_connector_settings(spec.connector)
+    connector = build_connector_settings(spec.connector, spec.master.eviction_high_watermark_ratio)
     master = build_master_settings(spec.master)
     excluded: dict[WorkloadKey, str] = {m.key: "not found" for m in fleet.members if m.obj is None}
     excluded.update(claims)
