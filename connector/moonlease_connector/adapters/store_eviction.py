@@ -10,10 +10,10 @@ three methods: `saw_exist`, `before_put`, `after_put`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
-import json
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
