@@ -303,6 +303,33 @@ def test_retention_evict_reads_the_masters_metrics_at_its_service(chart: helm.Ch
         assert "mooncake_master_metrics_url" not in kv_transfer_config(engine)["kv_connector_extra_config"]
 
 
+def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Chart) -> None:
+    """Per-arm retention: an unmanaged treatment arm with `retention: {evict: true, retry: true}`
+    runs exactly those pieces (and gets the master's metrics address); the control arm runs
+    vllm.connector.retention (none here); a managed arm may not differ from the policy."""
+    from moonlease_connector.core.retention import RetentionSettings
+
+    objects = render_objects(chart, {"vllm": {"arms": [
+        {"name": "control"},
+        {"name": "treatment", "retention": {"evict": True, "retry": True}, "managedByPolicy": False}]}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    by_arm = {arm: [e for e in engines if e["metadata"]["labels"]["moonlease.io/arm"] == arm]
+              for arm in ("control", "treatment")}
+    assert len(by_arm["control"]) == len(by_arm["treatment"]) == 2
+    for engine in by_arm["control"]:
+        assert running_settings(objects, engine).retention == RetentionSettings()
+        assert "mooncake_master_metrics_url" not in kv_transfer_config(engine)["kv_connector_extra_config"]
+    for engine in by_arm["treatment"]:
+        assert running_settings(objects, engine).retention == RetentionSettings(retry=True, evict=True,
+                                                                               evict_watermark=0.9)
+        assert "mooncake_master_metrics_url" in kv_transfer_config(engine)["kv_connector_extra_config"]
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert "retentionEvict" not in policy["spec"]["connector"]  # the policy's targets run none
+    with pytest.raises(Exception, match="sets retention skip=false,pin=false,retry=false,evict=true"):
+        render_objects(chart, {"vllm": {"arms": [{"name": "control"},
+                                                 {"name": "treatment", "retention": {"evict": True}}]}})
+
+
 def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
     """lastHitOnly reaches every engine as the connector's own switch, and the policy declares the
     targets hybrid (the operator's compatibility gate asks for it)."""
