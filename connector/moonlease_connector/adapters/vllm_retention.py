@@ -298,7 +298,9 @@ class RetentionSendingThread(JunctionSendingThread):
 
     def _handle_request(self, req_meta: Any) -> None:
         try:
-            if self.retention_now().active:  # retry too: it re-puts only what the plan marks
+            settings = self.retention_now()
+            # Retry too: it re-puts only what the plan marks. Evict needs no plan.
+            if settings.plans_saves or settings.retry:
                 self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(
