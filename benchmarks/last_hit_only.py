@@ -338,9 +338,15 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         without = paths["lastHitOnly"]["p50_us"] - paths["call2"]["p50_us"]
         figures = ", ".join(f"`{path}` {paths[path]['p50_us']:.0f} µs ({paths[path]['keys_sent']:.0f})"
                             for path in ("call1", "call2", "bare", "paddedOneCall"))
-        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {figures}; without "
-                     f"call2 {without:.0f} µs → ×{lease_all / without:.2f}; padded → "
-                     f"×{lease_all / paths['paddedOneCall']['p50_us']:.2f}")
+        padded = f"padded → ×{lease_all / paths['paddedOneCall']['p50_us']:.2f}"
+        if paths["lastHitOnly"]["rpcs"] > 1:
+            lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {figures}; "
+                         f"without call2 {without:.0f} µs → ×{lease_all / without:.2f}; {padded}")
+        else:
+            figures = figures.replace(f"`call2` {paths['call2']['p50_us']:.0f} µs "
+                                      f"({paths['call2']['keys_sent']:.0f}), ", "")
+            lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {figures}; "
+                         f"last-hit-only makes one call here already; {padded}")
     lines += ["", "Selective lease's p50 overhead over our leaseAll, against its target (one store "
               "round trip — `bare` — plus 20 % of leaseAll's own p50):", ""]
     for row in rows:
