@@ -20,7 +20,12 @@ state present; `--kv-divisor D` keeps KV blocks for the first 128/D checkpoints 
   `LastHitOnly` candidate), `call2` (its second call when KV stops early: the present KV keys and
   the bound checkpoint's keys as one candidate) and `paddedOneCall` (the one correct one-call
   design the store's API allows: one candidate per checkpoint, each its whole KV prefix padded
-  to equal size plus its 4 state keys — 128 × 132 keys).
+  to equal size plus its 4 state keys — 128 × 132 keys);
+- the scheduler's side of the deadline: `viaUpstreamClient` and `viaBoundedClient` are
+  last-hit-only asked the way the scheduler asks it — a lookup client over the real ZMQ IPC
+  channel to our lookup server, which runs the lookup inline — with upstream's
+  `LookupKeyClient` (waits forever) and with our `BoundedLookupClient` (waits at most the
+  deadline): their difference is what the bound costs now.
 Stores: the in-memory double (`memory`) and a real master + store pool over loopback TCP
 (`tcp`). Each run: `--warmup` then `--iterations` lookups per path, in `--processes` fresh
 processes; the report gives the median of per-process p50s, p95, keys leased, RPCs and keys
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,7 +52,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("upstream", "leaseAll", "lastHitOnly", "lastHitOnlyHandoff", "selective", "bare",
-         "call1", "call2", "paddedOneCall")
+         "call1", "call2", "paddedOneCall", "viaUpstreamClient", "viaBoundedClient")
+#: Paths that go through the scheduler's lookup channel (ZMQ over IPC, our lookup server).
+CHANNEL_PATHS = ("viaUpstreamClient", "viaBoundedClient")
 #: Paths that are one bare store call (no lookup object): no hit, no hit-rule pass.
 STORE_CALLS = ("bare", "call1", "call2", "paddedOneCall")
 CHECKPOINTS = 128
@@ -144,6 +152,45 @@ def leased_by_last_hit_only(keys: list[str], answers: list[int], size: int) -> i
     return 0
 
 
+class LookupChannel:
+    """The scheduler→worker lookup channel of one process: our `BoundedLookupServer` on a
+    private IPC path answering with the current last-hit-only lookup, and both clients."""
+
+    def __init__(self, ipc_dir: str) -> None:
+        import vllm.envs
+        from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+            LookupKeyClient,
+            get_zmq_rpc_path_lookup,
+        )
+
+        from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
+        from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
+
+        os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
+        vllm.envs.disable_envs_cache()
+        config = VllmConfig(cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
+                            kv_transfer_config=KVTransferConfig(
+                                kv_connector="MooncakeStoreConnector", kv_role="kv_both",
+                                kv_connector_extra_config={"lookup_rpc_port": os.getpid()}))
+        self.lookup: Any = None
+        worker = type("Worker", (), {"store": None, "kv_send_thread": None,
+                                     "lookup": lambda _, n, h: self.lookup.lookup(n, h).result})()
+        self.server = BoundedLookupServer(worker, get_zmq_rpc_path_lookup(config))
+        self.clients = {"viaUpstreamClient": LookupKeyClient(config),
+                        "viaBoundedClient": BoundedLookupClient(config, timeout_s=1.0)}
+
+    def ask(self, path: str, num_tokens: int, hashes: list[bytes]) -> int:
+        result = self.clients[path].lookup("bench", num_tokens, hashes)
+        return result.hit_length
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+            client.ctx.term()
+        self.server.close()
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: every store × divisor, the four paths interleaved."""
     from moonlease import devenv
@@ -169,6 +216,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     per_block = BLOCK // HASH_BLOCK
     results = []
     bed = None
+    ipc_dir = tempfile.mkdtemp(prefix="moonlease-seed000-ipc-")
+    channel = LookupChannel(ipc_dir)
     gc.collect()
     gc.freeze()
     try:
@@ -201,6 +250,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                               for h in [hashes[(i + 1) * per_block - 1] for i in range(CHECKPOINTS)]
                               for prefix in group.key_prefixes]
                 calls = one_call_candidates(parts, hashes, per_block, kv_checkpoints)
+                channel.lookup = ours[LeaseMode.LAST_HIT_ONLY]
 
                 def lookup_path(path: str) -> tuple[int, int]:
                     if path == "upstream":
@@ -208,6 +258,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     if path == "bare":
                         answers = counting.batch_is_exist(candidates)
                         return 0, answers.count(1)
+                    if path in CHANNEL_PATHS:
+                        return channel.ask(path, num_tokens, hashes), -1
                     if path in calls:
                         keys, size = calls[path]
                         answers = counting.batch_probe_key(keys, "LastHitOnly", size)
@@ -247,6 +299,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                            "coordinator_passes": passes[path]}
                     for path, r in samples.items()}})
     finally:
+        channel.close()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
         if bed is not None:
             bed.close()
     return {"pid": os.getpid(), "configs": results}
@@ -293,7 +347,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for row in rows:
         for path in PATHS:
             p = row["paths"][path]
-            leased = "-" if path == "upstream" else f"{p['keys_leased']:.0f}"
+            leased = "-" if path == "upstream" or path in CHANNEL_PATHS else f"{p['keys_leased']:.0f}"
             lines.append(f"| {row['store']} | {row['kv_checkpoints']} | {path} | {p['p50_us']:.0f} | "
                          f"{p['p95_us']:.0f} | {p['p50_range'][0]:.0f}–{p['p50_range'][1]:.0f} | "
                          f"{p['cpu_p50_us']:.0f} | "
@@ -325,6 +379,17 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         cpu = paths["lastHitOnlyHandoff"]["cpu_p50_us"] - paths["lastHitOnly"]["cpu_p50_us"]
         lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {wall:+.0f} µs wall, "
                      f"{cpu:+.0f} µs CPU")
+    lines += ["", "The deadline's cost now (it is the scheduler's lookup client's): last-hit-only asked "
+              "through the lookup channel with our bounded client minus with upstream's, p50 "
+              "(and what the channel adds to the lookup itself, `viaUpstreamClient` minus "
+              "`lastHitOnly`; upstream pays it too):", ""]
+    for row in rows:
+        paths = row["paths"]
+        wall = paths["viaBoundedClient"]["p50_us"] - paths["viaUpstreamClient"]["p50_us"]
+        cpu = paths["viaBoundedClient"]["cpu_p50_us"] - paths["viaUpstreamClient"]["cpu_p50_us"]
+        hop = paths["viaUpstreamClient"]["p50_us"] - paths["lastHitOnly"]["p50_us"]
+        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {wall:+.0f} µs wall, "
+                     f"{cpu:+.0f} µs CPU (the channel: {hop:+.0f} µs)")
     lines += ["", "One round trip? Bare store calls, p50 (keys sent): last-hit-only's first call "
               "(`call1`), its second (`call2`, made only when KV stops early), lease-all's one "
               "`batch_is_exist` (`bare`), and the padded one-call design (`paddedOneCall`). "
