@@ -97,10 +97,11 @@ class MoonleaseConnectorConfig(BaseModel):
                                     "and lease again when keys vanish between probe and lease.")
     mooncake_lookup_timeout_ms: int = Field(
         1000, ge=0, le=600_000,
-        description="Deadline of one store lookup (all its store calls together), in ms. Past it "
-                    "the lookup is a miss (reason store_timeout) and later lookups miss at once "
-                    "until the abandoned store call returns; the lookup server stays responsive. "
-                    "0 turns it off: lookups run inline, as upstream's, and wait for the store.")
+        description="Deadline of one lookup, in ms, kept by the scheduler's lookup client: past it "
+                    "the lookup is a miss (reason store_timeout), and while that request is still "
+                    "out (the worker stuck in a store call) later lookups miss at once until the "
+                    "worker answers. The worker runs lookups inline. Read at start-up. 0 turns it "
+                    "off: the scheduler waits for the worker, as upstream's.")
 
     @model_validator(mode="after")
     def _one_lease_mode(self) -> "MoonleaseConnectorConfig":

@@ -79,8 +79,12 @@ class LookupInputs:
     store_calls: StoreCalls
     settings: MoonleaseConnectorConfig
     capabilities: StoreCapabilities
-    #: The deadline every lookup runs under (shared by the lookup objects of one worker, so at
-    #: most one abandoned store call exists); None builds one from the settings.
+    #: True when every lookup comes through the scheduler's lookup client, which bounds the wait
+    #: (`BoundedLookupClient`): the lookup then runs inline, with no deadline of its own.
+    served_by_client: bool = False
+    #: The deadline an in-process lookup (no client in front) runs under, shared by the lookup
+    #: objects of one worker so at most one abandoned store call exists; None builds one from
+    #: the settings (`lookup_deadline_for`).
     deadline: BoundedCaller | None = None
     #: Last-hit-only (required there): reads LastHitOnly answers under the store's detected
     #: response contract (the worker's detector, kept across lookup objects).
@@ -214,10 +218,21 @@ class JunctionFinder:
         return find_junctions(hit_length, (longest,))
 
 
-def lookup_deadline_for(settings: MoonleaseConnectorConfig) -> BoundedCaller | None:
-    """The deadline lookups run under; None when `mooncake_lookup_timeout_ms` is 0 (off)."""
+def lookup_deadline_for(settings: MoonleaseConnectorConfig, *,
+                        served_by_client: bool) -> BoundedCaller | None:
+    """Where a lookup's deadline lives, decided once: the deadline the lookup itself runs under,
+    or None when it runs inline.
+
+    Inline when `mooncake_lookup_timeout_ms` is 0 (off: upstream's wait) or when the lookup is
+    served to the scheduler's lookup client, which bounds the wait where it happens
+    (`BoundedLookupClient`: past the deadline a miss, and misses at once while the worker is
+    stuck) — no thread hand-off on the worker's path. A lookup called in-process with no client
+    in front runs on a helper thread under the deadline (`BoundedCaller`).
+    """
     timeout_ms = settings.mooncake_lookup_timeout_ms
-    return BoundedCaller(timeout_ms / 1000, name="moonlease-lookup") if timeout_ms else None
+    if not timeout_ms or served_by_client:
+        return None
+    return BoundedCaller(timeout_ms / 1000, name="moonlease-lookup")
 
 
 class StoreLookup(ABC):
@@ -239,13 +254,14 @@ class StoreLookup(ABC):
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
                                 if inputs.settings.finds_junctions else None)
         self.deadline = inputs.deadline if inputs.deadline is not None else lookup_deadline_for(
-            inputs.settings)
+            inputs.settings, served_by_client=inputs.served_by_client)
         self._load_mask_memo: dict[tuple[int, int], tuple[Sequence[bool], ...]] = {}
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
         """Upstream's contract: how many prefix tokens the store can load, within the deadline.
 
-        The lookup runs on the deadline's helper thread (Mooncake's calls block without a
+        Served to the scheduler's client, the lookup runs inline (the client bounds the wait).
+        Otherwise it runs on the deadline's helper thread (Mooncake's calls block without a
         deadline of their own); past `mooncake_lookup_timeout_ms` it is a miss and the
         abandoned lookup's answer is dropped when it comes (`store_deadline`).
         """
@@ -346,7 +362,7 @@ class StoreLookup(ABC):
         `load_mask` runs the hit rule over a pool where every block is present, so it reads
         no hash's value: its answer depends on `hit` and the number of hashes only, and a
         lookup object sees few distinct pairs (hits are block multiples). Bounded; a lookup
-        object is used by one thread at a time (the deadline's helper).
+        object is used by one thread at a time (the lookup server's, or the deadline's helper).
         """
         key = (hit, len(block_hashes))
         masks = self._load_mask_memo.get(key)

@@ -5,7 +5,8 @@ Prometheus side below turns it into metrics on `vllm serve`'s /metrics, next to 
 `vllm:mooncake_store_operation_*` families (our store calls — `lookup_probe`, `lookup_lease` —
 appear there under their operation label). Our own families:
 
-- `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason
+- `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason (the
+  scheduler side records the `store_timeout` misses its lookup client answers by itself)
 - `vllm:moonlease_lookup_rounds`: probe/lease rounds a lookup needed (selective lease retries)
 - `vllm:moonlease_lookup_keys_total{kind="probed"|"leased"}`: keys a lookup probed and leased
 - `vllm:moonlease_lookup_junctions_total`: shared-prefix junctions lookups returned (seed 004)
