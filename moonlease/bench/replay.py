@@ -116,6 +116,10 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("leaseAll+junctions+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(retry=True, evict=True)),
     ModeSpec("leaseAll+skip+evict", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True, evict=True)),
+    ModeSpec("leaseAll+junctions+pin+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, evict=True)),
+    ModeSpec("leaseAll+junctions+pin+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, retry=True, evict=True)),
 )}
 
 
