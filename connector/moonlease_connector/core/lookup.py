@@ -99,6 +99,18 @@ def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset
     return frozenset(present)
 
 
+def leading_present_run(candidates: CandidateSet, answers: Sequence[int]) -> int | None:
+    """`n` when the present units are exactly the first `n` (one namespace per unit): then
+    `present_units` is `units[:n]` and their keys are `keys[:n]`, read without a pass per key
+    (the common shape of a KV answer: a stored prefix, nothing stored past it). None otherwise
+    (a hole, several namespaces per unit, a broken reply): read them with `present_units`.
+    """
+    if len(answers) != len(candidates.keys) or len(candidates.units) != len(answers):
+        return None
+    count = answers.count(1)
+    return count if answers[:count].count(1) == count else None
+
+
 @dataclass(frozen=True)
 class TailKey:
     """The token boundary whose prefix hash keys a group's last loaded block.
