@@ -159,10 +159,11 @@ def _one_candidate_lookup(worker: Any, block_hashes: Sequence[Any], kv_candidate
     if answers is None:
         return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,
                                                            keys_probed=asked)
-    if answers.count(1) == len(answers):
+    present_count = answers.count(1)
+    if present_count == len(answers):
         return hit(speculated, frozenset(kv_candidates.units), spec, len(answers))
     if worker.probe_contract.contract is not ProbeContract.PER_KEY_EXISTENCE \
-            or answers.count(0) + answers.count(1) != len(answers):
+            or answers.count(0) + present_count != len(answers):
         return asked, frozenset()  # no per-key evidence to go on: the exact steps
     kv_count = len(kv_candidates.keys)
     kv_answers = answers[:kv_count]
@@ -182,7 +183,7 @@ def _one_candidate_lookup(worker: Any, block_hashes: Sequence[Any], kv_candidate
                        kv_present)
     bound = whole_block_bound(positions, min(limit, reach), alignment, final_position)
     follow_up = plan_one_candidate_follow_up(
-        bound, speculated, all(answer == 1 for answer in answers[kv_count:]))
+        bound, speculated, answers[kv_count:].count(1) == len(answers) - kv_count)
     if follow_up.confirm is None:
         return asked, follow_up.known_incomplete
     checkpoint = spec if follow_up.confirm == speculated else build_checkpoint_candidates(
