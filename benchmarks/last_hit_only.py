@@ -7,11 +7,25 @@ state present; `--kv-divisor D` keeps KV blocks for the first 128/D checkpoints 
 - `upstream`: vLLM's own `MooncakeStoreWorker.lookup` (the reference lease-all);
 - `leaseAll`: our lookup object in lease-all mode (upstream's calls, our code);
 - `lastHitOnly`: our lookup object in last-hit-only mode;
-- `lastHitOnlyInline`: the same with `mooncake_lookup_timeout_ms: 0` (no deadline, run on the
-  calling thread): the difference to `lastHitOnly` is what the deadline's thread hand-off costs;
 - `selective`: our lookup object in selective-lease mode (seed 002), for its overhead target;
+  our three run inline, as the worker runs them (the scheduler's lookup client holds the
+  deadline);
+- `lastHitOnlyHandoff`: last-hit-only under the in-process deadline (a helper thread, as the
+  worker ran every lookup before the deadline moved to the scheduler's client): the difference
+  to `lastHitOnly` is the thread hand-off the worker no longer pays;
 - `bare`: one `batch_is_exist` over lease-all's candidate keys — the store's own cost, the
-  limit no lookup can beat.
+  limit no lookup can beat;
+- store calls alone, no Python around them, for the one-round-trip question (results' notes):
+  `call1` (last-hit-only's first call: every KV key and the last checkpoint's 4 keys as one
+  `LastHitOnly` candidate), `call2` (its second call when KV stops early: the present KV keys and
+  the bound checkpoint's keys as one candidate) and `paddedOneCall` (the one correct one-call
+  design the store's API allows: one candidate per checkpoint, each its whole KV prefix padded
+  to equal size plus its 4 state keys — 128 × 132 keys);
+- the scheduler's side of the deadline: `viaUpstreamClient` and `viaBoundedClient` are
+  last-hit-only asked the way the scheduler asks it — a lookup client over the real ZMQ IPC
+  channel to our lookup server, which runs the lookup inline — with upstream's
+  `LookupKeyClient` (waits forever) and with our `BoundedLookupClient` (waits at most the
+  deadline): their difference is what the bound costs now.
 Stores: the in-memory double (`memory`) and a real master + store pool over loopback TCP
 (`tcp`). Each run: `--warmup` then `--iterations` lookups per path, in `--processes` fresh
 processes; the report gives the median of per-process p50s, p95, keys leased, RPCs and keys
@@ -27,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,7 +51,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PATHS = ("upstream", "leaseAll", "lastHitOnly", "lastHitOnlyInline", "selective", "bare")
+PATHS = ("upstream", "leaseAll", "lastHitOnly", "lastHitOnlyHandoff", "selective", "bare",
+         "call1", "call2", "paddedOneCall", "viaUpstreamClient", "viaBoundedClient")
+#: Paths that go through the scheduler's lookup channel (ZMQ over IPC, our lookup server).
+CHANNEL_PATHS = ("viaUpstreamClient", "viaBoundedClient")
+#: Paths that are one bare store call (no lookup object): no hit, no hit-rule pass.
+STORE_CALLS = ("bare", "call1", "call2", "paddedOneCall")
 CHECKPOINTS = 128
 BLOCK = 64
 HASH_BLOCK = 16
@@ -90,6 +110,87 @@ def profile_lookup(lookup: Any, num_tokens: int, hashes: list[bytes], calls: int
             for (file, line, name), (_, count, own, cumulative, _) in entries]
 
 
+def mode_settings(mode: Any) -> Any:
+    """A lease mode's settings with the default deadline (1000 ms)."""
+    from moonlease_connector.config import MoonleaseConnectorConfig
+
+    return MoonleaseConnectorConfig.for_mode(mode)
+
+
+def one_call_candidates(parts: Any, hashes: list[bytes], per_block: int, kv_checkpoints: int
+                        ) -> dict[str, tuple[list[str], int]]:
+    """The bare store calls of the one-round-trip question: (keys, candidate size) per path.
+
+    `call1`: every KV key + the last checkpoint's state keys, one candidate (last-hit-only's
+    first call). `call2`: the KV keys present (the first `kv_checkpoints`) + the bound
+    checkpoint's state keys, one candidate (its second call). `paddedOneCall`: for every
+    checkpoint j, KV keys 0..j padded with KV key j to one size, then j's state keys: the store
+    leases the last complete candidate, which is exactly the selected checkpoint with the KV
+    prefix its load reads — correct in one call, at checkpoints × (KV + state) keys.
+    """
+    chunk = [hashes[(i + 1) * per_block - 1].hex() for i in range(CHECKPOINTS)]
+    kv = [f"{parts.key_prefixes[0][0]}@{h}" for h in chunk]
+
+    def states(index: int) -> list[str]:
+        return [f"{prefix}@{chunk[index]}" for prefix in parts.key_prefixes[1]]
+
+    bound = kv_checkpoints - 1
+    padded = [key for j in range(CHECKPOINTS)
+              for key in kv[:j + 1] + [kv[j]] * (CHECKPOINTS - 1 - j) + states(j)]
+    width = CHECKPOINTS + len(parts.key_prefixes[1])
+    return {"call1": (kv + states(CHECKPOINTS - 1), width),
+            "call2": (kv[:kv_checkpoints] + states(bound), kv_checkpoints + len(parts.key_prefixes[1])),
+            "paddedOneCall": (padded, width)}
+
+
+def leased_by_last_hit_only(keys: list[str], answers: list[int], size: int) -> int:
+    """Distinct keys a per-key `LastHitOnly` answer says were leased: the last complete
+    candidate's."""
+    for start in range(len(answers) - size, -1, -size):
+        if all(answer == 1 for answer in answers[start:start + size]):
+            return len(set(keys[start:start + size]))
+    return 0
+
+
+class LookupChannel:
+    """The scheduler→worker lookup channel of one process: our `BoundedLookupServer` on a
+    private IPC path answering with the current last-hit-only lookup, and both clients."""
+
+    def __init__(self, ipc_dir: str) -> None:
+        import vllm.envs
+        from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+            LookupKeyClient,
+            get_zmq_rpc_path_lookup,
+        )
+
+        from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
+        from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
+
+        os.environ["VLLM_RPC_BASE_PATH"] = ipc_dir
+        vllm.envs.disable_envs_cache()
+        config = VllmConfig(cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
+                            kv_transfer_config=KVTransferConfig(
+                                kv_connector="MooncakeStoreConnector", kv_role="kv_both",
+                                kv_connector_extra_config={"lookup_rpc_port": os.getpid()}))
+        self.lookup: Any = None
+        worker = type("Worker", (), {"store": None, "kv_send_thread": None,
+                                     "lookup": lambda _, n, h: self.lookup.lookup(n, h).result})()
+        self.server = BoundedLookupServer(worker, get_zmq_rpc_path_lookup(config))
+        self.clients = {"viaUpstreamClient": LookupKeyClient(config),
+                        "viaBoundedClient": BoundedLookupClient(config, timeout_s=1.0)}
+
+    def ask(self, path: str, num_tokens: int, hashes: list[bytes]) -> int:
+        result = self.clients[path].lookup("bench", num_tokens, hashes)
+        return result.hit_length
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+            client.ctx.term()
+        self.server.close()
+
+
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: every store × divisor, the four paths interleaved."""
     from moonlease import devenv
@@ -115,6 +216,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     per_block = BLOCK // HASH_BLOCK
     results = []
     bed = None
+    ipc_dir = tempfile.mkdtemp(prefix="moonlease-seed000-ipc-")
+    channel = LookupChannel(ipc_dir)
     gc.collect()
     gc.freeze()
     try:
@@ -137,14 +240,17 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     assert bed.client.put_batch(keys, [b"\0" * 64] * len(keys)) == 0
                     inner = bed.client
                 counting = CountingStore(inner)
-                ours = {mode: build_lookup(parts, counting, mode)
+                # As the worker runs them: inline, the deadline held by the scheduler's client.
+                ours = {mode: build_lookup(parts, counting, mode_settings(mode), served_by_client=True)
                         for mode in (LeaseMode.LEASE_ALL, LeaseMode.LAST_HIT_ONLY, LeaseMode.SELECTIVE)}
-                inline = build_lookup(parts, counting, MoonleaseConnectorConfig.for_mode(
-                    LeaseMode.LAST_HIT_ONLY).model_copy(update={"mooncake_lookup_timeout_ms": 0}))
+                handoff = build_lookup(parts, counting, mode_settings(LeaseMode.LAST_HIT_ONLY))
+                assert handoff.deadline is not None and ours[LeaseMode.LAST_HIT_ONLY].deadline is None
                 upstream = build_upstream_lookup(parts, counting)
                 candidates = [f"{prefix}@{h.hex()}" for group in parts.groups
                               for h in [hashes[(i + 1) * per_block - 1] for i in range(CHECKPOINTS)]
                               for prefix in group.key_prefixes]
+                calls = one_call_candidates(parts, hashes, per_block, kv_checkpoints)
+                channel.lookup = ours[LeaseMode.LAST_HIT_ONLY]
 
                 def lookup_path(path: str) -> tuple[int, int]:
                     if path == "upstream":
@@ -152,7 +258,13 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     if path == "bare":
                         answers = counting.batch_is_exist(candidates)
                         return 0, answers.count(1)
-                    lookup = inline if path == "lastHitOnlyInline" else ours[LeaseMode(path)]
+                    if path in CHANNEL_PATHS:
+                        return channel.ask(path, num_tokens, hashes), -1
+                    if path in calls:
+                        keys, size = calls[path]
+                        answers = counting.batch_probe_key(keys, "LastHitOnly", size)
+                        return 0, leased_by_last_hit_only(keys, answers, size)
+                    lookup = handoff if path == "lastHitOnlyHandoff" else ours[LeaseMode(path)]
                     answer = lookup.lookup(num_tokens, hashes)
                     return answer.hit_length, answer.outcome.keys_leased
 
@@ -187,6 +299,8 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                            "coordinator_passes": passes[path]}
                     for path, r in samples.items()}})
     finally:
+        channel.close()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
         if bed is not None:
             bed.close()
     return {"pid": os.getpid(), "configs": results}
@@ -217,9 +331,13 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
              f"state present; {args.warmup} warm-ups + {args.iterations} lookups per path, "
              f"{args.processes} fresh process(es), paths interleaved (alternating order). "
              "Median of per-process p50s (µs); `bare` is one `batch_is_exist` over lease-all's "
-             "candidate keys (the store's own cost: the limit). `CPU p50`: this process's CPU time "
-             "per lookup (every thread: the caller, the deadline's helper, the Mooncake client's; "
-             "not the master's), which waiting for a core on a loaded machine does not inflate.", "",
+             "candidate keys (the store's own cost: the limit); `call1`, `call2` and `paddedOneCall` "
+             "are bare store calls too (see the one-round-trip section). Our lookups run inline, as "
+             "the worker runs them (the deadline is the scheduler's client's); `lastHitOnlyHandoff` "
+             "is last-hit-only under the old in-process deadline (a helper thread). `CPU p50`: this "
+             "process's CPU time per lookup (every thread: the caller, the hand-off path's helper, "
+             "the Mooncake client's; not the master's), which waiting for a core on a loaded "
+             "machine does not inflate.", "",
              "Reproduce: `.venv/bin/python benchmarks/last_hit_only.py "
              f"--iterations {args.iterations} --warmup {args.warmup} --processes {args.processes} "
              f"--stores {','.join(args.stores)} --out benchmarks/results/last_hit_only.md`", "",
@@ -229,7 +347,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     for row in rows:
         for path in PATHS:
             p = row["paths"][path]
-            leased = "-" if path == "upstream" else f"{p['keys_leased']:.0f}"
+            leased = "-" if path == "upstream" or path in CHANNEL_PATHS else f"{p['keys_leased']:.0f}"
             lines.append(f"| {row['store']} | {row['kv_checkpoints']} | {path} | {p['p50_us']:.0f} | "
                          f"{p['p95_us']:.0f} | {p['p50_range'][0]:.0f}–{p['p50_range'][1]:.0f} | "
                          f"{p['cpu_p50_us']:.0f} | "
@@ -245,18 +363,55 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         low = paths["leaseAll"]["p50_range"][0] / paths["lastHitOnly"]["p50_range"][1]
         high = paths["leaseAll"]["p50_range"][1] / paths["lastHitOnly"]["p50_range"][0]
         cpu = paths["leaseAll"]["cpu_p50_us"] / paths["lastHitOnly"]["cpu_p50_us"]
+        upstream_verdict = "meets" if target is not None and vs_upstream >= target else "below"
         lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: ×{ours:.2f} vs our "
                      f"leaseAll (×{low:.2f}–×{high:.2f} across the processes' p50 ranges; CPU time "
-                     f"×{cpu:.2f}), ×{vs_upstream:.2f} vs upstream's lookup; seed ×{target} → {verdict}; "
-                     f"last-hit-only takes ×{bare:.1f} of one bare store call (aim ≤ ×1.3)")
-    lines += ["", "The deadline's thread hand-off (`mooncake_lookup_timeout_ms`): last-hit-only with it "
-              "minus without it (`lastHitOnlyInline`), p50:", ""]
+                     f"×{cpu:.2f}); seed ×{target} → {verdict}. Against upstream's own lease-all "
+                     f"lookup (seed 000's baseline is upstream's flag-off path; ours is faster): "
+                     f"×{vs_upstream:.2f} → {upstream_verdict}. Last-hit-only takes ×{bare:.1f} of "
+                     f"one bare store call (aim ≤ ×1.3)")
+    lines += ["", "The old in-process hand-off (the worker ran every lookup on the deadline's helper "
+              "thread before the deadline moved to the scheduler's client): `lastHitOnlyHandoff` "
+              "minus `lastHitOnly`, p50:", ""]
     for row in rows:
         paths = row["paths"]
-        wall = paths["lastHitOnly"]["p50_us"] - paths["lastHitOnlyInline"]["p50_us"]
-        cpu = paths["lastHitOnly"]["cpu_p50_us"] - paths["lastHitOnlyInline"]["cpu_p50_us"]
+        wall = paths["lastHitOnlyHandoff"]["p50_us"] - paths["lastHitOnly"]["p50_us"]
+        cpu = paths["lastHitOnlyHandoff"]["cpu_p50_us"] - paths["lastHitOnly"]["cpu_p50_us"]
         lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {wall:+.0f} µs wall, "
                      f"{cpu:+.0f} µs CPU")
+    lines += ["", "The deadline's cost now (it is the scheduler's lookup client's): last-hit-only asked "
+              "through the lookup channel with our bounded client minus with upstream's, p50 "
+              "(and what the channel adds to the lookup itself, `viaUpstreamClient` minus "
+              "`lastHitOnly`; upstream pays it too):", ""]
+    for row in rows:
+        paths = row["paths"]
+        wall = paths["viaBoundedClient"]["p50_us"] - paths["viaUpstreamClient"]["p50_us"]
+        cpu = paths["viaBoundedClient"]["cpu_p50_us"] - paths["viaUpstreamClient"]["cpu_p50_us"]
+        hop = paths["viaUpstreamClient"]["p50_us"] - paths["lastHitOnly"]["p50_us"]
+        lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {wall:+.0f} µs wall, "
+                     f"{cpu:+.0f} µs CPU (the channel: {hop:+.0f} µs)")
+    lines += ["", "One round trip? Bare store calls, p50 (keys sent): last-hit-only's first call "
+              "(`call1`), its second (`call2`, made only when KV stops early), lease-all's one "
+              "`batch_is_exist` (`bare`), and the padded one-call design (`paddedOneCall`). "
+              "`without call2`: what last-hit-only would take if its second round trip cost nothing "
+              "(its p50 minus `call2`'s), and the ratio over our leaseAll that would give; "
+              "`padded`: the ratio if the padded call were the whole lookup (an upper bound: its "
+              "Python is not counted):", ""]
+    for row in rows:
+        paths = row["paths"]
+        lease_all = paths["leaseAll"]["p50_us"]
+        without = paths["lastHitOnly"]["p50_us"] - paths["call2"]["p50_us"]
+        figures = ", ".join(f"`{path}` {paths[path]['p50_us']:.0f} µs ({paths[path]['keys_sent']:.0f})"
+                            for path in ("call1", "call2", "bare", "paddedOneCall"))
+        padded = f"padded → ×{lease_all / paths['paddedOneCall']['p50_us']:.2f}"
+        if paths["lastHitOnly"]["rpcs"] > 1:
+            lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {figures}; "
+                         f"without call2 {without:.0f} µs → ×{lease_all / without:.2f}; {padded}")
+        else:
+            figures = figures.replace(f"`call2` {paths['call2']['p50_us']:.0f} µs "
+                                      f"({paths['call2']['keys_sent']:.0f}), ", "")
+            lines.append(f"- {row['store']}, {row['kv_checkpoints']} KV checkpoints: {figures}; "
+                         f"last-hit-only makes one call here already; {padded}")
     lines += ["", "Selective lease's p50 overhead over our leaseAll, against its target (one store "
               "round trip — `bare` — plus 20 % of leaseAll's own p50):", ""]
     for row in rows:
@@ -281,7 +436,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     if profiled:
         lines += ["Where last-hit-only's own time goes (cProfile of 200 lookups run inline in the first "
                   "process, after timing; own time per lookup, profiler overhead included — compare "
-                  "entries, not totals; the hand-off to the deadline's helper thread is not in it):", ""]
+                  "entries, not totals):", ""]
         for row in profiled:
             top = "; ".join(f"`{e['function']}` {e['own_us']:.0f} µs ({e['calls_per_lookup']:g}×)"
                             for e in row["profile"][:6])

@@ -137,6 +137,7 @@ def run_mode(trace: Any, mode_name: str, capacity: float, wall_s: float) -> dict
         ReplaySettings,
         build_ideal_replay,
         build_mode_result,
+        build_replay_eviction,
         replay_requests,
         segment_mib_for,
     )
@@ -172,10 +173,12 @@ def run_mode(trace: Any, mode_name: str, capacity: float, wall_s: float) -> dict
             composition.update(classifier.kind(key, step) for key, here in zip(keys, present) if here)
             samples += 1
 
+    # Retention `evict` as the replay runs it (removals through the real client, unobserved).
+    eviction = build_replay_eviction(bed, settings.watermark) if mode.retention.evict else None
     try:
         run = replay_requests(trace, store, mode, ideal, settings.sizes, pacer=Pacer(scale),
                               pin_config=build_soft_pin_config() if mode.retention.pin else None,
-                              before_request=observe)
+                              eviction=eviction, before_request=observe)
         metrics = bed.metrics()
     finally:
         bed.close()
@@ -186,6 +189,7 @@ def run_mode(trace: Any, mode_name: str, capacity: float, wall_s: float) -> dict
         "hit_rate": result["hit_rate"], "keys_put": result["keys_put"],
         "put_failures": result["put_failures"], "put_failed_keys": result["put_failed_keys"],
         "keys_retried": result["keys_retried"],
+        "keys_removed": eviction.removed_keys if eviction is not None else 0,
         "evicted_keys": metrics.get("master_evicted_key_count", 0.0),
         "composition": {kind: {"objects": count / max(samples, 1), "share": count / total}
                         for kind, count in composition.most_common()},
@@ -210,7 +214,9 @@ def render(results: dict[str, Any]) -> str:
             f"Hit rate {100 * mode['hit_rate']:.1f}%; keys put {mode['keys_put']:,}; batch puts refused "
             f"(in part) {mode['put_failures']} ({mode['put_failed_keys']:,} keys not stored"
             + (f", {mode['keys_retried']:,} stored by retry" if mode["keys_retried"] else "")
-            + f"); evicted keys {mode['evicted_keys']:,.0f}.",
+            + f"); evicted keys {mode['evicted_keys']:,.0f}"
+            + (f"; keys the connector removed (retention evict) {mode['keys_removed']:,}"
+               if mode.get("keys_removed") else "") + ".",
             "",
             "| store holds (mean of samples every 20 requests) | objects | share |",
             "| --- | ---: | ---: |",

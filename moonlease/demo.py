@@ -214,7 +214,8 @@ def describe_connector(connector: dict[str, Any]) -> str:
     """A policy's connector settings in a few words, e.g. `leaseAll + junction retention`."""
     pieces = [connector.get("leaseMode", "leaseAll")]
     for key, words in (("junctionRetention", "junction retention"), ("retentionSkip", "retention skip"),
-                       ("retentionPin", "retention pin"), ("retentionRetry", "retention retry")):
+                       ("retentionPin", "retention pin"), ("retentionRetry", "retention retry"),
+                       ("retentionEvict", "retention evict")):
         if connector.get(key):
             pieces.append(words)
     return " + ".join(pieces)

@@ -76,15 +76,32 @@ class MoonleaseConnectorConfig(BaseModel):
                            "(up to 3 times, 20 ms apart), instead of being dropped; Mamba states "
                            "only where a continuation resumes, not dense retention's "
                            "intermediate ones.")
+    mooncake_retention_evict: bool = Field(
+        False, description="Moonlease retention: before a save's put would take the store above "
+                           "mooncake_retention_evict_watermark of its capacity (the master's "
+                           "master_allocated_bytes / master_total_capacity_bytes), the connector "
+                           "removes the keys its saves touched least recently (batch_remove, "
+                           "not forced), so conversations leave whole and oldest first instead "
+                           "of by the master's near-random first eviction pass.")
+    mooncake_retention_evict_watermark: float = Field(
+        0.9, gt=0.0, le=1.0,
+        description="Moonlease retention evict: the share of the store's capacity saves keep it "
+                    "under; set it to the master's eviction_high_watermark_ratio (Mooncake's "
+                    "default 0.9; the operator renders the policy's master setting).")
+    mooncake_master_metrics_url: str | None = Field(
+        None, description="Moonlease retention evict: the master's Prometheus endpoint (default "
+                          "http://<master_server_address host>:9003/metrics, from "
+                          "MOONCAKE_CONFIG_PATH).")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
     mooncake_lookup_timeout_ms: int = Field(
         1000, ge=0, le=600_000,
-        description="Deadline of one store lookup (all its store calls together), in ms. Past it "
-                    "the lookup is a miss (reason store_timeout) and later lookups miss at once "
-                    "until the abandoned store call returns; the lookup server stays responsive. "
-                    "0 turns it off: lookups run inline, as upstream's, and wait for the store.")
+        description="Deadline of one lookup, in ms, kept by the scheduler's lookup client: past it "
+                    "the lookup is a miss (reason store_timeout), and while that request is still "
+                    "out (the worker stuck in a store call) later lookups miss at once until the "
+                    "worker answers. The worker runs lookups inline. Read at start-up. 0 turns it "
+                    "off: the scheduler waits for the worker, as upstream's.")
 
     @model_validator(mode="after")
     def _one_lease_mode(self) -> "MoonleaseConnectorConfig":
@@ -111,7 +128,8 @@ class MoonleaseConnectorConfig(BaseModel):
     def retention(self) -> RetentionSettings:
         """The retention pieces on (`core.retention`)."""
         return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip,
-                                 retry=self.mooncake_retention_retry)
+                                 retry=self.mooncake_retention_retry, evict=self.mooncake_retention_evict,
+                                 evict_watermark=self.mooncake_retention_evict_watermark)
 
     @classmethod
     def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False,
@@ -120,11 +138,14 @@ class MoonleaseConnectorConfig(BaseModel):
         # keys it rendered before retention existed (same config hash, no rolling restart).
         # `retry` came later: its key is rendered only when it is on, so policies with pin or
         # skip keep their hash too.
-        pieces: dict[str, bool] = (
+        pieces: dict[str, Any] = (
             {"mooncake_retention_pin": retention.pin, "mooncake_retention_skip": retention.skip}
             if retention.pin or retention.skip else {})
         if retention.retry:
             pieces["mooncake_retention_retry"] = True
+        if retention.evict:  # later still: rendered only when on, with the watermark it keeps
+            pieces["mooncake_retention_evict"] = True
+            pieces["mooncake_retention_evict_watermark"] = retention.evict_watermark
         return cls(mooncake_selective_lease=mode is LeaseMode.SELECTIVE,
                    mooncake_kda_last_hit_only=mode is LeaseMode.LAST_HIT_ONLY,
                    mooncake_junction_retention=junction_retention, **pieces)

@@ -55,8 +55,15 @@ SETTINGS_SWITCHES_METRIC = "moonlease_connector_settings_switches_total"
 
 
 def canonical_settings(config: MoonleaseConnectorConfig) -> str:
-    """Every setting, serialized one way only: sorted keys, no whitespace."""
-    return json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    """The settings that differ from their defaults, serialized one way only (sorted keys, no
+    whitespace).
+
+    Defaults are left out so that a setting added in a later release, at its default, does not
+    change the hash: an operator one release ahead of the connector images it rolls out to still
+    computes the hash those connectors report.
+    """
+    return json.dumps(config.model_dump(mode="json", exclude_defaults=True), sort_keys=True,
+                      separators=(",", ":"))
 
 
 def settings_hash(config: MoonleaseConnectorConfig) -> str:

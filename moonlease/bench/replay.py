@@ -108,6 +108,18 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("leaseAll+skip+retry", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True, retry=True)),
     ModeSpec("leaseAll+pin+skip+retry", LeaseMode.LEASE_ALL,
              retention=RetentionSettings(pin=True, skip=True, retry=True)),
+    # `evict` (the connector removes its least recently used keys before the master's
+    # near-random first pass must) and its ablation.
+    ModeSpec("leaseAll+evict", LeaseMode.LEASE_ALL, retention=RetentionSettings(evict=True)),
+    ModeSpec("leaseAll+junctions+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(evict=True)),
+    ModeSpec("leaseAll+junctions+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(retry=True, evict=True)),
+    ModeSpec("leaseAll+skip+evict", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True, evict=True)),
+    ModeSpec("leaseAll+junctions+pin+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, evict=True)),
+    ModeSpec("leaseAll+junctions+pin+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, retry=True, evict=True)),
 )}
 
 
@@ -245,6 +257,7 @@ class ModeRun:
     keys_pinned: int = 0
     keys_skipped: int = 0
     keys_retried: int = 0
+    keys_removed: int = 0
     put_failures: int = 0
     put_failed_keys: int = 0
     lags_s: list[float] = field(default_factory=list)
@@ -252,7 +265,7 @@ class ModeRun:
 
 
 def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay, sizes: ValueSizes, *,
-                    pacer: Pacer | None = None, pin_config: Any = None,
+                    pacer: Pacer | None = None, pin_config: Any = None, eviction: Any = None,
                     before_request: Callable[[int], None] | None = None,
                     after_request: Callable[[int], None] | None = None,
                     clock: Callable[[], float] = time.perf_counter) -> ModeRun:
@@ -284,7 +297,7 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         shared = shared_prefixes.observe_and_share(hashes) if shared_prefixes is not None else 0
         plan = build_save_retention(lookup, hashes, block, chunks, mode.retention, junctions, shared)
         saved = apply_save(store, chunks, sizes, plan, pin_config,
-                           retry=DEFAULT_PUT_RETRY if mode.retention.retry else None)
+                           retry=DEFAULT_PUT_RETRY if mode.retention.retry else None, eviction=eviction)
         run.keys_put += saved.keys_put
         run.keys_pinned += saved.keys_pinned
         run.keys_skipped += saved.keys_skipped
@@ -310,7 +323,7 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
         "above_ideal": summary.above_ideal,
         **run.costs.summary(),
         "keys_put": run.keys_put, "keys_pinned": run.keys_pinned, "keys_skipped": run.keys_skipped,
-        "keys_retried": run.keys_retried,
+        "keys_retried": run.keys_retried, "keys_removed": run.keys_removed,
         "put_failures": run.put_failures, "put_failed_keys": run.put_failed_keys,
         "lag_mean_s": sum(lags) / len(lags), "lag_max_s": max(lags), "stretch_s": run.stretch_s,
     }
@@ -318,6 +331,23 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
 
 MASTER_COUNTERS = ("master_evicted_key_count", "master_put_start_alloc_failures_total",
                    "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")
+
+
+def build_replay_eviction(bed: MooncakeBed, watermark: float) -> Any:
+    """Retention ``evict`` as the engine runs it, reading this bed's master metrics.
+
+    Its watermark is the master's (what the operator renders from the policy's master settings).
+    """
+    from moonlease_connector.adapters.store_eviction import StoreEviction
+    from moonlease_connector.core.store_room import StoreUsage
+
+    def usage() -> StoreUsage | None:
+        values = bed.metrics()
+        if "master_total_capacity_bytes" not in values:
+            return None
+        return StoreUsage(values.get("master_allocated_bytes", 0.0), values["master_total_capacity_bytes"])
+
+    return StoreEviction(bed.client, usage, watermark)
 
 
 def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplaySettings, *,
@@ -331,9 +361,12 @@ def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplayS
                       soft_pin_ttl_ms=max(1, round(settings.soft_pin_ttl_s * 1000 * scale)))
     try:
         pin_config = build_soft_pin_config() if mode.retention.pin else None
+        eviction = build_replay_eviction(bed, settings.watermark) if mode.retention.evict else None
         run = replay_requests(trace, bed.client, mode, ideal, settings.sizes, pacer=Pacer(scale),
-                              pin_config=pin_config,
+                              pin_config=pin_config, eviction=eviction,
                               after_request=(lambda _: progress.update(1)) if progress else None)
+        if eviction is not None:
+            run.keys_removed = eviction.removed_keys
         metrics = bed.metrics()
         universe = sorted(ideal.key_sizes)
         survival = summarize_survival(universe, ideal.loaded_keys(), fetch_presence(bed.client, universe))

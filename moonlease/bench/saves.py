@@ -151,14 +151,18 @@ def _put_answers(client: Any, keys: Sequence[str], code: int) -> list[int]:
 def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                plan: SaveRetentionPlan | None = None, pin_config: Any = None,
                retry: PutRetryPolicy | None = None,
-               sleep: Callable[[float], None] = time.sleep) -> SaveResult:
+               sleep: Callable[[float], None] = time.sleep,
+               eviction: Any = None) -> SaveResult:
     """Upstream's save: `batch_is_exist` (a lease on what exists), then put what is missing.
 
     With a retention `plan`, skipped chunks are neither checked nor written, and the missing
     keys of pinned chunks are put with `pin_config` (a soft-pin `ReplicateConfig`), the rest
     as upstream puts them. With `retry` (retention ``retry``), keys refused for lack of space
     are put again as `core.put_retry` says — those of chunks the plan marks `retried` — as
-    the engine's send thread does.
+    the engine's send thread does. With `eviction` (retention ``evict``: an
+    `adapters.store_eviction.StoreEviction`), the save's re-check and puts go through it as
+    through the engine's send-thread store handle: it learns their recency and makes room
+    before each put.
     """
     decisions = plan.decisions if plan is not None else (ChunkRetention.PLAIN,) * len(chunks)
     retried = plan.retried if plan is not None and plan.retried else (True,) * len(chunks)
@@ -172,6 +176,8 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
     if not keyed:
         return SaveResult(0, 0, 0, 0, keys_skipped=skipped)
     exists = client.batch_is_exist([key for key, _, _ in keyed])
+    if eviction is not None:
+        eviction.saw_exist([key for key, _, _ in keyed], exists)
     missing = [entry for entry, answer in zip(keyed, exists, strict=True) if answer != 1]
     values = {size: b"\0" * size for size in {sizes.attention, sizes.recurrent}}
     failures = failed_keys = pinned = retried = 0
@@ -184,7 +190,13 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                 args: list[Any] = [[key for key, _ in entries], [values[size] for _, size in entries]]
                 if pin:
                     args.append(pin_config)
-                return client.put_batch(*args)
+                if eviction is not None:
+                    eviction.before_put(args[0], [size for _, size in entries])
+                code = client.put_batch(*args)
+                if eviction is not None:
+                    answers = [0] * len(entries) if code == 0 else _put_answers(client, args[0], code)
+                    eviction.after_put(args[0], [size for _, size in entries], answers)
+                return code
 
             code = put(batch)
             if code != 0:

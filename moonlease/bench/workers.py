@@ -128,11 +128,14 @@ def build_lookup(layout: Layout | LayoutParts, store: Any,
                  settings: MoonleaseConnectorConfig | LeaseMode | None = None, *,
                  junction_retention: bool = False, capabilities: StoreCapabilities = CLIENT_0_3_14,
                  record: RecordOperation | None = None,
-                 retention_interval: int | None = None) -> StoreLookup:
+                 retention_interval: int | None = None,
+                 served_by_client: bool = False) -> StoreLookup:
     """Our lookup object over `store`, built the way `MoonleaseStoreWorker` builds it.
 
     `settings` is a full config or just a lease mode (with `junction_retention`); `record`
-    receives every store call (upstream's `_record_kv_connector_operation` signature). In
+    receives every store call (upstream's `_record_kv_connector_operation` signature);
+    `served_by_client`: the lookup runs inline, as the worker's served through its lookup server
+    (the scheduler's client holds the deadline), instead of under a deadline of its own. In
     last-hit-only mode the store's `LastHitOnly` response contract is detected from the store
     first, as the worker does (the in-memory stores answer per key, like Mooncake 0.3.14).
     """
@@ -147,7 +150,8 @@ def build_lookup(layout: Layout | LayoutParts, store: Any,
     return build_store_lookup(LookupInputs(
         groups=parts.groups, coordinator=parts.coordinator, hash_block_size=parts.hash_block_size,
         store_calls=StoreCalls(store, record or _ignore_operation), settings=settings,
-        capabilities=capabilities, probe_contract=probe_contract))
+        capabilities=capabilities, probe_contract=probe_contract,
+        served_by_client=served_by_client))
 
 
 def build_upstream_lookup(layout: Layout | LayoutParts, store: Any) -> Callable[[int, Any], Any]:

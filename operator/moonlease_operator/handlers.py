@@ -226,7 +226,10 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                                       f" {APPROVE_MASTER_RESTART_ANNOTATION}={plan.pending_approval}",
                                       delay=context.options.reconcile_interval)
         context.metrics.forget(namespace, name)
-        logger.info("Released %d object(s) changed by the policy.", len(plan.changes))
+        if plan.changes:
+            logger.info("Released %d object(s) changed by the policy.", len(plan.changes))
+        else:  # an earlier pass restored them (and was retried for an approval or a refusal)
+            logger.info("Released: every object the policy changed has its original back.")
 
     async def close_client(**_: Any) -> None:
         await context.close()

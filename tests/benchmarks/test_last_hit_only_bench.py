@@ -44,9 +44,22 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
         assert paths["lastHitOnly"]["keys_sent"] == 128 + 4 + (0 if kv == 128 else kv + 4)
         assert paths["lastHitOnly"]["keys_leased"] == kv + 4, "the KV hit and one checkpoint"
         assert paths["lastHitOnly"]["coordinator_passes"] == 0
-        # Without the deadline (inline): the same calls and answer.
+        # Under the old in-process deadline (a helper thread): the same calls and answer.
         for key in ("hit", "rpcs", "keys_sent", "keys_leased", "coordinator_passes"):
-            assert paths["lastHitOnlyInline"][key] == paths["lastHitOnly"][key], key
+            assert paths["lastHitOnlyHandoff"][key] == paths["lastHitOnly"][key], key
+        # The bare calls of the one-round-trip question: last-hit-only's two calls alone, and
+        # the padded one-call design, whose one complete-last candidate is exactly the KV
+        # prefix the load reads and the selected checkpoint (what last-hit-only leases).
+        assert paths["call1"]["keys_sent"] == 128 + 4 and paths["call2"]["keys_sent"] == kv + 4
+        assert paths["call1"]["keys_leased"] == (kv + 4 if kv == 128 else 0)
+        assert paths["call2"]["keys_leased"] == kv + 4
+        assert paths["paddedOneCall"]["keys_sent"] == 128 * (128 + 4)
+        assert paths["paddedOneCall"]["keys_leased"] == paths["lastHitOnly"]["keys_leased"]
+        assert all(paths[p]["rpcs"] == 1 for p in ("call1", "call2", "paddedOneCall"))
+        # Through the scheduler's lookup channel, with either client: the same lookup.
+        for path in ("viaUpstreamClient", "viaBoundedClient"):
+            for key in ("hit", "rpcs", "keys_sent"):
+                assert paths[path][key] == paths["lastHitOnly"][key], (path, key)
         # Selective: a lease-free probe of lease-all's candidates, then a lease of the load set.
         assert paths["selective"]["hit"] == paths["upstream"]["hit"]
         assert paths["selective"]["rpcs"] == 2
@@ -55,5 +68,7 @@ def test_tiny_run_accounts_for_every_path(tmp_path: Path) -> None:
     report = out.read_text()
     assert report.count("seed ×") == 4 and "| tcp | 16 | lastHitOnly |" in report
     assert report.count("target ≤") == 4
-    assert "thread hand-off" in report and report.count(" µs CPU") == 4
+    assert "in-process hand-off" in report and report.count(" µs CPU") == 8
+    assert report.count("(the channel: ") == 4
+    assert report.count("; without call2 ") == 2 and report.count("one call here already") == 2 and "upstream's own lease-all" in report
     assert "Where last-hit-only's own time goes" in report and "Machine load" in report

@@ -251,7 +251,8 @@ def test_each_engine_gets_a_connector_config_the_connector_accepts(chart: helm.C
         assert (config.lease_mode.value, config.mooncake_junction_retention) == arms[arm], engine["metadata"]["name"]
 
 
-@pytest.mark.parametrize("pieces", [{"retry": True}, {"skip": True}, {"pin": True, "retry": True}])
+@pytest.mark.parametrize("pieces", [{"retry": True}, {"skip": True}, {"pin": True, "retry": True},
+                                    {"evict": True}])
 def test_retention_values_reach_the_policy_and_every_engine_as_the_operator_renders_them(
         chart: helm.Chart, pieces: dict[str, bool]) -> None:
     """`vllm.connector.retention` turns the pieces on in the policy's spec.connector (only those
@@ -263,18 +264,70 @@ def test_retention_values_reach_the_policy_and_every_engine_as_the_operator_rend
 
     objects = render_objects(chart, {"vllm": {"connector": {"retention": pieces}}})
     policy = one(objects, "MooncakeLeasePolicy", "moonlease")
-    fields = {"skip": "retentionSkip", "pin": "retentionPin", "retry": "retentionRetry"}
+    fields = {"skip": "retentionSkip", "pin": "retentionPin", "retry": "retentionRetry", "evict": "retentionEvict"}
     assert policy["spec"]["connector"] == {"leaseMode": "leaseAll", "junctionRetention": False,
                                            **{fields[piece]: True for piece in pieces}}
-    operator_file = build_connector_settings(ConnectorSpec.model_validate(policy["spec"]["connector"])).file
+    watermark = policy["spec"]["master"]["evictionHighWatermarkRatio"]
+    operator_file = build_connector_settings(ConnectorSpec.model_validate(policy["spec"]["connector"]),
+                                             watermark).file
     engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
     assert len(engines) == 2
     for engine in engines:
-        assert running_settings(objects, engine).retention == RetentionSettings(**pieces)
+        assert running_settings(objects, engine).retention == RetentionSettings(
+            **pieces, **({"evict_watermark": watermark} if pieces.get("evict") else {}))
         volume = next(v for v in engine["spec"]["template"]["spec"]["volumes"]
                       if v["name"] == "moonlease-connector-settings")
         rendered = json.loads(one(objects, "ConfigMap", volume["configMap"]["name"])["data"][SETTINGS_FILE_NAME])
         assert {k: v for k, v in rendered.items() if k.startswith("mooncake_")} == dict(operator_file)
+
+
+def test_retention_evict_reads_the_masters_metrics_at_its_service(chart: helm.Chart) -> None:
+    """With evict on, each engine's start-up config names the master's /metrics (the chart's
+    master service and metrics port, or externalAddress's host) unless extraConfig does, and its
+    settings file carries the master's watermark."""
+    objects = render_objects(chart, {"vllm": {"connector": {"retention": {"evict": True}}},
+                                     "mooncake": {"master": {"metricsPort": 9100,
+                                                             "settings": {"eviction_high_watermark_ratio": 0.85}}}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    assert engines
+    for engine in engines:
+        extra = kv_transfer_config(engine)["kv_connector_extra_config"]
+        assert extra["mooncake_master_metrics_url"] == "http://moonlease-mooncake-master.inference.svc:9100/metrics"
+        assert running_settings(objects, engine).retention.evict_watermark == 0.85
+    own = render_objects(chart, {"vllm": {"connector": {"retention": {"evict": True},
+                                                        "extraConfig": {"mooncake_master_metrics_url": "http://m:1/metrics"}}}})
+    for engine in [o for o in find(own, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]:
+        assert kv_transfer_config(engine)["kv_connector_extra_config"]["mooncake_master_metrics_url"] == "http://m:1/metrics"
+    off = render_objects(chart, {})
+    for engine in [o for o in find(off, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]:
+        assert "mooncake_master_metrics_url" not in kv_transfer_config(engine)["kv_connector_extra_config"]
+
+
+def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Chart) -> None:
+    """Per-arm retention: an unmanaged treatment arm with `retention: {evict: true, retry: true}`
+    runs exactly those pieces (and gets the master's metrics address); the control arm runs
+    vllm.connector.retention (none here); a managed arm may not differ from the policy."""
+    from moonlease_connector.core.retention import RetentionSettings
+
+    objects = render_objects(chart, {"vllm": {"arms": [
+        {"name": "control"},
+        {"name": "treatment", "retention": {"evict": True, "retry": True}, "managedByPolicy": False}]}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    by_arm = {arm: [e for e in engines if e["metadata"]["labels"]["moonlease.io/arm"] == arm]
+              for arm in ("control", "treatment")}
+    assert len(by_arm["control"]) == len(by_arm["treatment"]) == 2
+    for engine in by_arm["control"]:
+        assert running_settings(objects, engine).retention == RetentionSettings()
+        assert "mooncake_master_metrics_url" not in kv_transfer_config(engine)["kv_connector_extra_config"]
+    for engine in by_arm["treatment"]:
+        assert running_settings(objects, engine).retention == RetentionSettings(retry=True, evict=True,
+                                                                               evict_watermark=0.9)
+        assert "mooncake_master_metrics_url" in kv_transfer_config(engine)["kv_connector_extra_config"]
+    policy = one(objects, "MooncakeLeasePolicy", "moonlease")
+    assert "retentionEvict" not in policy["spec"]["connector"]  # the policy's targets run none
+    with pytest.raises(Exception, match="sets retention skip=false,pin=false,retry=false,evict=true"):
+        render_objects(chart, {"vllm": {"arms": [{"name": "control"},
+                                                 {"name": "treatment", "retention": {"evict": True}}]}})
 
 
 def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:

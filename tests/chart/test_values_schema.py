@@ -172,6 +172,10 @@ INCONSISTENT: dict[str, tuple[dict[str, Any], str]] = {
         {"vllm": {"connector": {"retention": {"pin": True}}},
          "mooncake": {"master": {"settings": {"allow_evict_soft_pinned_objects": False}}}},
         "vllm.connector.retention.pin needs mooncake.master.settings.allow_evict_soft_pinned_objects true"),
+    "retention evict without the master's watermark": (
+        {"vllm": {"connector": {"retention": {"evict": True}}},
+         "mooncake": {"master": {"settings": {"eviction_high_watermark_ratio": None}}}},
+        "vllm.connector.retention.evict keeps the store under the master's eviction watermark"),
     "a policy with no targets": (
         {"vllm": {"enabled": False}}, "policy.enabled needs at least one target"),
     "a rollout without the master stage": (

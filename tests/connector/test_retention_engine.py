@@ -17,6 +17,11 @@
   prompt's save writes the prefix again, its 8 full-attention blocks soft-pinned and its own
   blocks not (the master's `master_soft_pin_key_count` and the connector's counters agree).
 
+- ``mooncake_retention_evict`` on the sliding-window model: with the store filled to just under
+  the master's watermark, a save that needs room removes the keys of the conversation the
+  writer used least recently (the whole of it, tail first) through the real master before the
+  master's own eviction runs; a newer conversation and another client's objects stay.
+
 Every completion equals a cold run without any store: retention changes what the store keeps,
 never what a load reads.
 """
@@ -322,3 +327,79 @@ def test_retry_on_a_hybrid_model_puts_again_only_the_mamba_state_a_continuation_
     assert runs["full"]["retried"] >= states
     assert runs["full"]["stored"] == 4 + states
     assert runs["full"]["hit"] == runs["room"]["hit"]
+
+
+C = tokens(416, 24)  # a third conversation, as long as A
+
+
+def fill_to_watermark(master, watermark: float) -> list[str]:
+    """Unleased filler objects until the store sits just under `watermark` (less than one left)."""
+    metrics = master.metrics()
+    room = watermark * metrics["master_total_capacity_bytes"] - metrics["master_allocated_bytes"]
+    count = int(room // FILLER_BYTES)
+    names = [f"filler-{i}" for i in range(count)]
+    client = connect_store_client(master)
+    try:
+        for start in range(0, count, 64):
+            assert client.put_batch(names[start:start + 64], [b"\0" * FILLER_BYTES] * len(names[start:start + 64])) == 0
+    finally:
+        client.close()
+    return names
+
+
+def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
+    """``mooncake_retention_evict``: a writer saves conversation A, then B; the store is filled
+    (by another client, unleased) to just under the master's 80 % watermark; the writer then
+    saves C. Its send thread reads the master's /metrics, sees that C's put would cross the
+    watermark and removes keys its saves touched least recently — A's, none of B's or the
+    fillers — so C is stored and the master's own (near-random) eviction never runs. Fresh
+    readers then hit B's next turn as from a store with room, and miss A's (A left, not B);
+    every completion equals a cold run."""
+    b_prompt = tokens(416, 25)
+    prompts = {"a": A, "b": b_prompt, "c": C, "a next": NEXT_TURN, "b next": b_prompt + tokens(96, 26)}
+    cold = cold_outputs(vllm_engine, "swa", prompts)
+    master = mooncake_master_factory(default_kv_lease_ttl=300, eviction_high_watermark_ratio=0.8)
+    store_pool_factory(master, segment_bytes=16 << 20)
+    config = write_engine_store_config(master, tmp_path / "mooncake-evict.json")
+    settings = {"kv_transfer_config": moonlease_transfer_config(
+        mooncake_retention_evict=True, mooncake_retention_evict_watermark=0.8,
+        mooncake_master_metrics_url=master.metrics_url), "mooncake_config_path": config}
+    writer = vllm_engine("swa", **settings)
+    for name in ("a", "b"):
+        assert_same(ve.generate_greedy(writer, [prompts[name]], max_tokens=8, logprobs=True)[0], cold[name], name)
+        ve.wait_for_saves(writer)
+    per_conversation = master.metrics()["master_key_count"] / 2
+    assert per_conversation == 416 // 32 + 2  # 13 full-attention blocks and the window tail
+    fillers = fill_to_watermark(master, 0.8)
+    time.sleep(0.5)  # past the leases the writer's lookups and saves took
+    assert_same(ve.generate_greedy(writer, [C], max_tokens=8, logprobs=True)[0], cold["c"], "c")
+    ve.wait_for_saves(writer)
+    removed = retention_keys(writer, "removed")
+    vllm_engine.stop(writer)
+    after = master.metrics()
+    print("retention evict: removed", removed, "master evicted", after.get("master_evicted_key_count"),
+          "engine keys", engine_keys(master, fillers))
+    assert after.get("master_evicted_key_count", 0.0) == 0  # the master's pass never ran
+    assert after["master_allocated_bytes"] <= 0.8 * after["master_total_capacity_bytes"]
+    # C needed about one conversation's room (the fillers left less than one block): it came
+    # out of A, the conversation used least recently; no filler was touched.
+    assert 0 < removed <= per_conversation
+    assert engine_keys(master, fillers) == 3 * per_conversation - removed
+    from moonlease.bench.stores import fetch_presence
+    client = connect_store_client(master)
+    try:
+        assert sum(fetch_presence(client, fillers)) == len(fillers)
+    finally:
+        client.close()
+
+    hits = {}
+    for name in ("b next", "a next"):  # fresh readers, evict off: B's turn first, then A's
+        reader = vllm_engine("swa", kv_transfer_config=moonlease_transfer_config(), mooncake_config_path=config)
+        before = ve.prefix_cache_counters(reader)
+        assert_same(ve.generate_greedy(reader, [prompts[name]], max_tokens=8, logprobs=True)[0], cold[name], name)
+        hits[name] = ve.prefix_cache_counters(reader).external_hits - before.external_hits
+        vllm_engine.stop(reader)
+    print("retention evict: reader hits", hits)
+    assert hits["b next"] >= 384  # B intact: its 13 blocks and the window tail at 384
+    assert hits["a next"] == 0  # A's tail went first: no window tail to resume from

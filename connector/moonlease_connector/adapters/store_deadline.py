@@ -3,13 +3,15 @@
 I/O adapter. Mooncake's client calls are blocking C++ calls with no deadline of their own: a
 frozen master holds the calling thread for as long as it stays frozen. `BoundedCaller` runs each
 call on one helper thread and waits at most `timeout_s`; past it the caller gets `TIMED_OUT` and
-goes on (a lookup becomes a miss). The abandoned call keeps the helper thread until it returns;
-meanwhile every later call is answered `BUSY` at once, without queueing, so abandoned calls can
-never pile up and the waiting thread (the lookup server) stays responsive.
+goes on. The abandoned call keeps the helper thread until it returns; meanwhile every later call
+is answered `BUSY` at once, without queueing, so abandoned calls can never pile up.
 
-The hand-off is on every lookup's path, so it is kept to C-level primitives: a `SimpleQueue`
-to the helper and a raw lock per call that the helper releases when the answer is in (an
-`Event` costs a `Condition` and a second lock per wait; measured ~5 µs more per call).
+Used where no one else bounds the wait: the reset's `remove_all` and the worker's close, the
+last-hit-only contract probe, and a lookup called in-process with no lookup client in front
+(`vllm_lookup.lookup_deadline_for`). Lookups served to the scheduler run inline: its
+`BoundedLookupClient` holds their deadline. The hand-off is kept to C-level primitives: a
+`SimpleQueue` to the helper and a raw lock per call that the helper releases when the answer is
+in (an `Event` costs a `Condition` and a second lock per wait; measured ~5 µs more per call).
 """
 
 from __future__ import annotations

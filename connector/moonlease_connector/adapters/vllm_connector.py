@@ -107,6 +107,14 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         if step_outcome is not None:  # None: no worker role, or a worker that is not ours
             step_outcome.begin()
 
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """The worker's stats (upstream's); on the scheduler side, the lookups its client
+        answered a miss by itself (`store_timeout`: the worker did not answer in time)."""
+        if self.connector_worker is None:
+            take = getattr(self.connector_scheduler, "take_lookup_stats", None)
+            return take() if take is not None else None
+        return super().get_kv_connector_stats()
+
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return MoonleaseConnectorStats(data=data) if data is not None else MoonleaseConnectorStats()

@@ -30,7 +30,6 @@ from moonlease_connector.core.last_hit import (
     build_checkpoint_candidates,
     hit_known_from_selection,
     kv_reach,
-    legal_checkpoints,
     plan_checkpoint_probes,
     plan_hit_passes,
     plan_one_candidate_follow_up,
@@ -50,6 +49,7 @@ from moonlease_connector.core.lookup import (
     Unit,
     build_candidates,
     build_tail_keys,
+    leading_present_run,
     miss_reason_of,
     present_units,
 )
@@ -159,26 +159,37 @@ def _one_candidate_lookup(worker: Any, block_hashes: Sequence[Any], kv_candidate
     if answers is None:
         return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,
                                                            keys_probed=asked)
-    if answers.count(1) == len(answers):
+    present_count = answers.count(1)
+    if present_count == len(answers):
         return hit(speculated, frozenset(kv_candidates.units), spec, len(answers))
     if worker.probe_contract.contract is not ProbeContract.PER_KEY_EXISTENCE \
-            or answers.count(0) + answers.count(1) != len(answers):
+            or answers.count(0) + present_count != len(answers):
         return asked, frozenset()  # no per-key evidence to go on: the exact steps
     kv_count = len(kv_candidates.keys)
     kv_answers = answers[:kv_count]
-    kv_present = present_units(kv_candidates, kv_answers)
+    # One KV group whose stored blocks are a leading run (the common answer): the present
+    # units, their keys and the reach are slices of what this call was built from.
+    run = leading_present_run(kv_candidates, kv_answers) if len(kv_chunk_hashes) == 1 else None
+    present_kv_keys: Sequence[str] | None = None
+    if run is None:
+        kv_present = present_units(kv_candidates, kv_answers)
+        reach = kv_reach(kv_chunk_hashes, block_sizes, kv_present)
+    else:
+        kv_present = frozenset(kv_candidates.units[:run])
+        reach = run * block_sizes[next(iter(kv_chunk_hashes))]
+        present_kv_keys = kv_candidates.keys[:run]
     if not kv_present:
         return respond(0, (), LookupOutcome.miss(MissReason.NOT_FOUND, rounds=1, keys_probed=asked),
                        kv_present)
-    bound = whole_block_bound(positions, min(limit, kv_reach(kv_chunk_hashes, block_sizes, kv_present)),
-                              alignment, final_position)
+    bound = whole_block_bound(positions, min(limit, reach), alignment, final_position)
     follow_up = plan_one_candidate_follow_up(
-        bound, speculated, all(answer == 1 for answer in answers[kv_count:]))
+        bound, speculated, answers[kv_count:].count(1) == len(answers) - kv_count)
     if follow_up.confirm is None:
         return asked, follow_up.known_incomplete
     checkpoint = spec if follow_up.confirm == speculated else build_checkpoint_candidates(
         recurrent, (follow_up.confirm,), lambda _, position: state_hash(position))
-    present_kv_keys = list(itertools.compress(kv_candidates.keys, map((1).__eq__, kv_answers)))
+    if present_kv_keys is None:
+        present_kv_keys = list(itertools.compress(kv_candidates.keys, map((1).__eq__, kv_answers)))
     confirmed = ask(present_kv_keys, checkpoint)
     if confirmed is None:
         return MooncakeLookupResult(0), LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1,
@@ -228,7 +239,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     def state_hash(position: int) -> bytes:
         return bytes(block_hashes[position // hash_block_size - 1])
 
-    masks = None if fine_grained else coord.lookup_mask(lookup_length)  # once per lookup
+    masks = None if fine_grained else worker.lookup_masks(lookup_length)  # once per length
     recurrent_masks: list[Any] = [] if masks is None else \
         [masks[g] for g in recurrent_ids if masks[g] is not None]
     # Every KV chunk is asked about, in order (no lookup mask): no hit reaches past their run.
@@ -242,7 +253,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
     known_incomplete: frozenset[int] = frozenset()
     if kv_candidates is not None and kv_candidates.keys and reach_known \
             and worker.rule_reads_off_existence:
-        every_possible = legal_checkpoints(step, limit, recurrent_masks)
+        every_possible = worker.legal_positions(step, limit, lookup_length, recurrent_masks)
         final_possible = num_tokens if every_possible and every_possible[-1] == num_tokens else None
         early = _one_candidate_lookup(worker, block_hashes, kv_candidates, kv_chunk_hashes,
                                       block_sizes, recurrent, every_possible, limit,
@@ -269,7 +280,7 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
 
     # The states a lookup may ask about, and among them the one at num_tokens (if any): only it
     # can switch upstream to the final-token recompute pass (core.last_hit.plan_hit_passes).
-    every_position = legal_checkpoints(step, limit, recurrent_masks)
+    every_position = worker.legal_positions(step, limit, lookup_length, recurrent_masks)
     final_position = num_tokens if every_position and every_position[-1] == num_tokens else None
 
     def longest_with_every_state(length: int, with_final: bool) -> int:

@@ -43,6 +43,7 @@ from moonlease_connector.adapters.vllm_specs import is_recurrent
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.junctions import find_junctions
+from moonlease_connector.core.last_hit import legal_checkpoints
 from moonlease_connector.core.lookup import (
     GroupNamespaces,
     LookupOutcome,
@@ -60,7 +61,8 @@ from moonlease_connector.core.selective import LoadPlan, build_load_plan, lease_
 
 logger = logging.getLogger("vllm.moonlease.connector.lookup")
 
-#: Distinct (hit, prompt length) pairs whose load masks a lookup object remembers.
+#: Distinct (hit, prompt length) pairs whose load masks, lookup lengths whose lookup masks, and
+#: (step, bound, lookup length) triples whose legal checkpoints a lookup object remembers.
 LOAD_MASK_MEMO_SIZE = 1024
 
 #: A hit rule: the hit vLLM's coordinator reports when exactly these units are present.
@@ -79,8 +81,12 @@ class LookupInputs:
     store_calls: StoreCalls
     settings: MoonleaseConnectorConfig
     capabilities: StoreCapabilities
-    #: The deadline every lookup runs under (shared by the lookup objects of one worker, so at
-    #: most one abandoned store call exists); None builds one from the settings.
+    #: True when every lookup comes through the scheduler's lookup client, which bounds the wait
+    #: (`BoundedLookupClient`): the lookup then runs inline, with no deadline of its own.
+    served_by_client: bool = False
+    #: The deadline an in-process lookup (no client in front) runs under, shared by the lookup
+    #: objects of one worker so at most one abandoned store call exists; None builds one from
+    #: the settings (`lookup_deadline_for`).
     deadline: BoundedCaller | None = None
     #: Last-hit-only (required there): reads LastHitOnly answers under the store's detected
     #: response contract (the worker's detector, kept across lookup objects).
@@ -214,10 +220,21 @@ class JunctionFinder:
         return find_junctions(hit_length, (longest,))
 
 
-def lookup_deadline_for(settings: MoonleaseConnectorConfig) -> BoundedCaller | None:
-    """The deadline lookups run under; None when `mooncake_lookup_timeout_ms` is 0 (off)."""
+def lookup_deadline_for(settings: MoonleaseConnectorConfig, *,
+                        served_by_client: bool) -> BoundedCaller | None:
+    """Where a lookup's deadline lives, decided once: the deadline the lookup itself runs under,
+    or None when it runs inline.
+
+    Inline when `mooncake_lookup_timeout_ms` is 0 (off: upstream's wait) or when the lookup is
+    served to the scheduler's lookup client, which bounds the wait where it happens
+    (`BoundedLookupClient`: past the deadline a miss, and misses at once while the worker is
+    stuck) — no thread hand-off on the worker's path. A lookup called in-process with no client
+    in front runs on a helper thread under the deadline (`BoundedCaller`).
+    """
     timeout_ms = settings.mooncake_lookup_timeout_ms
-    return BoundedCaller(timeout_ms / 1000, name="moonlease-lookup") if timeout_ms else None
+    if not timeout_ms or served_by_client:
+        return None
+    return BoundedCaller(timeout_ms / 1000, name="moonlease-lookup")
 
 
 class StoreLookup(ABC):
@@ -239,13 +256,15 @@ class StoreLookup(ABC):
         self.junction_finder = (JunctionFinder(self.coord, self.hash_block_size)
                                 if inputs.settings.finds_junctions else None)
         self.deadline = inputs.deadline if inputs.deadline is not None else lookup_deadline_for(
-            inputs.settings)
+            inputs.settings, served_by_client=inputs.served_by_client)
         self._load_mask_memo: dict[tuple[int, int], tuple[Sequence[bool], ...]] = {}
+        self._lookup_mask_memo: dict[int, tuple[tuple[bool, ...] | None, ...]] = {}
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> LookupAnswer:
         """Upstream's contract: how many prefix tokens the store can load, within the deadline.
 
-        The lookup runs on the deadline's helper thread (Mooncake's calls block without a
+        Served to the scheduler's client, the lookup runs inline (the client bounds the wait).
+        Otherwise it runs on the deadline's helper thread (Mooncake's calls block without a
         deadline of their own); past `mooncake_lookup_timeout_ms` it is a miss and the
         abandoned lookup's answer is dropped when it comes (`store_deadline`).
         """
@@ -289,14 +308,13 @@ class StoreLookup(ABC):
                             ) -> dict[int, list[bytes]]:
         """Per group, the chunk hashes vLLM's lookup masks say may end a hit (upstream's).
 
-        `masks`: `coord.lookup_mask(lookup_length)` when the caller has it already (computed
-        once per lookup)."""
+        `masks`: `lookup_masks(lookup_length)` when the caller has it already."""
         if self.coord.enable_partial_hash_hits:
             units = min(len(block_hashes), lookup_length // self.hash_block_size)
             every = [bytes(block_hashes[i]) for i in range(units)]
             return {group.group_id: every for group in groups}
         if masks is None:
-            masks = self.coord.lookup_mask(lookup_length)
+            masks = self.lookup_masks(lookup_length)
         chunk_hashes: dict[int, list[bytes]] = {}
         for group in groups:
             group_hashes = self.coord.block_hashes_for_spec(block_hashes, self._specs[group.group_id])
@@ -340,13 +358,29 @@ class StoreLookup(ABC):
 
         return longest_hit
 
+    def lookup_masks(self, lookup_length: int) -> tuple[tuple[bool, ...] | None, ...]:
+        """vLLM's per-group lookup masks (`coord.lookup_mask`), remembered per lookup length.
+
+        They depend on the length and the coordinator's fixed layout only (no hash, no request),
+        so a length seen before is answered from memory. Bounded; one thread at a time (as
+        `load_masks`).
+        """
+        masks = self._lookup_mask_memo.get(lookup_length)
+        if masks is None:
+            masks = tuple(None if mask is None else tuple(mask)
+                          for mask in self.coord.lookup_mask(lookup_length))
+            if len(self._lookup_mask_memo) >= LOAD_MASK_MEMO_SIZE:
+                self._lookup_mask_memo.clear()
+            self._lookup_mask_memo[lookup_length] = masks
+        return masks
+
     def load_masks(self, block_hashes: Sequence[Any], hit: int) -> tuple[Sequence[bool], ...]:
         """vLLM's per-group load masks for a hit (`coord.load_mask`), remembered per lengths.
 
         `load_mask` runs the hit rule over a pool where every block is present, so it reads
         no hash's value: its answer depends on `hit` and the number of hashes only, and a
         lookup object sees few distinct pairs (hits are block multiples). Bounded; a lookup
-        object is used by one thread at a time (the deadline's helper).
+        object is used by one thread at a time (the lookup server's, or the deadline's helper).
         """
         key = (hit, len(block_hashes))
         masks = self._load_mask_memo.get(key)
@@ -445,6 +479,21 @@ class LastHitOnlyLookup(StoreLookup):
 
         #: Whole-block layouts without EAGLE: the checkpoint bound is read off the KV answers.
         self.rule_reads_off_existence = rule_reads_off_existence(self.coord)
+        self._legal_memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
+
+    def legal_positions(self, step: int, bound: int, lookup_length: int,
+                        recurrent_masks: Sequence[Sequence[bool]]) -> tuple[int, ...]:
+        """`core.last_hit.legal_checkpoints`, remembered per (step, bound, lookup length):
+        `recurrent_masks` must be the recurrent groups' `lookup_masks(lookup_length)`, which
+        depend on the length alone."""
+        key = (step, bound, lookup_length)
+        positions = self._legal_memo.get(key)
+        if positions is None:
+            positions = legal_checkpoints(step, bound, recurrent_masks)
+            if len(self._legal_memo) >= LOAD_MASK_MEMO_SIZE:
+                self._legal_memo.clear()
+            self._legal_memo[key] = positions
+        return positions
 
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:

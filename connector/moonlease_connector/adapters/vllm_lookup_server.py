@@ -5,7 +5,9 @@ thread, and its reset waits for the send queue to drain (`request_queue.join()`)
 `store.remove_all(force=True)` without a deadline: a wedged save or a frozen master holds that
 thread, and every later lookup with it — with synchronous lookups (the default), the scheduler.
 `BoundedLookupServer` speaks the same protocol (vLLM's `mooncake/store/protocol.py`) on the same
-IPC path; lookups go to the worker, whose lookups run under `mooncake_lookup_timeout_ms`; a
+IPC path; lookups go to the worker and run inline on this thread (the scheduler's
+`BoundedLookupClient` waits at most `mooncake_lookup_timeout_ms` for the answer, and misses at
+once while one is still out, so a lookup stuck in a frozen store holds no one but itself); a
 reset drains saves for at most `drain_s` and gives `remove_all` at most `remove_s` (on a helper
 thread, abandoned past it), answering `RESP_ERR` when either runs out. It stops within
 `POLL_S` of `close()`, from its own thread (ZMQ sockets are not thread-safe).
@@ -62,6 +64,8 @@ class BoundedLookupServer:
             os.unlink(self._ipc_path)
         self.socket = make_zmq_socket(self.ctx, socket_path, zmq.REP, bind=True)
         self.running = True
+        #: True while a request is being answered (a lookup runs inline, on this thread).
+        self.busy = False
         self.thread = threading.Thread(target=self._serve, name="moonlease-lookup-server", daemon=True)
         self.thread.start()
 
@@ -72,7 +76,12 @@ class BoundedLookupServer:
         try:
             while self.running:
                 if self.socket.poll(poll_ms, zmq.POLLIN):
-                    self.socket.send(self._answer(self.socket.recv_multipart(copy=False)))
+                    frames = self.socket.recv_multipart(copy=False)
+                    self.busy = True
+                    try:
+                        self.socket.send(self._answer(frames))
+                    finally:
+                        self.busy = False
             if self.socket.poll(0, zmq.POLLIN):  # a request that arrived while stopping
                 self.socket.recv_multipart()
                 self.socket.send(RESP_ERR)

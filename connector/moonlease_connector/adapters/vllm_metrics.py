@@ -5,15 +5,17 @@ Prometheus side below turns it into metrics on `vllm serve`'s /metrics, next to 
 `vllm:mooncake_store_operation_*` families (our store calls — `lookup_probe`, `lookup_lease` —
 appear there under their operation label). Our own families:
 
-- `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason
+- `vllm:moonlease_lookups_total{result, reason}`: lookups by outcome, misses by reason (the
+  scheduler side records the `store_timeout` misses its lookup client answers by itself)
 - `vllm:moonlease_lookup_rounds`: probe/lease rounds a lookup needed (selective lease retries)
 - `vllm:moonlease_lookup_keys_total{kind="probed"|"leased"}`: keys a lookup probed and leased
 - `vllm:moonlease_lookup_junctions_total`: shared-prefix junctions lookups returned (seed 004)
 - `vllm:moonlease_junction_tail_keys_saved_total`: store keys saves wrote only because of a
   junction (tails the store already held, or whose block was freed, are not counted)
-- `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"|"retried"}`: Moonlease
-  retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of the store,
-  and keys stored by putting them again after the store refused them for lack of space
+- `vllm:moonlease_retention_keys_total{decision="pinned"|"skipped"|"retried"|"removed"}`:
+  Moonlease retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of
+  the store, keys stored by putting them again after the store refused them for lack of space,
+  and keys retention `evict` removed (least recently used) to make room below the watermark
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
 - with a settings file: `vllm:moonlease_settings_info{lease_mode, junction_retention,
   settings_hash, source}` (what runs, value 1; the previous label set is removed on a switch)
@@ -145,8 +147,10 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         self._retention = self._counter_cls(
             name="vllm:moonlease_retention_keys_total",
             documentation="Moonlease retention: keys saves put soft-pinned (pinned), keys the "
-                          "save plan kept out of the store (skipped), and keys stored by a retried "
-                          "put after the store refused them for lack of space (retried).",
+                          "save plan kept out of the store (skipped), keys stored by a retried "
+                          "put after the store refused them for lack of space (retried), and "
+                          "least recently used keys removed to make room below the eviction "
+                          "watermark (removed).",
             labelnames=labelnames + ["decision"])
         self._capability = self._gauge_cls(
             name="vllm:moonlease_store_capability_info",

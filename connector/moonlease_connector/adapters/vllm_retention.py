@@ -18,6 +18,7 @@ from typing import Any
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
 from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
+from moonlease_connector.adapters.store_eviction import StoreEviction
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread, JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import junctions_of
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
@@ -35,6 +36,7 @@ from moonlease_connector.core.retention import (
     plan_save_retention,
 )
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
+from moonlease_connector.core.store_room import StoreUsage
 
 
 def chunk_kind(spec: Any) -> ChunkKind:
@@ -117,20 +119,31 @@ class RetentionStoreMasks(JunctionStoreMasks):
 
 class _RetentionStore:
     """The thread's store handle: puts of pinned keys carry a soft pin, others as before; with
-    ``retry``, keys refused for lack of space are put again (`core.put_retry`)."""
+    ``retry``, keys refused for lack of space are put again (`core.put_retry`); with ``evict``,
+    the keys saves re-check or put are kept in recency order and the least recent removed
+    before a put would cross the watermark (`adapters.store_eviction`)."""
 
     def __init__(self, store: Any, pinned: Callable[[str], bool],
                  on_retention: Callable[[str, int], None],
                  retry: Callable[[], PutRetryPolicy | None] = lambda: None,
                  sleep: Callable[[float], None] = time.sleep,
-                 retryable: Callable[[str], bool] = lambda key: True) -> None:
+                 retryable: Callable[[str], bool] = lambda key: True,
+                 eviction: Callable[[], StoreEviction | None] = lambda: None) -> None:
         self._store = store
         self._pinned = pinned
         self._retryable = retryable
         self._on_retention = on_retention
         self._retry = retry
         self._sleep = sleep
+        self._eviction = eviction
         self._configs: dict[int, Any] = {}
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        answers = self._store.batch_is_exist(keys)
+        eviction = self._eviction()
+        if eviction is not None:
+            eviction.saw_exist(keys, answers)
+        return answers
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -156,6 +169,16 @@ class _RetentionStore:
 
     def batch_put_from_multi_buffers(self, keys: list[str], addrs: list[Any], sizes: list[Any],
                                      config: Any = None, *args: Any) -> list[int]:
+        eviction = self._eviction()
+        if eviction is not None:
+            eviction.before_put(keys, sizes)
+        answers = self._put_with_retention(keys, addrs, sizes, config, *args)
+        if eviction is not None:
+            eviction.after_put(keys, sizes, answers)
+        return answers
+
+    def _put_with_retention(self, keys: list[str], addrs: list[Any], sizes: list[Any],
+                            config: Any = None, *args: Any) -> list[int]:
         policy = self._retry()
         if policy is None and not any(self._pinned(key) for key in keys):
             return self._store.batch_put_from_multi_buffers(keys, addrs, sizes, config, *args)
@@ -195,6 +218,7 @@ class RetentionSendingThread(JunctionSendingThread):
 
     def __init__(self, *args: Any, retention: RetentionSettings | Callable[[], RetentionSettings],
                  on_retention: Callable[[str, int], None] = lambda decision, keys: None,
+                 master_usage: Callable[[], StoreUsage | None] = lambda: None,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: The pieces in force, read per job (live settings may switch them).
@@ -210,10 +234,22 @@ class RetentionSendingThread(JunctionSendingThread):
         self._boundary_dropped = 0
         # Passes puts through untouched while the current job has no pinned keys and retry is off.
         self._unretried_keys: frozenset[str] = frozenset()
+        #: Retention ``evict``: the recency of this worker's keys and the removals it makes
+        #: (kept while the piece is switched off live, so switching it back on starts warm).
+        self.eviction = StoreEviction(self.store, master_usage, self.retention_now().evict_watermark,
+                                      on_removed=lambda keys: self._on_retention("removed", keys))
         self.store = _RetentionStore(
             self.store, lambda key: key in self._pinned_keys, self._on_retention,
             retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,
-            retryable=lambda key: key not in self._unretried_keys)
+            retryable=lambda key: key not in self._unretried_keys,
+            eviction=self._eviction_now)
+
+    def _eviction_now(self) -> StoreEviction | None:
+        settings = self.retention_now()
+        if not settings.evict:
+            return None
+        self.eviction.watermark = settings.evict_watermark
+        return self.eviction
 
     def _chunk_keys(self, req_meta: Any, group_id: int, chunk: int) -> tuple[str, ...]:
         db = self.token_databases[group_id]
@@ -262,7 +298,9 @@ class RetentionSendingThread(JunctionSendingThread):
 
     def _handle_request(self, req_meta: Any) -> None:
         try:
-            if self.retention_now().active:  # retry too: it re-puts only what the plan marks
+            settings = self.retention_now()
+            # Retry too: it re-puts only what the plan marks. Evict needs no plan.
+            if settings.plans_saves or settings.retry:
                 self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(

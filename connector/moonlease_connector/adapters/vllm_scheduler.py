@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
@@ -41,25 +41,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     ReqMeta,
     TailKeyBoundary,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import (
-    LOOKUP_MSG,
-    RESET_MSG,
-    RESP_OK,
-)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.scheduler import (
     MooncakeStoreScheduler,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
-    LookupKeyClient,
-    get_zmq_rpc_path_lookup,
-)
-from vllm.utils.network_utils import make_zmq_socket
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyClient
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
+from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
+from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
+from moonlease_connector.core.lookup import LookupOutcome, MissReason
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
 logger = logging.getLogger("vllm.moonlease.connector.scheduler")
@@ -89,28 +83,27 @@ def junctions_of(req_meta: Any) -> tuple[int, ...]:
     return req_meta.junctions if isinstance(req_meta, JunctionReqMeta) else ()
 
 
-class JunctionLookupClient(LookupKeyClient):
-    """Upstream's lookup client reading responses with Moonlease's decoder.
+class JunctionLookupClient(BoundedLookupClient):
+    """The bounded lookup client reading responses with Moonlease's decoder.
 
     The request frames are upstream's. Junction entries are split off the response and kept
     per request until the scheduler takes them; a response from a worker that predates
     junctions simply has none.
     """
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        super().__init__(vllm_config)
+    def __init__(self, vllm_config: VllmConfig, **kwargs: Any) -> None:
+        super().__init__(vllm_config, **kwargs)
         self._junctions: dict[str, tuple[int, ...]] = {}
 
-    def _lookup(self, num_tokens: int, block_hashes: list[Any]) -> MooncakeLookupResult:
-        hash_len = len(block_hashes[0]) if block_hashes else 0
-        frames = (LOOKUP_MSG, num_tokens.to_bytes(4, byteorder="big"),
-                  hash_len.to_bytes(2, byteorder="big"), b"".join(block_hashes))
-        self.socket.send_multipart(frames, copy=False)
-        response = decode_lookup_response(self.socket.recv())
+    def _decode(self, reply: bytes) -> MooncakeLookupResult:
+        response = decode_lookup_response(reply)
         return JunctionLookupResult(
             response.hit_length,
             tuple(TailKeyBoundary(t.group_id, t.num_tokens) for t in response.tails),
             junctions=response.junctions)
+
+    def _missed(self) -> MooncakeLookupResult:
+        return JunctionLookupResult(0)
 
     def lookup(self, req_id: str, num_tokens: int, block_hashes: list[Any],
                non_block: bool = False) -> MooncakeLookupResult | None:
@@ -132,43 +125,35 @@ class JunctionLookupClient(LookupKeyClient):
 RESET_TIMEOUT_S = 60.0
 
 
-def bounded_reset(client: LookupKeyClient, vllm_config: VllmConfig, timeout_s: float) -> bool:
-    """Upstream's reset request with a deadline; runs on the client's own executor thread.
-
-    Upstream's `LookupKeyClient._reset` waits for the reply forever. Past the deadline the REQ
-    socket still expects that reply, so it is replaced by a fresh one (by this thread, which
-    owns it) and later lookups are unaffected; the reset reports failure.
-    """
-    client.socket.send(RESET_MSG)
-    if client.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
-        return bytes(client.socket.recv()) == RESP_OK
-    client.socket.close(linger=0)
-    client.socket = make_zmq_socket(client.ctx, get_zmq_rpc_path_lookup(vllm_config), zmq.REQ,
-                                    bind=False)
-    return False
+def bounded_reset(client: BoundedLookupClient, timeout_s: float) -> bool:
+    """Upstream's reset request with a deadline; runs on the client's own executor thread
+    (`BoundedLookupClient.reset_within`: past the deadline the socket is replaced)."""
+    return client.reset_within(timeout_s)
 
 
 class MoonleaseStoreScheduler(MooncakeStoreScheduler):
-    """Upstream's scheduler side; a reset never hangs; with junction retention on, store
-    junctions are carried from the lookup to the save mask.
+    """Upstream's scheduler side; lookups and resets never wait past their deadlines; with
+    junction retention on, store junctions are carried from the lookup to the save mask.
 
     Takes upstream's constructor arguments; the settings come from the vLLM config and the
-    environment (`connector_settings`), exactly as the connector reads them. With junction
-    retention off it is upstream's scheduler plus the bounded reset. With a settings file the
-    junction path is always on: retention may be switched on live, and the junctions come from
-    the worker's lookups, which return none while it is off (the request's own boundary, as
-    core set it, is then all its saves get, as upstream).
+    environment (`connector_settings`), exactly as the connector reads them. Upstream's lookup
+    client is replaced by `BoundedLookupClient` (the lookup deadline, `mooncake_lookup_timeout_ms`,
+    is kept here, where the scheduler waits: the worker runs lookups inline). With junction
+    retention off it is upstream's scheduler plus the bounded lookups and reset. With a
+    settings file the junction path is always on: retention may be switched on live, and the
+    junctions come from the worker's lookups, which return none while it is off (the request's
+    own boundary, as core set it, is then all its saves get, as upstream).
     The class defaults keep an instance built without this constructor (by code written for
-    upstream's) upstream's.
+    upstream's) upstream's; with every mode off, a client that is not upstream's own class (a test
+    double) is kept.
     """
 
     junction_retention: bool = False
     reset_timeout_s: float = RESET_TIMEOUT_S
-    _vllm_config: VllmConfig | None = None
+    _lookup_stats: MoonleaseConnectorStats | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, kv_cache_config)
-        self._vllm_config = vllm_config
         self.reset_timeout_s = RESET_TIMEOUT_S
         self.moonlease_config = connector_settings(vllm_config)
         # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
@@ -176,22 +161,43 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
                                    or settings_delivery(vllm_config).settings_file is not None)
         #: request id -> every junction its saves keep tails at (core's and the store's).
         self.request_junctions: dict[str, tuple[int, ...]] = {}
-        if self.junction_retention:
-            # Upstream built a plain client in its constructor; ours replaces it before any use.
+        #: Lookups the client answered a miss by itself (the worker did not answer in time).
+        self._lookup_stats = MoonleaseConnectorStats()
+        self._lookup_stats_lock = threading.Lock()
+        if type(self.client) is LookupKeyClient or self.junction_retention:
+            # Upstream built its plain client in its constructor; ours replaces it before any use.
             upstream_client = self.client
-            self.client = JunctionLookupClient(vllm_config)
+            client_class = JunctionLookupClient if self.junction_retention else BoundedLookupClient
+            self.client = client_class(
+                vllm_config, timeout_s=self.moonlease_config.mooncake_lookup_timeout_ms / 1000,
+                on_miss=self._record_client_miss)
             upstream_client.close()
             upstream_client.ctx.term()
+
+    def _record_client_miss(self) -> None:
+        with self._lookup_stats_lock:
+            self._lookup_stats.record_lookup(LookupOutcome.miss(MissReason.STORE_TIMEOUT))
+
+    def take_lookup_stats(self) -> MoonleaseConnectorStats | None:
+        """The scheduler side's lookup records since the last call (None if there are none);
+        vLLM's scheduler aggregates them with the workers' stats each step."""
+        if self._lookup_stats is None:
+            return None
+        with self._lookup_stats_lock:
+            if self._lookup_stats.is_empty():
+                return None
+            stats, self._lookup_stats = self._lookup_stats, MoonleaseConnectorStats()
+            return stats
 
     def reset_store(self) -> bool:
         """Upstream's reset (`remove_all` on worker rank 0), bounded: vLLM's reset-prefix-cache
         path calls it and must never hang (no worker listening, a wedged drain)."""
         client = self.client
-        if not isinstance(client, LookupKeyClient) or self._vllm_config is None:
+        if not isinstance(client, BoundedLookupClient):
             return super().reset_store()  # someone else's client, or not built by us: upstream's
-        future = client.executor.submit(bounded_reset, client, self._vllm_config, self.reset_timeout_s)
+        future = client.executor.submit(bounded_reset, client, self.reset_timeout_s)
         try:
-            ok = future.result(timeout=self.reset_timeout_s + 5.0)
+            ok = future.result(timeout=self.reset_timeout_s + client.timeout_s + 5.0)
         except Exception as error:  # includes the backstop timeout (a lookup ahead of it stuck)
             future.cancel()
             logger.error("Mooncake reset_store failed or timed out after %.0f s: %s",

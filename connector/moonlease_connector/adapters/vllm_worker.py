@@ -62,6 +62,7 @@ from moonlease_connector.adapters.vllm_lookup_server import (
     stop_upstream_lookup_server,
 )
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
+from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
@@ -129,19 +130,18 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         #: The store's LastHitOnly response contract, detected from its answers and kept across
         #: lookup objects (README: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
-        #: One deadline for every lookup of this worker: at most one abandoned store call.
-        self.lookup_deadline = lookup_deadline_for(config)
+        #: Lookups served through the lookup server (rank 0) have the scheduler's bounded client
+        #: in front and run inline; any other in-process caller gets one deadline for every
+        #: lookup of this worker (at most one abandoned store call): `lookup_deadline_for`.
+        self.lookups_served_by_client = type(self.lookup_server) is LookupKeyServer
+        self.lookup_deadline = lookup_deadline_for(
+            config, served_by_client=self.lookups_served_by_client)
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
-            # Under the lookup deadline: a store that does not answer leaves the contract
-            # unknown (lookups miss and re-detect later) instead of hanging start-up.
-            if self.lookup_deadline is None:
-                self.probe_contract.detect()
-            else:
-                self.lookup_deadline.call(self.probe_contract.detect)
+            self._detect_probe_contract(config)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
             None if self._capacity_only else build_store_lookup(self.lookup_inputs(config)))
-        if type(self.lookup_server) is LookupKeyServer:
+        if self.lookups_served_by_client:
             # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
             stop_upstream_lookup_server(self.lookup_server)
             self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
@@ -159,10 +159,22 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         whole. The watcher has checked that the client and the model can serve it."""
         if config.lease_mode is LeaseMode.LAST_HIT_ONLY and self.probe_contract.contract is None \
                 and not self._capacity_only:
-            self.lookup_deadline.call(self.probe_contract.detect)  # as at start-up in this mode
+            self._detect_probe_contract(config)  # as at start-up in this mode
         lookup = None if self._capacity_only else build_store_lookup(self.lookup_inputs(config))
         self.moonlease_config = config  # junction saves read it per job
         self.store_lookup = lookup
+
+    def _detect_probe_contract(self, config: MoonleaseConnectorConfig) -> None:
+        """Detect the store's LastHitOnly contract under the lookup deadline: a store that does
+        not answer leaves it unknown (lookups miss and re-detect later) instead of hanging
+        start-up or the settings watcher."""
+        timeout_ms = config.mooncake_lookup_timeout_ms
+        if not timeout_ms:
+            self.probe_contract.detect()
+            return
+        caller = BoundedCaller(timeout_ms / 1000, name="moonlease-contract-probe")
+        caller.call(self.probe_contract.detect)
+        caller.close()
 
     def _start_settings_watcher(self, vllm_config: VllmConfig, defaults: MoonleaseConnectorConfig,
                                 delivery: SettingsDelivery) -> None:
@@ -252,7 +264,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         return LookupInputs(groups=self.store_groups(), coordinator=self.coord,
                             hash_block_size=self.hash_block_size, store_calls=self.store_calls,
                             settings=settings, capabilities=self.capabilities,
-                            probe_contract=self.probe_contract, deadline=self.lookup_deadline)
+                            probe_contract=self.probe_contract,
+                            served_by_client=self.lookups_served_by_client,
+                            deadline=self.lookup_deadline)
 
     def _lookup_from_upstream_attributes(self) -> StoreLookup | None:
         """A lease-all lookup over upstream's attributes, for an instance our constructor did
@@ -304,7 +318,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             # settings in force (a settings file can switch the pieces without a restart).
             thread_class, extra = RetentionSendingThread, {
                 "retention": lambda: self.moonlease_config.retention,
-                "on_retention": self._record_retention}
+                "on_retention": self._record_retention,
+                # Retention `evict` reads the store's usage from the master's metrics.
+                "master_usage": MasterUsage(self.moonlease_config.mooncake_master_metrics_url
+                                            or default_master_metrics_url())}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),

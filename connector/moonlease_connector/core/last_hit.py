@@ -97,9 +97,10 @@ def build_checkpoint_candidates(recurrent_groups: Sequence[GroupNamespaces], pos
     every checkpoint. Keys are never de-duplicated: answers are read by position, so a key that
     appears twice is simply asked about twice.
     """
+    ordered = tuple(positions) if len(positions) == 1 else tuple(sorted(set(positions)))
     keys: list[str] = []
     units: list[tuple[Unit, ...]] = []
-    for position in sorted(set(positions)):
+    for position in ordered:
         checkpoint_units = []
         for group in recurrent_groups:
             chunk_hash = state_hash(group, position)
@@ -107,7 +108,7 @@ def build_checkpoint_candidates(recurrent_groups: Sequence[GroupNamespaces], pos
             checkpoint_units.append((group.group_id, chunk_hash))
         units.append(tuple(checkpoint_units))
     size = sum(len(group.key_prefixes) for group in recurrent_groups)
-    return CheckpointCandidates(tuple(sorted(set(positions))), tuple(keys), tuple(units), size)
+    return CheckpointCandidates(ordered, tuple(keys), tuple(units), size)
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,11 @@ def build_candidates(groups: Sequence[GroupNamespaces],
     for group in groups:
         group_hashes = chunk_hashes.get(group.group_id, ())
         heads = group._heads
-        # C-level maps: a lookup builds hundreds of keys, and this is most of its own time.
+        # One comprehension per group: a lookup builds hundreds of keys, and this is most of
+        # its own time (`head + h.hex()` inline beats `map(head.__add__, ...)`'s bound calls).
         if len(heads) == 1:
-            keys.extend(map(heads[0].__add__, map(bytes.hex, group_hashes)))
+            head = heads[0]
+            keys.extend([head + chunk_hash.hex() for chunk_hash in group_hashes])
         else:
             keys.extend([head + hex_hash for hex_hash in map(bytes.hex, group_hashes) for head in heads])
         units.extend(zip(itertools.repeat(group.group_id, len(group_hashes)), group_hashes))
@@ -97,6 +99,18 @@ def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset
             present.append(unit)
         position = end
     return frozenset(present)
+
+
+def leading_present_run(candidates: CandidateSet, answers: Sequence[int]) -> int | None:
+    """`n` when the present units are exactly the first `n` (one namespace per unit): then
+    `present_units` is `units[:n]` and their keys are `keys[:n]`, read without a pass per key
+    (the common shape of a KV answer: a stored prefix, nothing stored past it). None otherwise
+    (a hole, several namespaces per unit, a broken reply): read them with `present_units`.
+    """
+    if len(answers) != len(candidates.keys) or len(candidates.units) != len(answers):
+        return None
+    count = answers.count(1)
+    return count if answers[:count].count(1) == count else None
 
 
 @dataclass(frozen=True)

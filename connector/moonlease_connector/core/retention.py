@@ -38,6 +38,9 @@ Pieces (each a connector setting, off by default; README "Choosing a retention p
 - ``retry``: put again, once the master has evicted, the keys a put was refused for lack of
   space (`core.put_retry`) — every full-attention and window chunk, recurrent states only in
   the resume set or shared prefix (`SaveRetentionPlan.retried`).
+- ``evict``: before a save's put would take the store above the master's eviction watermark,
+  remove the keys this connector's saves touched least recently, so conversations leave whole
+  and oldest first instead of by the master's near-random first pass (`core.store_room`).
 """
 
 from __future__ import annotations
@@ -70,11 +73,19 @@ class RetentionSettings:
     pin: bool = False
     skip: bool = False
     retry: bool = False
+    evict: bool = False
+    #: With ``evict``: the share of the store's capacity saves keep it under — the master's
+    #: ``eviction_high_watermark_ratio`` (Mooncake's default 0.9).
+    evict_watermark: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0 < self.evict_watermark <= 1:
+            raise ValueError("evict_watermark must be in (0, 1]")
 
     @property
     def active(self) -> bool:
         """Any piece on (the connector then runs its retention send thread)."""
-        return self.pin or self.skip or self.retry
+        return self.pin or self.skip or self.retry or self.evict
 
     @property
     def plans_saves(self) -> bool:

@@ -236,6 +236,13 @@ class ConnectorSpec(ApiModel):
     are put again once the master has evicted (up to 3 times, 20 ms apart) instead of being
     dropped; Mamba states only where a continuation resumes, not dense retention's
     intermediate ones. Needs nothing from the master."""
+    retention_evict: bool = False
+    """Moonlease retention: before a save's put would take the store above the master's
+    evictionHighWatermarkRatio (read from the master's metrics), the connector removes the keys
+    its saves touched least recently, so conversations leave whole and oldest first instead of
+    by the master's near-random first eviction pass. Needs master.evictionHighWatermarkRatio
+    declared (the connector keeps the store under it) and the master's metrics reachable from
+    the engines (mooncake_master_metrics_url, default http://<master host>:9003/metrics)."""
 
 
 _ONE_OF_NAME_SELECTOR = CelRule(
@@ -339,6 +346,12 @@ _PIN_NEEDS_EVICTABLE_PINS = CelRule(
     " with false, pinned objects leave only when their pin expires and puts fail for lack of space",
     field_path=".connector.retentionPin",
 )
+_EVICT_NEEDS_WATERMARK = CelRule(
+    rule="!self.connector.retentionEvict || has(self.master.evictionHighWatermarkRatio)",
+    message="connector.retentionEvict keeps the store under the master's eviction watermark:"
+    " declare master.evictionHighWatermarkRatio (Mooncake's default is 0.9)",
+    field_path=".connector.retentionEvict",
+)
 # Named targets are picked with filter() first, so no rule reads a name that is absent.
 _MASTER_NOT_TARGET = CelRule(
     rule="!self.targets.filter(t, has(t.name)).exists(t, t.name == self.master.name && t.kind == self.master.kind)",
@@ -383,7 +396,7 @@ class PolicySpec(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS, _ARMS_ARE_TARGETS,
-        _TARGETS_IN_ARMS, _PIN_NEEDS_EVICTABLE_PINS,
+        _TARGETS_IN_ARMS, _PIN_NEEDS_EVICTABLE_PINS, _EVICT_NEEDS_WATERMARK,
     )
 
     @model_validator(mode="after")
@@ -394,6 +407,8 @@ class PolicySpec(ApiModel):
             raise _LAST_HIT_NEEDS_HYBRID.violation()
         if self.connector.retention_pin and self.master.allow_evict_soft_pinned_objects is False:
             raise _PIN_NEEDS_EVICTABLE_PINS.violation()
+        if self.connector.retention_evict and self.master.eviction_high_watermark_ratio is None:
+            raise _EVICT_NEEDS_WATERMARK.violation()
         master = (self.master.kind, self.master.name)
         if any((t.kind, t.name) == master for t in self.targets if t.name is not None):
             raise _MASTER_NOT_TARGET.violation()

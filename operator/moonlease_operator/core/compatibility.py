@@ -91,6 +91,11 @@ def evaluate_compatibility(spec: PolicySpec, sources: Sequence[VersionSource]) -
         # with shared prefixes pinned the store can fill with them and puts fail (-200) meanwhile.
         problems.append("connector.retentionPin needs master.allowEvictSoftPinnedObjects true "
                         "(Mooncake's default): set it or turn retentionPin off")
+    if spec.connector.retention_evict and spec.master.eviction_high_watermark_ratio is None:
+        # The connector keeps the store under the master's watermark; an unknown one is either
+        # above the real one (the master's near-random pass runs first) or below it (room wasted).
+        problems.append("connector.retentionEvict needs master.evictionHighWatermarkRatio declared "
+                        "(the connector keeps the store under it; Mooncake's default is 0.9)")
     if mode is LeaseMode.LAST_HIT_ONLY:
         problems.extend(f"targets[{i}] is not declared hybrid: lastHitOnly needs full attention +"
                         f" align-mode Mamba" for i, t in enumerate(spec.targets) if not t.hybrid)

@@ -292,7 +292,7 @@ def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous:
     if claims and (not started or master_key in claims):
         return _refused(previous, policy, Reason.CONFLICTING_POLICY, list(claims.values()), now)
 
-    connector = build_connector_settings(spec.connector)
+    connector = build_connector_settings(spec.connector, spec.master.eviction_high_watermark_ratio)
     master = build_master_settings(spec.master)
     excluded: dict[WorkloadKey, str] = {m.key: "not found" for m in fleet.members if m.obj is None}
     excluded.update(claims)
@@ -469,6 +469,7 @@ class _Planner:
     paused_at: datetime.datetime | None = None  # held by the pause verb
     aborting: bool = False  # the abort verb failed the attempt in this reconcile
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
+    _rollback_cache: dict[WorkloadKey, tuple[WorkloadChange, ...]] = field(default_factory=dict)
     listed_targets: int = DEFAULT_LISTED_TARGETS
     all_targets: list[TargetStatus] = field(default_factory=list)  # filled by _status
     _pod_set: PodSet | None = None
@@ -690,7 +691,7 @@ class _Planner:
             if stage.phase is StagePhase.PROGRESSING and self._in_sync(member):
                 forward = True  # (not written yet: re-applied and reported as such)
             elif stage.phase is StagePhase.ROLLING_BACK and self._changed_in_attempt(member) \
-                    and not self._pending(self._rollback_changes(member)):
+                    and not self._rollback_pending(member):
                 forward = False
             else:
                 continue
@@ -807,6 +808,12 @@ class _Planner:
             self._sync_cache[member.key] = not self._pending(self._apply_changes(member))
         return self._sync_cache[member.key]
 
+    def _rollback_pending(self, member: Member) -> tuple[WorkloadChange, ...]:
+        """What restoring `member` still has to write (cached per plan, as `_in_sync`)."""
+        if member.key not in self._rollback_cache:
+            self._rollback_cache[member.key] = tuple(self._pending(self._rollback_changes(member)))
+        return self._rollback_cache[member.key]
+
     def _rollback_changes(self, member: Member) -> list[WorkloadChange]:
         changes = [WorkloadChange(kind=member.kind, name=member.name, action=ChangeAction.ROLLBACK,
                                   policy=self.policy.name, revision=self.revision)]
@@ -829,7 +836,7 @@ class _Planner:
             return None
         stage = self.stages.get(member.stage)
         rolling_back = stage is not None and stage.phase in _UNWINDING
-        pending = self._pending(self._rollback_changes(member)) if rolling_back else not self._in_sync(member)
+        pending = self._rollback_pending(member) if rolling_back else not self._in_sync(member)
         return previous.write_error if pending else None
 
     def _changed_in_attempt(self, member: Member) -> bool:
@@ -943,7 +950,7 @@ class _Planner:
                 continue  # shared by both arms: not under test
             members = [m for m in self.fleet.in_stage(name) if self._changed_in_attempt(m)]
             if stage.phase in (StagePhase.SUCCEEDED, StagePhase.FAILED, StagePhase.PROGRESSING):
-                changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
+                changes = [c for m in members for c in self._rollback_pending(m)]
                 if not changes:
                     self._set_stage(name, StagePhase.ROLLED_BACK, self._rolled_back_message(name, "nothing to restore"),
                                     finished=True)
@@ -963,7 +970,7 @@ class _Planner:
                 return _Outcome(Phase.ROLLING_BACK, name, Reason.ROLLING_BACK,
                                 f"Stage {(failed or name).value} failed ({failure}); rolling back stage {name.value}")
             if stage.phase is StagePhase.ROLLING_BACK:
-                changes = [c for m in members for c in self._pending(self._rollback_changes(m))]
+                changes = [c for m in members for c in self._rollback_pending(m)]
                 if changes and name is StageName.MASTER:
                     self.notes.append(self._master_restart(RestartDirection.ROLLBACK, self.master.config_hash,
                                                            ()).note(retry=True))
@@ -1157,7 +1164,7 @@ class _Planner:
         if stage_phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED):
             if not self._changed_in_attempt(member):
                 return TargetPhase.READY if health.health is Health.COMPLETE else TargetPhase.UPDATING
-            restored = not self._pending(self._rollback_changes(member))
+            restored = not self._rollback_pending(member)
             if stage_phase is StagePhase.ROLLBACK_FAILED:
                 return TargetPhase.FAILED
             return TargetPhase.ROLLED_BACK if restored and health.health is Health.COMPLETE else TargetPhase.ROLLING_BACK

@@ -37,7 +37,8 @@ class ConnectorSettings:
     config_hash: str
 
 
-def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
+def build_connector_settings(connector: ConnectorSpec,
+                             master_watermark: float | None = None) -> ConnectorSettings:
     """Render `spec.connector` through the connector's own config model (decide once).
 
     `for_mode` sets the switches the policy decides; only those keys are owned, so settings the
@@ -47,10 +48,18 @@ def build_connector_settings(connector: ConnectorSpec) -> ConnectorSettings:
                                                junction_retention=connector.junction_retention,
                                                retention=RetentionSettings(pin=connector.retention_pin,
                                                                            skip=connector.retention_skip,
-                                                                           retry=connector.retention_retry))
+                                                                           retry=connector.retention_retry,
+                                                                           evict=connector.retention_evict,
+                                                                           **_evict_watermark(master_watermark)))
     file = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
     digest = build_config_hash({"connector": CONNECTOR_CLASS, "file": file})
     return ConnectorSettings(file=file, config_hash=digest)
+
+
+def _evict_watermark(master_watermark: float | None) -> dict[str, float]:
+    """Retention `evict` keeps the store under the master's watermark (the spec's; the CRD
+    requires it declared when evict is on)."""
+    return {} if master_watermark is None else {"evict_watermark": master_watermark}
 
 
 @dataclass(frozen=True)
