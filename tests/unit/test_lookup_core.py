@@ -130,3 +130,14 @@ def test_no_leading_run_over_several_namespaces_or_a_broken_reply() -> None:
     assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:2]}), [1]) is None
     assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:3]}), [1, 1, 0]) == 2
     assert leading_present_run(build_candidates([ONE_NAMESPACE], {0: H[:3]}), [1, 0, 1]) is None
+
+
+def test_error_codes_are_told_apart_from_existence_answers() -> None:
+    from moonlease_connector.core.lookup import has_error_code
+
+    assert not has_error_code([])
+    assert not has_error_code([1, 0, 1])
+    assert not has_error_code((0, 0))
+    assert not has_error_code([2, 1])  # not 0/1, but no error code: the scan decides
+    assert has_error_code([1, -704, 0])
+    assert has_error_code([-1])

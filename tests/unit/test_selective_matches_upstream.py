@@ -78,3 +78,33 @@ def test_default_mode_leases_every_probed_candidate(case) -> None:
     assert len(lease_calls) <= 1
     if lease_calls:
         assert store.leased_keys() == {key for key in lease_calls[0] if pattern.get(key) == 1}
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_load_plan_sliced_from_the_probe_equals_the_plan_built_key_by_key(case) -> None:
+    """The lease's keys cut from the probe's candidates (`chunk_aligned` groups) are the same
+    keys, units and tails, in the same order, as building every key string again."""
+    from moonlease_connector.core.lookup import build_candidates, present_units
+    from moonlease_connector.core.selective import build_load_plan
+
+    layout, num_tokens, hashes, pattern = case
+    lookup = build_lookup(layout, PatternStore(pattern), SELECTIVE)
+    lookup_length = lookup.coord.align_lookup_length(num_tokens)
+    if lookup_length <= 0:
+        return
+    masks = lookup.lookup_masks(lookup_length)
+    candidates = build_candidates(lookup.groups, lookup.lookup_chunk_hashes(
+        lookup.groups, lookup_length, hashes, masks))
+    present = present_units(candidates, [pattern.get(key, 0) for key in candidates.keys])
+    hit = lookup.hit_rule(num_tokens, lookup_length, hashes)(present)
+    if hit <= 0:
+        return
+    load_masks = lookup.load_masks(hashes, hit)
+    by_group = {group.group_id: load_masks[group.group_id] for group in lookup.groups}
+    aligned = lookup.chunk_aligned_groups(masks)
+    event(f"{layout.name}: {len(aligned)} chunk-aligned group(s)")
+    built = build_load_plan(lookup.groups, by_group, hashes, HASH_BLOCK, hit, present)
+    sliced = build_load_plan(lookup.groups, by_group, hashes, HASH_BLOCK, hit, present,
+                             candidates=candidates, chunk_aligned=aligned)
+    assert sliced == built

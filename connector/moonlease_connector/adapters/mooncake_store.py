@@ -25,6 +25,7 @@ from moonlease_connector.core.last_hit import (
     contract_from_probe,
     select_checkpoint,
 )
+from moonlease_connector.core.lookup import has_error_code
 
 logger = logging.getLogger("vllm.moonlease.connector.store")
 
@@ -111,7 +112,7 @@ class StoreCalls:
             return None
         if type(answers) is not list:  # Mooncake's binding answers a list of int already
             answers = list(map(int, answers))
-        failed = sum(1 for answer in answers if answer < 0) if answers and min(answers) < 0 else 0
+        failed = sum(1 for answer in answers if answer < 0) if has_error_code(answers) else 0
         self._record(operation, elapsed, len(keys), status="error" if failed else "ok",
                      num_failed_keys=failed)
         return answers

@@ -441,18 +441,31 @@ class SelectiveLookup(StoreLookup):
 
     mode = LeaseMode.SELECTIVE
 
+    def chunk_aligned_groups(self, lookup_masks: Sequence[Any]) -> frozenset[int]:
+        """Groups whose candidates `lookup_chunk_hashes` reads as chunks 0, 1, ... in order,
+        chunk `c` keyed by the hash at its end (no lookup mask, no partial-hash hits, the
+        store's block size the spec's): a load plan slices their keys off the probe's."""
+        if self.coord.enable_partial_hash_hits:
+            return frozenset()
+        return frozenset(group.group_id for group in self.groups
+                         if lookup_masks[group.group_id] is None
+                         and group.block_size == self._specs[group.group_id].block_size)
+
     def _lookup(self, num_tokens: int, lookup_length: int, block_hashes: Sequence[Any]
                 ) -> tuple[MooncakeLookupResult, LookupOutcome]:
         groups = self.groups
-        candidates = build_candidates(groups, self.lookup_chunk_hashes(groups, lookup_length,
-                                                                              block_hashes))
+        lookup_masks = self.lookup_masks(lookup_length)
+        candidates = build_candidates(groups, self.lookup_chunk_hashes(
+            groups, lookup_length, block_hashes, lookup_masks))
         if not candidates.keys:
             return _miss(MissReason.NO_CANDIDATES)
+        chunk_aligned = self.chunk_aligned_groups(lookup_masks)
 
         def plan_for(hit: int, present: frozenset[Unit]) -> LoadPlan:
             masks = self.load_masks(block_hashes, hit)
             return build_load_plan(groups, {g.group_id: masks[g.group_id] for g in groups},
-                                   block_hashes, self.hash_block_size, hit, present)
+                                   block_hashes, self.hash_block_size, hit, present,
+                                   candidates=candidates, chunk_aligned=chunk_aligned)
 
         store = self.store_calls
         selective = lease_selectively(

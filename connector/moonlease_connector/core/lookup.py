@@ -54,9 +54,24 @@ class CandidateSet:
     keys: tuple[str, ...]
     units: tuple[Unit, ...]
     namespaces_per_unit: tuple[int, ...]
+    #: Per group, in `keys` order: where its run starts in `keys` and in `units`, and how many
+    #: units it has (`GroupRun`). Lets a later call reuse these keys by slicing.
+    group_runs: tuple[GroupRun, ...] = ()
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+@dataclass(frozen=True)
+class GroupRun:
+    """One group's run of candidates: units `first_unit ..` with keys `first_key ..`, each unit
+    spanning `namespaces` keys (one per rank namespace), `units` of them."""
+
+    group_id: int
+    first_key: int
+    first_unit: int
+    units: int
+    namespaces: int
 
 
 def build_candidates(groups: Sequence[GroupNamespaces],
@@ -66,9 +81,11 @@ def build_candidates(groups: Sequence[GroupNamespaces],
     keys: list[str] = []
     units: list[Unit] = []
     spans: list[int] = []
+    runs: list[GroupRun] = []
     for group in groups:
         group_hashes = chunk_hashes.get(group.group_id, ())
         heads = group._heads
+        runs.append(GroupRun(group.group_id, len(keys), len(units), len(group_hashes), len(heads)))
         # One comprehension per group: a lookup builds hundreds of keys, and this is most of
         # its own time (`head + h.hex()` inline beats `map(head.__add__, ...)`'s bound calls).
         if len(heads) == 1:
@@ -78,7 +95,7 @@ def build_candidates(groups: Sequence[GroupNamespaces],
             keys.extend([head + hex_hash for hex_hash in map(bytes.hex, group_hashes) for head in heads])
         units.extend(zip(itertools.repeat(group.group_id, len(group_hashes)), group_hashes))
         spans.extend([len(heads)] * len(group_hashes))
-    return CandidateSet(tuple(keys), tuple(units), tuple(spans))
+    return CandidateSet(tuple(keys), tuple(units), tuple(spans), tuple(runs))
 
 
 def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset[Unit]:
@@ -99,6 +116,14 @@ def present_units(candidates: CandidateSet, answers: Sequence[int]) -> frozenset
             present.append(unit)
         position = end
     return frozenset(present)
+
+
+def has_error_code(answers: Sequence[int]) -> bool:
+    """Whether a store answer holds an error code (a negative value). The usual answer is all
+    0s and 1s, told by two counts (C loops, no comparison per value); any other is scanned."""
+    if answers.count(1) + answers.count(0) == len(answers):
+        return False
+    return bool(answers) and min(answers) < 0
 
 
 def leading_present_run(candidates: CandidateSet, answers: Sequence[int]) -> int | None:

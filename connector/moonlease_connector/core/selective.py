@@ -32,6 +32,7 @@ from moonlease_connector.core.lookup import (
     TailKey,
     Unit,
     build_tail_keys,
+    has_error_code,
     present_units,
 )
 
@@ -52,15 +53,23 @@ class LoadPlan:
 
 def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, Sequence[bool]],
                     block_hashes: Sequence[bytes], hash_block_size: int, hit_length: int,
-                    present: frozenset[Unit]) -> LoadPlan:
+                    present: frozenset[Unit], *, candidates: CandidateSet | None = None,
+                    chunk_aligned: frozenset[int] = frozenset()) -> LoadPlan:
     """The keys the receiver reads for a hit, across every rank namespace that loads.
 
     Mirrors how the load is keyed: per group, the chunks its load mask keeps (a sliding
     window keeps only its tail, a Mamba group only the last state), each keyed by the hash at
-    the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary. The
-    key strings are built here, in one comprehension per group: cheaper than looking up the
-    probe's strings unit by unit (measured).
+    the chunk's end; the chunk that ends the hit is keyed at the group's tail boundary.
+
+    `chunk_aligned`: groups whose run in `candidates` (the probe's) is their chunks 0, 1, ...
+    in order, chunk `c` keyed by the hash at its end — the same keys the load reads. A
+    contiguous run of loaded chunks of such a group is a slice of the probe's keys and units
+    (no key string built twice; the common case: a KV prefix, one recurrent state). Any other
+    group, a gap in its loaded chunks, or a tail boundary off the chunk's end is built here,
+    in one comprehension per group.
     """
+    runs = {run.group_id: run for run in candidates.group_runs} \
+        if candidates is not None and chunk_aligned else {}
     tails = build_tail_keys(groups, block_hashes, hash_block_size, hit_length,
                             lambda group_id, chunk_hash: (group_id, chunk_hash) in present)
     tail_by_group = {tail.group_id: tail.num_tokens for tail in tails}
@@ -74,13 +83,27 @@ def build_load_plan(groups: Sequence[GroupNamespaces], load_masks: Mapping[int, 
         if not loaded:
             continue
         scale = block_size // hash_block_size
-        ends_hit = (loaded[-1] + 1) * block_size >= hit_length  # keyed at the tail boundary
-        hashes = [bytes(block_hashes[(chunk + 1) * scale - 1])
-                  for chunk in (loaded[:-1] if ends_hit else loaded)]
-        if ends_hit:
-            boundary = tail_by_group.get(group.group_id, hit_length)
-            hashes.append(bytes(block_hashes[boundary // hash_block_size - 1]))
+        first, last = loaded[0], loaded[-1]
+        ends_hit = (last + 1) * block_size >= hit_length  # keyed at the tail boundary
+        boundary = tail_by_group.get(group.group_id, hit_length) if ends_hit else 0
         group_id = group.group_id
+        run = runs.get(group_id) if group_id in chunk_aligned else None
+        if run is not None and last - first + 1 == len(loaded) and last < run.units:
+            assert candidates is not None  # runs come from it
+            tail_in_run = not ends_hit or boundary == (last + 1) * block_size
+            stop = last + 1 if tail_in_run else last
+            width = run.namespaces
+            keys.extend(candidates.keys[run.first_key + first * width:run.first_key + stop * width])
+            units = candidates.units[run.first_unit + first:run.first_unit + stop]
+            key_units.extend(units if width == 1 else [unit for unit in units for _ in range(width)])
+            if tail_in_run:
+                continue
+            hashes = [bytes(block_hashes[boundary // hash_block_size - 1])]
+        else:
+            hashes = [bytes(block_hashes[(chunk + 1) * scale - 1])
+                      for chunk in (loaded[:-1] if ends_hit else loaded)]
+            if ends_hit:
+                hashes.append(bytes(block_hashes[boundary // hash_block_size - 1]))
         heads = group._heads
         if len(heads) == 1:
             head = heads[0]
@@ -124,7 +147,7 @@ def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: St
         raise ValueError("max_rounds must be at least 1")
     probed = len(candidates.keys)
     answers = probe(candidates.keys)
-    if answers is None or (answers and min(answers) < 0):
+    if answers is None or has_error_code(answers):
         return SelectiveResult(None, LookupOutcome.miss(MissReason.STORE_ERROR, keys_probed=probed))
     present = present_units(candidates, answers)
     leased_total = 0
@@ -137,12 +160,14 @@ def lease_selectively(candidates: CandidateSet, *, probe: StoreAnswer, lease: St
                 present)
         plan = plan_for(hit, present)
         leased = lease(plan.keys)
-        if leased is None or (leased and min(leased) < 0):
+        if leased is None or has_error_code(leased):
             return SelectiveResult(None, LookupOutcome.miss(
                 MissReason.STORE_ERROR, rounds=round_number, keys_probed=probed,
                 keys_leased=leased_total))  # no present set: the lease answer is unusable
-        leased_total += leased.count(1)
-        vanished = {unit for unit, answer in zip(plan.key_units, leased, strict=True) if answer != 1}
+        leased_now = leased.count(1)
+        leased_total += leased_now
+        vanished = set() if leased_now == len(leased) == len(plan.key_units) else \
+            {unit for unit, answer in zip(plan.key_units, leased, strict=True) if answer != 1}
         if not vanished:
             return SelectiveResult(plan, LookupOutcome(hit, None, round_number, probed, leased_total),
                                    present)
