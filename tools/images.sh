@@ -17,6 +17,9 @@
 # (tests/images/test_no_host_configuration.py checks the images).
 #
 # Usage: tools/images.sh [TARGET...]   (default: operator mooncake connector-cpu)
+#        tools/images.sh --prepare       (steps 1-2 only: podman installed and configured, nothing built;
+#                                         what a podman network needs before any image exists)
+#        tools/images.sh --name TARGET   (the image name of a target)
 # Env:   MOONLEASE_IMAGE_PREFIX (default moonlease: podman stores it as localhost/moonlease/...), MOONLEASE_WHEELS_DIRS (colon-separated
 #        local wheel folders; default: the find-links folders of this host's pip configuration).
 set -euo pipefail
@@ -45,6 +48,8 @@ image_name() {
     esac
 }
 if [[ ${1:-} == --name ]]; then image_name "$2"; exit 0; fi
+prepare_only=false
+if [[ ${1:-} == --prepare ]]; then prepare_only=true; TARGETS=(); fi
 
 # 1. Packages.
 packages=(podman runc uidmap netavark aardvark-dns containernetworking-plugins catatonit mmdebstrap)
@@ -77,6 +82,11 @@ if [[ ! -f $conf || $(cat "$conf") != "$wanted_conf" ]]; then
     say "writing $conf (runc, cgroupfs, file events, nofile=$nofile)"
     $SUDO mkdir -p "$(dirname "$conf")"
     printf '%s\n' "$wanted_conf" | $SUDO tee "$conf" >/dev/null
+fi
+
+if $prepare_only; then
+    say "podman is installed and configured ($(podman --version))"
+    exit 0
 fi
 
 # 3. Base images from Debian's packages.

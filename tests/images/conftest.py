@@ -17,6 +17,17 @@ class Images:
 
     def __init__(self) -> None:
         self._built: dict[str, str] = {}
+        self._prepared = False
+
+    def prepare(self) -> None:
+        """podman installed and configured, nothing built (`tools/images.sh --prepare`): on a
+        fresh machine podman arrives with the first build, and a network is made before that."""
+        if not self._prepared:
+            result = subprocess.run(["bash", str(IMAGES_SCRIPT), "--prepare"], capture_output=True, text=True,
+                                    timeout=1800, env=os.environ)
+            assert result.returncode == 0, \
+                f"tools/images.sh --prepare failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            self._prepared = True
 
     def __getitem__(self, target: str) -> str:
         if target not in self._built:
@@ -34,7 +45,8 @@ def images() -> Images:
 
 
 @pytest.fixture(scope="module")
-def network() -> Iterator[Network]:
+def network(images: Images) -> Iterator[Network]:
+    images.prepare()
     created = Network.create()
     try:
         yield created
