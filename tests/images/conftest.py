@@ -11,6 +11,14 @@ import pytest
 
 from tests.images.podman import IMAGES_SCRIPT, Network, image_name
 
+
+def _run_images_script(argument: str, timeout_s: int) -> None:
+    result = subprocess.run(["bash", str(IMAGES_SCRIPT), argument], capture_output=True, text=True,
+                            timeout=timeout_s, env=os.environ)
+    assert result.returncode == 0, \
+        f"tools/images.sh {argument} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+
+
 class Images:
     """target -> image name, each target built by `tools/images.sh TARGET` on first use (the
     script is quick when the image is current: podman reuses every cached layer)."""
@@ -23,18 +31,12 @@ class Images:
         """podman installed and configured, nothing built (`tools/images.sh --prepare`): on a
         fresh machine podman arrives with the first build, and a network is made before that."""
         if not self._prepared:
-            result = subprocess.run(["bash", str(IMAGES_SCRIPT), "--prepare"], capture_output=True, text=True,
-                                    timeout=1800, env=os.environ)
-            assert result.returncode == 0, \
-                f"tools/images.sh --prepare failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            _run_images_script("--prepare", timeout_s=1800)
             self._prepared = True
 
     def __getitem__(self, target: str) -> str:
         if target not in self._built:
-            result = subprocess.run(["bash", str(IMAGES_SCRIPT), target], capture_output=True, text=True,
-                                    timeout=3600, env=os.environ)
-            assert result.returncode == 0, \
-                f"make images ({target}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+            _run_images_script(target, timeout_s=3600)
             self._built[target] = image_name(target)
         return self._built[target]
 
