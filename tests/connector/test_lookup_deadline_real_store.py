@@ -32,7 +32,7 @@ def test_a_frozen_master_gives_timely_misses_and_hits_again_after_it_thaws(
     client = store_client_factory(mooncake_master)
     settings = MoonleaseConnectorConfig.for_mode(mode).model_copy(
         update={"mooncake_lookup_timeout_ms": TIMEOUT_MS})
-    lookup = build_lookup(layout_by_name("full"), client, settings, deadline=True)
+    lookup = build_lookup(layout_by_name("full"), client, settings, keep_deadline=True)
     num_tokens = len(hashes) * HASH_BLOCK + 1
     assert lookup.lookup(num_tokens, hashes).hit_length == len(hashes) * HASH_BLOCK
 

@@ -44,7 +44,7 @@ def test_a_reset_against_a_frozen_master_is_refused_in_time_and_lookups_keep_ans
     for key in KEYS:
         assert writer.put(key, b"kv" * 32) == 0
     client = store_client_factory(mooncake_master)
-    lookup = build_lookup(LAYOUT, client, SETTINGS, deadline=True)
+    lookup = build_lookup(LAYOUT, client, SETTINGS, keep_deadline=True)
     server = BoundedLookupServer(stand_in(lookup, client), get_zmq_rpc_path_lookup(config), remove_s=1.0)
     servers.append(server)
     assert scheduler.client.lookup("r1", 64, HASHES).hit_length == 48

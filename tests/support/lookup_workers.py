@@ -5,11 +5,11 @@ are product code of `moonlease bench`; this module re-exports them for the tests
 that record every call, a recorder of store-call metrics, and the universe of keys random
 existence patterns are drawn over.
 
-`build_lookup` builds the lookup without its deadline unless the test asks for it
-(`deadline=True`): these tests compare hits and leases, and on a loaded machine a 1 s deadline
-turns a hit into a `store_timeout` miss (a CI run on a loaded 2-core machine failed the
+`build_lookup` builds the lookup without its deadline unless the test keeps the settings' own
+(`keep_deadline=True`): these tests compare hits and leases, and on a loaded machine a 1 s
+deadline turns a hit into a `store_timeout` miss (a CI run on a loaded 2-core machine failed the
 last-hit-only property test that way, when only lease modes had the deadline removed). The
-deadline's own tests pass `deadline=True` with the timeout they test.
+deadline's own tests pass `keep_deadline=True` with the timeout they test (0 included).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 
 def build_lookup(layout: Layout | LayoutParts, store: Any,
                  settings: MoonleaseConnectorConfig | LeaseMode | None = None, *,
-                 junction_retention: bool = False, deadline: bool = False, **kwargs: Any) -> StoreLookup:
-    """`moonlease.bench.workers.build_lookup`, without the deadline unless `deadline` (see above)."""
+                 junction_retention: bool = False, keep_deadline: bool = False, **kwargs: Any) -> StoreLookup:
+    """`moonlease.bench.workers.build_lookup`, without the deadline unless `keep_deadline` (see above)."""
     if not isinstance(settings, MoonleaseConnectorConfig):
         settings = MoonleaseConnectorConfig.for_mode(
             settings or LeaseMode.LEASE_ALL, junction_retention=junction_retention)
-    if not deadline:
+    if not keep_deadline:
         settings = settings.model_copy(update={"mooncake_lookup_timeout_ms": 0})
     return _workers.build_lookup(layout, store, settings, **kwargs)
 

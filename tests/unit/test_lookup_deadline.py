@@ -37,7 +37,7 @@ def test_a_frozen_store_gives_misses_within_the_deadline_and_hits_after_it_thaws
     keys = {f"tiny@tp_rank:0@pcp0@dcp0@pp_rank:0@group:0@{h.hex()}": 1 for h in hashes}
     store = FreezableStore(keys)
     settings = MoonleaseConnectorConfig.for_mode(mode).model_copy(update={"mooncake_lookup_timeout_ms": 50})
-    lookup = build_lookup(layout, store, settings, deadline=True)
+    lookup = build_lookup(layout, store, settings, keep_deadline=True)
     num_tokens = len(hashes) * HASH_BLOCK + 1
     assert lookup.lookup(num_tokens, hashes).hit_length == len(hashes) * HASH_BLOCK
 
@@ -94,7 +94,7 @@ def test_a_zero_timeout_turns_the_deadline_off() -> None:
 
     settings = MoonleaseConnectorConfig.for_mode(LeaseMode.LEASE_ALL).model_copy(
         update={"mooncake_lookup_timeout_ms": 0})
-    lookup = build_lookup(layout, Witness({}), settings, deadline=True)
+    lookup = build_lookup(layout, Witness({}), settings, keep_deadline=True)
     assert lookup.deadline is None
     assert lookup.lookup(len(hashes) * HASH_BLOCK, hashes).outcome.miss_reason is MissReason.NOT_FOUND
     assert threads == [threading.current_thread().name]
