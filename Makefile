@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint crds chart-docs images clean-setup
+.PHONY: setup demo test test-fast test-unit lint crds chart-docs images clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -14,13 +14,16 @@ setup:
 demo: setup
 	@$(VENV)/bin/moonlease demo
 
-## test: every tier (unit, store, vllm, operator, chart, prometheus, images)
+## test: every tier (unit, compat, store, vllm, operator, chart, prometheus, images)
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
-## test-unit: pure logic only, no servers
-test-unit: setup
+## test-fast: the inner loop: pure logic only, no servers, no engines, no upstream suites
+test-fast: setup
 	@$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+## test-unit: the same as test-fast (kept for existing habits)
+test-unit: test-fast
 
 ## lint: import layering contracts
 lint: setup
