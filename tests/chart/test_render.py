@@ -502,3 +502,16 @@ def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart, name: str) -> No
         assert "moonlease.io/ab-decision=promote:" in notes and "Analyzing" in notes
     else:
         assert "ab-decision" not in notes
+
+
+def test_every_annotate_command_in_the_notes_works_a_second_time(chart: helm.Chart) -> None:
+    """An approval or a decision is an annotation the policy keeps: without `--overwrite` the
+    second approval (the next master restart) fails with `already has a value`."""
+    values = {"policy": {"requireApprovalForRestart": True}}
+    for notes in (render(chart, values)["moonlease/templates/NOTES.txt"],
+                  render(chart, SETS["ab-test"])["moonlease/templates/NOTES.txt"]):
+        commands = " ".join(notes.split("\\\n")).splitlines()  # continuation lines joined
+        annotating = [c for c in commands if " annotate " in c]
+        assert annotating
+        for command in annotating:
+            assert "--overwrite" in command.split(), command
