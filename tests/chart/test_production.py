@@ -267,6 +267,8 @@ def test_monitors_validate_and_scrape_every_metrics_port(chart: helm.Chart, name
         service = one(objects, "Service", "moonlease-operator-metrics")
         assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
         assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+        # The operator's series name the policy's namespace; the target's would replace it.
+        assert all(e.get("honorLabels") is True for e in monitor["spec"]["endpoints"])
 
 
 def _validate_against_crd_types(obj: JsonObj) -> None:
@@ -312,12 +314,15 @@ def test_alert_rules_pass_promtool_and_cover_what_the_issue_names(chart: helm.Ch
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"MoonleasePolicyDegraded", "MoonleasePolicyAwaitingApproval",
                            "MoonleasePolicyAwaitingDecision", "MoonleaseABTestMeasurementErrors",
-                           "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors"}
+                           "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors",
+                           "MoonleaseStoreNearlyFull"}  # MoonleaseOperatorDown needs the ServiceMonitor
     assert alerts["MoonleasePolicyAwaitingApproval"]["for"] == "2h"
-    # Each alert reads a metric the project exports (operator or connector).
-    exported = _exported_metric_names()
+    # Each alert reads a metric the project exports (operator or connector; the connector's in
+    # either spelling, tests/chart/test_alert_rules.py) or the master's.
+    exported = _exported_metric_names() | {"master_allocated_bytes", "master_total_capacity_bytes"}
     for name, alert in alerts.items():
-        used = set(re.findall(r"\b(?:vllm:)?moonlease_[a-z_]+", alert["expr"]))
+        used = set(re.findall(r"\bmoonlease_operator_[a-z_]+|\bmaster_[a-z_]+", alert["expr"])) | \
+            {f"vllm:{m}" for m in re.findall(r"vllm\[:_\]([a-z_]+)", alert["expr"])}
         assert used and used <= exported, (name, used - exported)
 
 
