@@ -515,3 +515,16 @@ def test_every_annotate_command_in_the_notes_works_a_second_time(chart: helm.Cha
         assert annotating
         for command in annotating:
             assert "--overwrite" in command.split(), command
+
+
+def test_operator_log_format_and_level_reach_its_command_line(chart: helm.Chart) -> None:
+    def parsed(values: dict[str, Any]) -> Any:
+        operator = one(render_objects(chart, values), "Deployment", "moonlease-operator")
+        return build_parser().parse_args(container(operator)["args"])
+
+    assert (parsed({}).log_format, parsed({}).log_level) == ("text", "info")
+    chosen = parsed({"operator": {"logFormat": "json", "logLevel": "debug"}})
+    assert (chosen.log_format, chosen.log_level) == ("json", "debug")
+    for wrong in ({"logFormat": "yaml"}, {"logLevel": "trace"}):
+        with pytest.raises(helm.HelmError, match="log(Format|Level)"):
+            render(chart, {"operator": wrong})
