@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-unit lint crds chart-docs images clean-setup
+.PHONY: setup demo test test-fast test-unit lint crds chart-docs images release clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -38,6 +38,12 @@ crds: setup
 ## configures it and makes a Debian base the first time; see tools/images.sh)
 images:
 	@bash tools/images.sh
+
+## release: package the chart into dist/ (moonlease-<version>.tgz and its .sha256) after checking
+## the versions, the CHANGELOG and that its default images name a registry; REGISTRY is where you
+## pushed `make images` (it becomes the chart's global.imageRegistry): make release REGISTRY=host/path
+release: setup
+	@$(PY) tools/release.py --registry "$(REGISTRY)" --out dist
 
 ## chart-docs: regenerate the chart's values reference (README.md, charts/moonlease/README.md) from values.schema.json
 chart-docs: setup

@@ -805,8 +805,9 @@ def summarize(outcome: StoryOutcome, treatment: str) -> tuple[str, str]:
     else:
         happened += "."
     if outcome.ab_phase == "Promoted":
-        then = ("Next: `moonlease bench replay` to choose a mode for your own trace, then `helm install moonlease "
-                "charts/moonlease -n inference` and an A/B policy like examples/policies/ab-junction-retention.yaml.")
+        then = ("Next: `moonlease bench replay` to choose a mode for your own trace; then `make images`, push them, "
+                "`make release REGISTRY=<your registry>`, `helm install moonlease dist/moonlease-*.tgz -n inference` "
+                "and an A/B policy like examples/policies/ab-junction-retention.yaml.")
     else:
         then = ("Next: `moonlease demo --max-samples 60` to measure longer, or `moonlease bench replay` to see "
                 "the modes' effect on a trace without engines.")
