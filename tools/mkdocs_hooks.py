@@ -83,12 +83,17 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
 
     def rewrite(match: re.Match[str]) -> str:
         target = match.group("target")
-        if target not in _targets(f"]({target})"):
-            return match.group(0)
+        if not _targets(f"]({target})"):
+            return match.group(0)  # a URL, an absolute path or an anchor alone
         path = _resolve(page_path, target)
         if path.startswith("../") or not (root / path).is_file():
             return match.group(0)
         uri = posixpath.relpath(_site_uri(path, docs), posixpath.dirname(page.file.src_uri) or ".")
         return f"]({uri}{match.group('rest')})"
 
-    return _LINK.sub(rewrite, markdown)
+    # Fenced code shows links as written: rewrite only the prose between fences.
+    out, last = [], 0
+    for fence in _FENCE.finditer(markdown):
+        out += [_LINK.sub(rewrite, markdown[last:fence.start()]), fence.group(0)]
+        last = fence.end()
+    return "".join(out) + _LINK.sub(rewrite, markdown[last:])

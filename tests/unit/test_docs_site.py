@@ -75,7 +75,7 @@ def test_links_to_repository_files_resolve_in_the_site_and_a_broken_one_fails(tm
         [example](../examples/a.yaml), [results](../results/r.md) and `](../not/a/link)` in code:
 
         ```
-        [inside a fence](../missing.md)
+        [inside a fence](../missing.md) [shown as written](../examples/a.yaml)
         ```
         """
     done = build(small_repo(tmp_path / "good", good), tmp_path / "good-site")
@@ -84,7 +84,9 @@ def test_links_to_repository_files_resolve_in_the_site_and_a_broken_one_fails(tm
     assert (site / "repo" / "examples" / "a.yaml").read_text() == "kind: Example\n"
     assert (site / "repo" / "results" / "r.png").is_file()  # reached through r.md's own link
     assert not (site / "repo" / "results" / "unlinked").exists()  # only what links reach
-    assert 'href="repo/results/r/"' in (site / "index.html").read_text()
+    index = (site / "index.html").read_text()
+    assert 'href="repo/results/r/"' in index
+    assert "[shown as written](../examples/a.yaml)" in index  # code is not rewritten
     assert 'href="../../../#home"' in (site / "repo" / "results" / "r" / "index.html").read_text()
 
     broken = good + "[gone](../examples/missing.yaml)\n"
