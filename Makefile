@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast test-unit lint crds chart-docs images release clean-setup
+.PHONY: setup demo test test-fast test-unit lint crds chart-docs docs images release clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -45,9 +45,13 @@ images:
 release: setup
 	@$(PY) tools/release.py --registry "$(REGISTRY)" --out dist
 
-## chart-docs: regenerate the chart's values reference (README.md, charts/moonlease/README.md) from values.schema.json
+## docs: build the documentation site (docs/, mkdocs.yml) into site/, failing on any warning (a broken link or anchor)
+docs: setup
+	@$(VENV)/bin/mkdocs build --strict
+
+## chart-docs: regenerate the chart's values reference (docs/helm.md, charts/moonlease/README.md) from values.schema.json
 chart-docs: setup
-	@$(PY) tools/chart_values_doc.py --write README.md
+	@$(PY) tools/chart_values_doc.py --write docs/helm.md
 	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:

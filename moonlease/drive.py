@@ -40,7 +40,7 @@ from moonlease_operator.core.slots import POLICY_LABEL, policy_label_value
 from moonlease_operator.core.status import read_status
 from moonlease_operator.core.verbs import build_verb_value
 
-#: Exit codes shared by the commands (the README's "Driving a rollout" lists them).
+#: Exit codes shared by the commands (docs/cli.md, "Driving a rollout", lists them).
 EXIT_OK = 0            # status: Ready; a verb: applied; plan: nothing would change
 EXIT_WORKING = 1       # status: the operator is working on it, or it failed (see the message)
 EXIT_WAITING = 2       # status: it waits for a person (the screen says which command); plan: changes

@@ -391,8 +391,9 @@ def test_the_grafana_dashboard_is_opt_in_and_every_query_parses(chart: helm.Char
 
 
 def test_both_readmes_name_the_configmap_verbs_the_role_grants(chart: helm.Chart) -> None:
-    """A reviewer approves the install from the README: it must name every verb the Role gives
-    on ConfigMaps (named namespaces) and the ClusterRole (`watchNamespaces: ["*"]`)."""
+    """A reviewer approves the install from the docs: the Helm and operator pages and the chart's
+    README must name every verb the Role gives on ConfigMaps (named namespaces) and the
+    ClusterRole (`watchNamespaces: ["*"]`)."""
     for values in ({}, {"operator": {"watchNamespaces": ["*"]}}):
         objects = render_objects(chart, values)
         roles = find(objects, "Role") + find(objects, "ClusterRole")
@@ -400,7 +401,7 @@ def test_both_readmes_name_the_configmap_verbs_the_role_grants(chart: helm.Chart
         assert len(verbs) == 1, verbs
     granted = ", ".join(f"`{v}`" for v in verbs.pop())
     root = CHART_DIR.parents[1]
-    for readme in (root / "README.md", CHART_DIR / "README.md"):
+    for readme in (root / "docs" / "helm.md", root / "docs" / "operator.md", CHART_DIR / "README.md"):
         text = " ".join(readme.read_text().split())  # one line: the sentence may wrap anywhere
         assert granted in text, (readme, granted)
         assert "by name only" not in text and "never `list`" not in text and "no `list`" not in text, readme
