@@ -25,7 +25,7 @@ pytest_plugins = [
     "tests.fixtures.prometheus",
 ]
 
-TIERS = ("unit", "store", "vllm", "operator", "chart", "prometheus", "images")
+TIERS = ("unit", "store", "vllm", "operator", "chart", "prometheus", "images", "conformance")
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]

@@ -1,0 +1,241 @@
+"""Real kubectl 1.32 against the local API server: each test runs commands as a user would and
+asserts what a real API server makes kubectl print or do (a server that answered differently —
+octet-stream watches, no Tables, dry runs that write — fails them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer
+from tests.conformance.conftest import Kubectl
+
+pytestmark = pytest.mark.conformance
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY = REPO / "examples" / "policies" / "lease-all.yaml"
+
+
+def deployment_yaml(name: str = "web", replicas: int = 2) -> str:
+    return f"""apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec: {{containers: [{{name: {name}, image: "nginx:1.27"}}]}}
+"""
+
+
+def header(output: str) -> list[str]:
+    """The column names of the first line `kubectl get` printed (multi-word names kept whole)."""
+    return [cell.strip() for cell in output.splitlines()[0].split("  ") if cell.strip()]
+
+
+async def apply_ok(kubectl: Kubectl, text: str, *extra: str) -> str:
+    done = await kubectl("apply", "-f", "-", *extra, input=text)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# ---- 1. watch streams Go clients read ---------------------------------------------------------
+
+async def test_get_watch_prints_the_changes_as_they_happen(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    await kube.wait_for(lambda: (kube.get(DEPLOYMENTS, "default", "web") or {}).get("status", {})
+                        .get("readyReplicas") == 2, what="web ready")
+    watching = asyncio.create_task(kubectl("get", "deploy", "web", "-w", "--request-timeout=3s", timeout=15))
+    await kube.wait_for(lambda: kube.emulator.open_watches > 0, what="kubectl's watch")
+    patched = await kubectl("patch", "deploy", "web", "-p", '{"spec":{"replicas":3}}')
+    assert patched.returncode == 0, patched.stderr
+    done = await watching
+    assert "no stream serializers" not in done.stderr and "octet-stream" not in done.stderr
+    lines = done.stdout.splitlines()
+    assert header(done.stdout) == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    assert sum(line.startswith("NAME") for line in lines) == 1  # one header, then a row per event
+    assert lines[1].split()[:2] == ["web", "2/2"]
+    assert any(line.split()[:2] == ["web", "3/3"] for line in lines[2:]), done.stdout
+    # The stream is newline-delimited JSON as client-go reads it.
+    assert any(call.verb == "watch" and call.resource == "deployments" for call in kube.api_calls())
+
+
+async def test_rollout_status_and_wait_follow_the_deployment(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=3))
+    rollout = await kubectl("rollout", "status", "deploy/web", "--timeout=15s")
+    assert rollout.returncode == 0, rollout.stderr
+    assert 'deployment "web" successfully rolled out' in rollout.stdout
+    waited = await kubectl("wait", "--for=condition=Available", "deploy/web", "--timeout=15s")
+    assert waited.returncode == 0, waited.stderr
+    assert "deployment.apps/web condition met" in waited.stdout
+    # A condition that never comes: kubectl waits on the watch, then gives up (exit 1).
+    never = await kubectl("wait", "--for=condition=Stalled", "deploy/web", "--timeout=1s")
+    assert never.returncode == 1 and "timed out waiting" in never.stderr
+
+
+async def test_a_watch_answers_json_lines_with_the_json_content_type(kube: LocalApiServer) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(kube.url + "/api/v1/namespaces", params={"watch": "true", "timeoutSeconds": "1"}) as rsp:
+            assert rsp.headers["Content-Type"].split(";")[0] == "application/json"
+            events = [json.loads(line) async for line in rsp.content if line.strip()]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "default")]
+
+
+# ---- 2. Table responses -----------------------------------------------------------------------
+
+async def test_get_prints_each_kinds_columns(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    await kube.wait_for(lambda: (kube.get(DEPLOYMENTS, "default", "web") or {}).get("status", {})
+                        .get("availableReplicas") == 2, what="web available")
+    plain = await kubectl("get", "deploy")
+    assert header(plain.stdout) == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    assert plain.stdout.splitlines()[1].split()[:4] == ["web", "2/2", "2", "2"]
+    wide = await kubectl("get", "deploy", "-o", "wide")
+    assert header(wide.stdout) == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE", "CONTAINERS", "IMAGES",
+                                   "SELECTOR"]
+    assert wide.stdout.splitlines()[1].split()[5:] == ["web", "nginx:1.27", "app=web"]
+    # Warnings about short names of subresources would mean discovery lists them wrongly.
+    assert "could also match" not in plain.stderr
+
+    await apply_ok(kubectl, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {a: '1', b: '2'}\n")
+    cms = await kubectl("get", "configmaps")
+    assert header(cms.stdout) == ["NAME", "DATA", "AGE"]
+    assert cms.stdout.splitlines()[1].split()[:2] == ["settings", "2"]
+
+
+async def test_get_mlp_prints_the_crds_printer_columns(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    namespace = await kubectl("create", "-f", "-", input="apiVersion: v1\nkind: Namespace\nmetadata: {name: inference}\n")
+    assert namespace.returncode == 0, namespace.stderr
+    created = await kubectl("apply", "-f", str(POLICY))
+    assert created.returncode == 0, created.stderr
+    listed = await kubectl("get", "mlp", "-A")
+    assert header(listed.stdout) == ["NAMESPACE", "NAME", "MODE", "PHASE", "STAGE", "READY", "A/B", "VERDICT", "AGE"]
+    assert listed.stdout.splitlines()[1].split()[:3] == ["inference", "llama-fleet", "leaseAll"]
+    wide = await kubectl("get", "mlp", "-n", "inference", "-o", "wide")
+    assert header(wide.stdout)[-2:] == ["SAMPLES", "REASON"]  # the priority-1 columns
+
+
+async def test_a_kind_without_printer_columns_gets_name_and_age(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    crd = """apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"""
+    await apply_ok(kubectl, crd)
+    await apply_ok(kubectl, "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nsize: 3\n")
+    listed = await kubectl("get", "widgets")
+    assert header(listed.stdout) == ["NAME", "AGE"]
+    assert listed.stdout.splitlines()[1].split() == ["w1", listed.stdout.splitlines()[1].split()[1]]
+    crds = await kubectl("get", "crd")
+    assert header(crds.stdout) == ["NAME", "CREATED AT"]
+
+
+# ---- 3. server-side dry run -------------------------------------------------------------------
+
+async def test_dry_run_and_diff_never_write(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    await kube.wait_for(lambda: (kube.get(DEPLOYMENTS, "default", "web") or {}).get("status", {})
+                        .get("readyReplicas") == 2, what="web ready")
+    await asyncio.sleep(0.2)  # the simulator settles: nothing else writes from here on
+    await kube.simulator.stop()
+    before, revision = kube.get(DEPLOYMENTS, "default", "web"), kube.emulator.resource_version
+
+    applied = await apply_ok(kubectl, deployment_yaml(replicas=5), "--dry-run=server")
+    assert "deployment.apps/web configured (server dry run)" in applied
+    diff = await kubectl("diff", "-f", "-", input=deployment_yaml(replicas=5))
+    assert diff.returncode == 1, diff.stderr  # 1: differences found
+    assert "-  replicas: 2" in diff.stdout and "+  replicas: 5" in diff.stdout
+    created = await kubectl("create", "--dry-run=server", "-f", "-", input=deployment_yaml("other"))
+    assert created.returncode == 0 and "(server dry run)" in created.stdout, created.stderr
+    deleted = await kubectl("delete", "deploy", "web", "--dry-run=server")
+    assert deleted.returncode == 0 and "(server dry run)" in deleted.stdout, deleted.stderr
+    patched = await kubectl("patch", "deploy", "web", "--dry-run=server", "-p", '{"spec":{"replicas":7}}')
+    assert patched.returncode == 0, patched.stderr
+
+    # Nothing was written: same object, no new resourceVersion (hence no watch event), no "other".
+    assert kube.get(DEPLOYMENTS, "default", "web") == before
+    assert kube.emulator.resource_version == revision
+    assert kube.get(DEPLOYMENTS, "default", "other") is None
+
+
+async def test_dry_run_refuses_values_other_than_all(kube: LocalApiServer) -> None:
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(kube.url + "/api/v1/namespaces/default/configmaps", params={"dryRun": "Some"},
+                                json=body) as rsp:
+            assert rsp.status == 400
+            assert 'Unsupported value: "Some"' in (await rsp.json())["message"]
+        async with session.post(kube.url + "/api/v1/namespaces/default/configmaps", params={"dryRun": "All"},
+                                json=body) as rsp:
+            assert rsp.status == 201
+            answered = await rsp.json()
+    assert answered["metadata"]["name"] == "c" and "resourceVersion" not in answered["metadata"]
+    assert kube.get(CONFIGMAPS, "default", "c") is None
+
+
+# ---- 4. protobuf ------------------------------------------------------------------------------
+
+async def test_protobuf_is_answered_in_json_or_refused_with_415(kube: LocalApiServer) -> None:
+    protobuf = "application/vnd.kubernetes.protobuf"
+    async with aiohttp.ClientSession() as session:
+        async with session.get(kube.url + "/api/v1/namespaces/default",
+                               headers={"Accept": f"{protobuf},application/json"}) as rsp:
+            assert rsp.status == 200 and rsp.headers["Content-Type"].startswith("application/json")
+            assert (await rsp.json())["metadata"]["name"] == "default"
+        # A protobuf body (not UTF-8) is refused as an apiserver refuses a body it cannot decode.
+        async with session.post(kube.url + "/api/v1/namespaces", data=b"k8s\x00\n\x0f\n\x02v1\x12\tNamespace\xa7",
+                                headers={"Content-Type": protobuf}) as rsp:
+            assert rsp.status == 415
+            status = await rsp.json()
+    assert status["kind"] == "Status" and status["reason"] == "UnsupportedMediaType"
+    assert kube.emulator.errors == []  # a 415 Status, not a server failure
+
+
+# ---- 5. OpenAPI -------------------------------------------------------------------------------
+
+async def test_apply_validates_through_openapi_and_explain_reads_it(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    namespace = await kubectl("create", "-f", "-", input="apiVersion: v1\nkind: Namespace\nmetadata: {name: inference}\n")
+    assert namespace.returncode == 0, namespace.stderr
+    created = await kubectl("apply", "-f", str(POLICY))  # no --validate=false
+    assert created.returncode == 0, created.stderr
+    assert "mooncakeleasepolicy.moonlease.io/llama-fleet created" in created.stdout
+
+    unknown = POLICY.read_text().replace("spec:\n", "spec:\n  bogusField: 1\n", 1)
+    refused = await kubectl("apply", "-f", "-", input=unknown.replace("llama-fleet", "other-fleet"))
+    assert refused.returncode == 1
+    assert "unknown field" in refused.stderr and "spec.bogusField" in refused.stderr
+
+    explained = await kubectl("explain", "mlp.spec")
+    assert explained.returncode == 0, explained.stderr
+    assert "KIND:       MooncakeLeasePolicy" in explained.stdout
+    assert "FIELD: spec <Object>" in explained.stdout
+    assert "master\t<Object> -required-" in explained.stdout
+    deeper = await kubectl("explain", "mlp.spec.rollout")
+    assert deeper.returncode == 0 and "FIELD: rollout <Object>" in deeper.stdout, deeper.stderr
+
+    index = await kubectl("get", "--raw", "/openapi/v3")
+    assert "apis/moonlease.io/v1alpha1" in json.loads(index.stdout)["paths"]
+    v2 = json.loads((await kubectl("get", "--raw", "/openapi/v2")).stdout)
+    assert v2["definitions"]["io.moonlease.v1alpha1.MooncakeLeasePolicy"]["x-kubernetes-group-version-kind"] == [
+        {"group": "moonlease.io", "version": "v1alpha1", "kind": "MooncakeLeasePolicy"}]
+
+
+async def test_version_is_one_the_chart_supports(kubectl: Kubectl) -> None:
+    version = await kubectl("version", "-o", "json")
+    assert version.returncode == 0, version.stderr
+    server = json.loads(version.stdout)["serverVersion"]
+    assert (int(server["major"]), int(server["minor"])) >= (1, 30)  # the chart's kubeVersion
+    assert "version difference" not in version.stderr  # within kubectl 1.32's supported skew
