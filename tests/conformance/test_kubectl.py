@@ -5,13 +5,14 @@ octet-stream watches, no Tables, dry runs that write — fails them)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, SERVICES, LocalApiServer
 from tests.conformance.conftest import Kubectl
 
 pytestmark = pytest.mark.conformance
@@ -188,20 +189,53 @@ async def test_dry_run_refuses_values_other_than_all(kube: LocalApiServer) -> No
 
 # ---- 4. protobuf ------------------------------------------------------------------------------
 
-async def test_protobuf_is_answered_in_json_or_refused_with_415(kube: LocalApiServer) -> None:
+async def test_kubectls_typed_create_commands_send_protobuf_and_succeed(kube: LocalApiServer,
+                                                                        kubectl: Kubectl) -> None:
+    for command in (["create", "namespace", "team-a"],
+                    ["create", "configmap", "settings", "--from-literal=mode=fast", "--from-literal=n=2"],
+                    ["create", "secret", "generic", "token", "--from-literal=key=s3cret"],
+                    ["create", "deployment", "web", "--image=nginx:1.27", "--replicas=0", "--port=8080"],
+                    ["create", "deployment", "job", "--image=busybox", "--", "sleep", "10"],
+                    ["create", "service", "clusterip", "web", "--tcp=80:8080"]):
+        done = await kubectl(*command)
+        assert done.returncode == 0, (command, done.stderr)
+    protobuf_posts = [call for call in kube.api_calls() if call.verb == "create"]
+    assert len(protobuf_posts) == 6
+
+    assert kube.get(NAMESPACES, None, "team-a") is not None
+    assert kube.get(CONFIGMAPS, "default", "settings")["data"] == {"mode": "fast", "n": "2"}
+    assert kube.get(SECRETS, "default", "token")["data"] == {"key": base64.b64encode(b"s3cret").decode()}
+    web = kube.get(DEPLOYMENTS, "default", "web")
+    assert web["spec"]["replicas"] == 0  # a pointer in Go: 0 is kept, not defaulted
+    assert web["spec"]["selector"] == {"matchLabels": {"app": "web"}}
+    assert web["spec"]["template"]["spec"]["containers"] == [
+        {"name": "nginx", "image": "nginx:1.27", "ports": [{"containerPort": 8080}]}]
+    job = kube.get(DEPLOYMENTS, "default", "job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["sleep", "10"]
+    assert kube.get(SERVICES, "default", "web")["spec"]["ports"] == [
+        {"name": "80-8080", "port": 80, "protocol": "TCP", "targetPort": 8080}]
+
+    services = await kubectl("get", "svc", "web")
+    assert header(services.stdout) == ["NAME", "TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "AGE"]
+
+
+async def test_protobuf_is_answered_in_json_and_unreadable_bodies_get_415(kube: LocalApiServer) -> None:
     protobuf = "application/vnd.kubernetes.protobuf"
     async with aiohttp.ClientSession() as session:
         async with session.get(kube.url + "/api/v1/namespaces/default",
                                headers={"Accept": f"{protobuf},application/json"}) as rsp:
             assert rsp.status == 200 and rsp.headers["Content-Type"].startswith("application/json")
             assert (await rsp.json())["metadata"]["name"] == "default"
-        # A protobuf body (not UTF-8) is refused as an apiserver refuses a body it cannot decode.
-        async with session.post(kube.url + "/api/v1/namespaces", data=b"k8s\x00\n\x0f\n\x02v1\x12\tNamespace\xa7",
+        # A kind this server does not read from protobuf (a Pod): refused as an apiserver refuses
+        # a body it cannot decode, not a server failure.
+        pod = b"k8s\x00" + b"\n\x09" + b"\n\x02v1\x12\x03Pod" + b"\x12\x00"
+        async with session.post(kube.url + "/api/v1/namespaces/default/pods", data=pod,
                                 headers={"Content-Type": protobuf}) as rsp:
             assert rsp.status == 415
             status = await rsp.json()
     assert status["kind"] == "Status" and status["reason"] == "UnsupportedMediaType"
-    assert kube.emulator.errors == []  # a 415 Status, not a server failure
+    assert "v1/Pod" in status["message"]
+    assert kube.emulator.errors == []
 
 
 # ---- 5. OpenAPI -------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from moonlease.testbed.kube.faults import FAULT_REASONS, InjectedFault
 from moonlease.testbed.kube.openapi import openapi_v2, openapi_v3, openapi_v3_index
 from moonlease.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
+from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
 from moonlease.testbed.kube.resources import BUILTIN_RESOURCES, CONFIGMAPS, CRDS, NAMESPACES, SECRETS, VERBS, ResourceType
 from moonlease.testbed.kube.schemas import apply_schema_defaults, prune_unknown_fields, schema_errors
 from moonlease.testbed.kube.selectors import parse_field_selector, parse_label_selector
@@ -91,7 +92,8 @@ WriteListener = Callable[[ResourceType, str, JsonObj], None]
 
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: Request bodies this server cannot decode (it speaks JSON only): answered 415.
-_UNREADABLE_BODIES = frozenset({"application/vnd.kubernetes.protobuf", "application/cbor", "application/apply-patch+cbor"})
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+_UNREADABLE_BODIES = frozenset({PROTOBUF, "application/cbor", "application/apply-patch+cbor"})
 #: What /version answers: a release the chart supports (kubectl warns beyond one minor of skew).
 SERVER_VERSION: JsonObj = {
     "major": "1", "minor": "32", "gitVersion": "v1.32.0+moonlease", "gitCommit": "", "gitTreeState": "clean",
@@ -669,13 +671,24 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         # A protobuf body is not text: kmock would fail decoding it (a 500) before any handler
-        # ran. The real server's answer to a body type it cannot decode is a 415 Status.
+        # ran. The kinds kubectl's typed commands send are read into JSON (the request goes on
+        # as if sent as JSON); anything else gets the real server's answer to a body type it
+        # cannot decode, a 415 Status.
         content_type = (raw_request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if raw_request.method.upper() in _WRITE_METHODS and content_type in _UNREADABLE_BODIES:
-            await raw_request.read()
-            exc = _unreadable_body()
-            return aiohttp.web.json_response(
-                errors.status_body(exc.status, exc.reason or "", exc.message or "", exc.details), status=415)
+            # A clone that claims JSON (cloned before the body is read: aiohttp's rule).
+            as_json = raw_request.clone(headers={**raw_request.headers, "Content-Type": JSON})
+            body = await as_json.read()
+            try:
+                if content_type != PROTOBUF:
+                    raise UnreadableBody(content_type)
+                decoded = json.dumps(decode_object(body)).encode()
+            except UnreadableBody as why:
+                exc = _unreadable_body(str(why))
+                return aiohttp.web.json_response(
+                    errors.status_body(exc.status, exc.reason or "", exc.message or "", exc.details), status=415)
+            as_json._read_bytes = decoded  # what read(), text() and json() answer from now on
+            raw_request = as_json
         return await super().__call__(raw_request)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
@@ -986,11 +999,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return calls
 
 
-def _unreadable_body() -> kmock.KubernetesError:
+def _unreadable_body(why: str) -> kmock.KubernetesError:
     return errors.error(415, "UnsupportedMediaType",
-                        "the body of the request was in an unknown format - accepted media types include:"
-                        " application/json, application/json-patch+json, application/merge-patch+json,"
-                        " application/strategic-merge-patch+json")
+                        f"the body of the request was in an unknown format ({why}) - accepted media types include:"
+                        f" application/json, application/json-patch+json, application/merge-patch+json,"
+                        f" application/strategic-merge-patch+json, {PROTOBUF} (some kinds)")
 
 
 def _call_verb(request: kmock.Request) -> str | None:

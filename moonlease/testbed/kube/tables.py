@@ -182,6 +182,13 @@ def _ready_pods(pod: Mapping[str, Any]) -> str:
     return f"{sum(1 for s in statuses if s.get('ready'))}/{len(_containers(pod))}"
 
 
+def _ports(service: Mapping[str, Any]) -> str:
+    ports = (service.get("spec") or {}).get("ports") or []
+    shown = [f"{p.get('port')}{':' + str(p['nodePort']) if p.get('nodePort') else ''}/{p.get('protocol', 'TCP')}"
+             for p in ports]
+    return ",".join(shown) or "<none>"
+
+
 def _involved(event: Mapping[str, Any]) -> str:
     involved = event.get("involvedObject") or {}
     return f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}"
@@ -230,6 +237,17 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
     ("", "Secret"): (
         NAME, Column("Type", "string", lambda o, _: o.get("type", "Opaque"), "The type of the secret"),
         Column("Data", "string", lambda o, _: len(o.get("data") or {}), "Number of data keys"), AGE),
+    ("", "Service"): (
+        NAME, Column("Type", "string", lambda o, _: (o.get("spec") or {}).get("type", "ClusterIP"),
+                     "The type of the service."),
+        Column("Cluster-IP", "string", lambda o, _: (o.get("spec") or {}).get("clusterIP") or "<none>",
+               "The IP address of the service."),
+        Column("External-IP", "string", lambda o, _: ",".join((o.get("spec") or {}).get("externalIPs") or [])
+               or "<none>", "The external IP addresses of the service."),
+        Column("Port(s)", "string", lambda o, _: _ports(o), "The ports of the service."),
+        AGE, Column("Selector", "string", lambda o, _: ",".join(
+            f"{k}={v}" for k, v in sorted(((o.get("spec") or {}).get("selector") or {}).items())) or "<none>",
+            "The label selector of the service.", priority=1)),
     ("coordination.k8s.io", "Lease"): (
         NAME, Column("Holder", "string", lambda o, _: (o.get("spec") or {}).get("holderIdentity", ""),
                      "The holder of the lease."), AGE),
