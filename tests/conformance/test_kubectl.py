@@ -273,3 +273,68 @@ async def test_version_is_one_the_chart_supports(kubectl: Kubectl) -> None:
     server = json.loads(version.stdout)["serverVersion"]
     assert (int(server["major"]), int(server["minor"])) >= (1, 30)  # the chart's kubeVersion
     assert "version difference" not in version.stderr  # within kubectl 1.32's supported skew
+
+
+# ---- 6. CEL rules at admission -----------------------------------------------------------------
+
+async def test_every_cel_rule_of_the_crd_refuses_its_violation_with_an_apiserver_message(
+        kube: LocalApiServer, kubectl: Kubectl) -> None:
+    from tests.unit.test_policy_api import CEL_VIOLATIONS, VALID
+
+    for index, (message, spec) in enumerate(CEL_VIOLATIONS.items()):
+        policy = {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
+                  "metadata": {"name": f"bad-{index}", "namespace": "default"}, "spec": spec}
+        refused = await kubectl("apply", "-f", "-", input=json.dumps(policy))
+        assert refused.returncode == 1, (message, refused.stdout)
+        # e.g. The MooncakeLeasePolicy "bad-0" is invalid: spec.targets[0]: Invalid value: "object": ...
+        assert f'The MooncakeLeasePolicy "bad-{index}" is invalid: spec' in refused.stderr, refused.stderr
+        assert f': Invalid value: "object": {message}' in refused.stderr, refused.stderr
+        assert refused.stderr.count(message) == 1  # one line per failed rule
+        assert "spec.targets[0]: spec.targets" not in refused.stderr and ": spec: spec" not in refused.stderr
+    assert kube.list("mlp") == []
+
+    good = {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
+            "metadata": {"name": "good", "namespace": "default"}, "spec": VALID}
+    await apply_ok(kubectl, json.dumps(good))
+    # Ratcheting: a status write does not run the spec's rules again, and still succeeds.
+    await kube.patch("mlp", "default", "good", {"status": {"phase": "Pending"}}, subresource="status")
+    assert kube.get("mlp", "default", "good")["status"]["phase"] == "Pending"
+
+
+# ---- 6. the scale subresource, Deployment validation and defaulting ---------------------------
+
+async def test_scale_reads_and_writes_the_scale_subresource(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    scaled = await kubectl("scale", "deploy", "web", "--replicas=4")
+    assert scaled.returncode == 0 and "deployment.apps/web scaled" in scaled.stdout, scaled.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 4
+    scale = json.loads((await kubectl("get", "--raw", "/apis/apps/v1/namespaces/default/deployments/web/scale")).stdout)
+    assert (scale["kind"], scale["apiVersion"], scale["spec"]) == ("Scale", "autoscaling/v1", {"replicas": 4})
+    assert scale["status"]["selector"] == "app=web"
+    # --current-replicas is a precondition kubectl checks against the Scale it reads.
+    stale = await kubectl("scale", "deploy", "web", "--replicas=1", "--current-replicas=2")
+    assert stale.returncode == 1 and "Expected replicas to be 2, was 4" in stale.stderr
+    negative = await kubectl("patch", "deploy", "web", "--subresource=scale", "--type=merge",
+                             "-p", '{"spec":{"replicas":-2}}')
+    assert negative.returncode == 1
+    assert 'The Deployment "web" is invalid: spec.replicas: Invalid value: -2: must be greater than or equal to 0' \
+        in negative.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 4
+
+
+async def test_deployments_are_validated_and_defaulted(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    refused = await kubectl("apply", "-f", "-", input=deployment_yaml(replicas=-3))
+    assert refused.returncode == 1
+    assert ('The Deployment "web" is invalid: spec.replicas: Invalid value: -3: must be greater than or equal to 0'
+            in refused.stderr), refused.stderr
+    mismatched = deployment_yaml().replace("labels: {app: web}", "labels: {app: other}")
+    refused = await kubectl("apply", "-f", "-", input=mismatched)
+    assert refused.returncode == 1
+    assert "spec.template.metadata.labels: Invalid value" in refused.stderr
+    assert "`selector` does not match template `labels`" in refused.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web") is None
+
+    await apply_ok(kubectl, deployment_yaml().replace("  replicas: 2\n", ""))
+    spec = kube.get(DEPLOYMENTS, "default", "web")["spec"]
+    assert spec["replicas"] == 1 and spec["revisionHistoryLimit"] == 10 and spec["progressDeadlineSeconds"] == 600
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}

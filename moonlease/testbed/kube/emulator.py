@@ -17,7 +17,7 @@ against a real cluster and right here otherwise:
   (qualified names, values of at most 63 characters), annotation keys and their 256 KiB total,
   finalizer names — on the object and on a workload's pod template and selector; ConfigMap and
   Secret data keys and their 1 MiB total; CRD schemas (pruning, defaulting, openAPIV3Schema
-  validation; CEL rules are not evaluated).
+  validation, then the CRD's CEL rules: see `cel`).
 - Size: a request body over 3 MiB, or an object over 1.5 MiB as stored (etcd's limit,
   measured as compact JSON), answers 413 RequestEntityTooLarge.
 - LIST: label selectors (syntax checked: 400 BadRequest), field selectors limited to the fields
@@ -60,12 +60,23 @@ from kmock._internal import parsing as kmock_parsing
 
 from moonlease.testbed.kube import errors
 from moonlease.testbed.kube.calls import ApiCall, Traffic, rbac_verb
+from moonlease.testbed.kube.cel import rule_errors
 from moonlease.testbed.kube.faults import FAULT_REASONS, InjectedFault
 from moonlease.testbed.kube.openapi import openapi_v2, openapi_v3, openapi_v3_index
 from moonlease.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
-from moonlease.testbed.kube.resources import BUILTIN_RESOURCES, CONFIGMAPS, CRDS, NAMESPACES, SECRETS, VERBS, ResourceType
+from moonlease.testbed.kube.resources import (
+    BUILTIN_RESOURCES,
+    CONFIGMAPS,
+    CRDS,
+    DEPLOYMENTS,
+    NAMESPACES,
+    SECRETS,
+    STATEFULSETS,
+    VERBS,
+    ResourceType,
+)
 from moonlease.testbed.kube.schemas import apply_schema_defaults, prune_unknown_fields, schema_errors
 from moonlease.testbed.kube.selectors import parse_field_selector, parse_label_selector
 from moonlease.testbed.kube.store_index import StoreIndex
@@ -83,6 +94,7 @@ from moonlease.testbed.kube.validation import (
     stored_size,
 )
 from moonlease.testbed.kube.watches import DEFAULT_WATCH_HISTORY, Change, WatchCache, WatchFilter
+from moonlease.testbed.kube.workloads import default_workload, scale_view, scaled, workload_errors
 
 JsonObj = dict[str, Any]
 
@@ -139,6 +151,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     #: Seconds between BOOKMARK events on watches that allow them (the real server: a minute).
     bookmark_interval: float = 60.0
     max_object_bytes: int = MAX_OBJECT_BYTES
+    #: Whether a CRD's CEL rules are evaluated at admission, as every supported API server does.
+    #: Off: a server that stores what passes the schema alone (a CRD installed without its
+    #: rules) — how tests reach the operator's own mirror of the rules.
+    cel_rules: bool = True
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     #: Requests and bytes served, per (RBAC verb, resource).
     traffic: Traffic = attrs.field(factory=Traffic, init=False)
@@ -441,18 +457,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                                "strategic merge patch is not supported for custom resources")
         async with self._lock:
             current = self._live(rtype, namespace, name)
+            target = self._scale_of(rtype, current) if subresource == "scale" else current
             try:
                 match patch_type:
                     case "merge":
                         if not isinstance(patch, Mapping):
                             raise errors.bad_request("a merge patch must be a JSON object")
-                        patched = merge_patch(current, patch)
+                        patched = merge_patch(target, patch)
                     case "strategic":
                         if not isinstance(patch, Mapping):
                             raise errors.bad_request("a strategic merge patch must be a JSON object")
-                        patched = strategic_merge_patch(current, patch)
+                        patched = strategic_merge_patch(target, patch)
                     case "json":
-                        patched = jsonpatch.apply_patch(current, list(patch), in_place=False)
+                        patched = jsonpatch.apply_patch(target, list(patch), in_place=False)
                     case _:
                         raise errors.error(415, "UnsupportedMediaType", f"unsupported patch type {patch_type!r}")
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
@@ -460,6 +477,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if not isinstance(patched, Mapping):
                 raise errors.bad_request("the patched object is not a JSON object")
             self._check_precondition(rtype, name, current, patched)
+            if subresource == "scale":
+                return self._write_scale(rtype, current, patched, strict_fields, dry_run)
             return self._store_update(rtype, current, dict(patched), subresource, strict_fields, dry_run)
 
     async def replace_object(self, what: Any, namespace: str | None, name: str, body: Mapping[str, Any], *,
@@ -475,6 +494,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 raise errors.invalid(rtype, name, [FieldError("metadata.resourceVersion", ErrorType.INVALID,
                                                               "must be specified for an update", 0)])
             self._check_precondition(rtype, name, current, new)
+            if subresource == "scale":
+                return self._write_scale(rtype, current, new, strict_fields, dry_run)
             return self._store_update(rtype, current, new, subresource, strict_fields, dry_run)
 
     async def delete_object(self, what: Any, namespace: str | None, name: str, *,
@@ -515,6 +536,20 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if sent not in (None, "") and sent != current["metadata"]["resourceVersion"]:
             raise errors.conflict(rtype, name, errors.STALE_OBJECT)
 
+    def _scale_of(self, rtype: ResourceType, obj: Mapping[str, Any]) -> JsonObj:
+        if "scale" not in rtype.subresources:
+            raise errors.error(404, "NotFound", "the server could not find the requested resource")
+        return scale_view(obj)
+
+    def _write_scale(self, rtype: ResourceType, current: JsonObj, scale: Mapping[str, Any], strict_fields: bool,
+                     dry_run: bool) -> JsonObj:
+        """A write to `/scale`: only the replicas change; the answer is the new Scale."""
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise errors.invalid(rtype, current["metadata"]["name"], [FieldError(
+                "spec.replicas", ErrorType.INVALID, "must be greater than or equal to 0", replicas)])
+        return scale_view(self._store_update(rtype, current, scaled(current, scale), None, strict_fields, dry_run))
+
     def _live(self, rtype: ResourceType, namespace: str | None, name: str) -> JsonObj:
         key = self._key(rtype, namespace, name)
         if key not in self.objects or self.objects[key].deleted:
@@ -554,7 +589,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 meta[fixed] = meta_now[fixed]
             else:
                 meta.pop(fixed, None)
-        new = self._admit(rtype, new, strict_fields=strict_fields)
+        new = self._admit(rtype, new, strict_fields=strict_fields, old=current)
         meta = new["metadata"]
         if _spec_of(new) != _spec_of(current):
             meta["generation"] = int(meta_now.get("generation", 1)) + 1
@@ -592,13 +627,18 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if dtype is not None and not other.deleted:
                 self._remove(dtype, copy.deepcopy(other.raw))
 
-    def _admit(self, rtype: ResourceType, obj: JsonObj, *, strict_fields: bool) -> JsonObj:
+    def _admit(self, rtype: ResourceType, obj: JsonObj, *, strict_fields: bool,
+               old: JsonObj | None = None) -> JsonObj:
         """Validate metadata (and ConfigMap/Secret data); prune, default and validate custom
-        resources against their CRD's schema."""
+        resources against their CRD's schema, then its CEL rules (`old`: the stored version on
+        an update, for transition rules and ratcheting)."""
         name = obj.get("metadata", {}).get("name")
         problems: list[FieldError | str] = list(object_meta_errors(obj, rtype.name_rule))
         if rtype in (CONFIGMAPS, SECRETS):
             problems += config_data_errors(obj)
+        if rtype in (DEPLOYMENTS, STATEFULSETS):
+            obj = default_workload(obj)
+            problems += workload_errors(obj)
         if problems:
             raise errors.invalid(rtype, name, problems)
         schema = self._schemas.get(rtype.ref)
@@ -611,6 +651,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         problems = list(schema_errors(defaulted, schema))
         if problems:
             raise errors.invalid(rtype, name, problems)
+        cel_problems = rule_errors(defaulted, schema, old) if self.cel_rules else []
+        if cel_problems:
+            raise errors.invalid(rtype, name, cel_problems)
         return defaulted
 
     def _check_size(self, obj: JsonObj) -> None:
@@ -915,6 +958,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         obj = self.read_object(rtype, request.namespace, request.name)
         if obj is None:
             raise errors.not_found(rtype, request.name)
+        if request.subresource == "scale":
+            return _json(self._scale_of(rtype, obj))
         if wants_table(request.headers.get("Accept")):
             return _json(table(self._columns(rtype), [obj], list_meta={"resourceVersion": obj["metadata"].get(
                 "resourceVersion", "")}, include_object=_include_object(request)), TABLE_CONTENT_TYPE)
