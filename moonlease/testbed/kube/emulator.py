@@ -34,6 +34,13 @@ against a real cluster and right here otherwise:
   CRDs that take effect when created; ownerReference cascade on deletion; 201 on create; list
   kinds; errors as `kind: Status` bodies.
 
+- What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
+  server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
+  v2/v3 (`openapi`), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
+  a CRD's CEL rules (`cel`), `/version` 1.32. Not emulated: server-side apply (415), Helm's
+  release kinds beyond those served.
+
 Every HTTP request is recorded as an `ApiCall` (with its RBAC verb) and counted in `traffic`
 (requests and response bytes per verb and resource). `inject_failures` makes the next N requests
 to an object answer 409 or a 5xx, for testing clients' retries.
