@@ -5,8 +5,10 @@ loop the server answers from."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -25,14 +27,21 @@ def kubectl_binary() -> str:
 
 @pytest.fixture
 def kubectl(kube: LocalApiServer, tmp_path: Path) -> Kubectl:
-    """`await kubectl("get", "deploy", input=..., timeout=...)`: the finished process (text)."""
+    """`await kubectl("get", "deploy", input=..., timeout=...)`: the finished process (text);
+    `plugin=True` for a plugin's command (`kubectl moonlease ...`)."""
     config = kube.write_kubeconfig(tmp_path / "kubeconfig")
     binary = kubectl_binary()
 
-    async def run(*args: str, input: str | None = None, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+    # Plugins (kubectl-moonlease, installed beside this interpreter) are found on PATH and take no
+    # global flags before their name: they read the kubeconfig from $KUBECONFIG.
+    env = {**os.environ, "KUBECONFIG": str(config),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    async def run(*args: str, input: str | None = None, timeout: float = 20.0,
+                  plugin: bool = False) -> subprocess.CompletedProcess[str]:
+        flags = [] if plugin else [f"--cache-dir={tmp_path / 'cache'}"]
         process = await asyncio.create_subprocess_exec(
-            binary, f"--kubeconfig={config}", f"--cache-dir={tmp_path / 'cache'}", *args,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            binary, *flags, *args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(process.communicate(input.encode() if input else None), timeout)
         except TimeoutError:

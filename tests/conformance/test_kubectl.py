@@ -338,3 +338,18 @@ async def test_deployments_are_validated_and_defaulted(kube: LocalApiServer, kub
     spec = kube.get(DEPLOYMENTS, "default", "web")["spec"]
     assert spec["replicas"] == 1 and spec["revisionHistoryLimit"] == 10 and spec["progressDeadlineSeconds"] == 600
     assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+
+
+# ---- the project's kubectl plugin --------------------------------------------------------------
+
+async def test_kubectl_moonlease_status_reads_the_policy_through_kubectl(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    namespace = await kubectl("create", "-f", "-", input="apiVersion: v1\nkind: Namespace\nmetadata: {name: inference}\n")
+    assert namespace.returncode == 0, namespace.stderr
+    applied = await kubectl("apply", "-f", str(POLICY))
+    assert applied.returncode == 0, applied.stderr
+    await kube.patch("mlp", "inference", "llama-fleet", {"status": {"phase": "Pending"}}, subresource="status")
+    shown = await kubectl("moonlease", "status", "llama-fleet", "-n", "inference", "-o", "json", plugin=True,
+                          timeout=60)
+    assert shown.returncode == 1, shown.stderr  # the command's contract: 0 only once Ready
+    status = json.loads(shown.stdout)
+    assert status["name"] == "llama-fleet" and status["phase"] == "Pending", status
