@@ -353,3 +353,44 @@ async def test_kubectl_moonlease_status_reads_the_policy_through_kubectl(kube: L
     assert shown.returncode == 1, shown.stderr  # the command's contract: 0 only once Ready
     status = json.loads(shown.stdout)
     assert status["name"] == "llama-fleet" and status["phase"] == "Pending", status
+
+
+# ---- strategic merge patch, as kubectl sends it -----------------------------------------------
+
+async def test_apply_and_patch_merge_lists_by_key_keep_order_and_drop_directives(
+        kube: LocalApiServer, kubectl: Kubectl) -> None:
+    def with_env(names: list[str], strategy: str = "") -> str:
+        env = ", ".join(f"{{name: {n}, value: v{n}}}" for n in names)
+        text = deployment_yaml().replace('image: "nginx:1.27"', f'image: "nginx:1.27", env: [{env}]')
+        return text.replace("spec:\n  replicas", f"spec:\n{strategy}  replicas", 1)
+
+    await apply_ok(kubectl, with_env(["A", "B", "C"]))
+    # kubectl apply sends a 3-way strategic merge patch: $setElementOrder/env, a delete of B,
+    # and $retainKeys for the strategy switched to Recreate (rollingUpdate must go).
+    await apply_ok(kubectl, with_env(["C", "A", "D"], "  strategy: {type: Recreate}\n"))
+    spec = kube.get(DEPLOYMENTS, "default", "web")["spec"]
+    assert [e["name"] for e in spec["template"]["spec"]["containers"][0]["env"]] == ["C", "A", "D"]
+    assert spec["strategy"] == {"type": "Recreate"}
+    assert "$" not in json.dumps(kube.get(DEPLOYMENTS, "default", "web"))
+
+    service = """apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}, {name: metrics, port: 81, targetPort: 9090}]
+"""
+    await apply_ok(kubectl, service)
+    patched = await kubectl("patch", "svc", "web", "-p", '{"spec":{"ports":[{"port":81,"targetPort":9191}]}}')
+    assert patched.returncode == 0, patched.stderr
+    ports = kube.get(SERVICES, "default", "web")["spec"]["ports"]
+    assert [(p["port"], p["targetPort"]) for p in ports] == [(80, 8080), (81, 9191)]  # merged by port
+
+    await apply_ok(kubectl, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: held, finalizers: [example.com/a]}\n")
+    added = await kubectl("patch", "cm", "held", "-p", '{"metadata":{"finalizers":["example.com/b"]}}')
+    assert added.returncode == 0, added.stderr
+    assert kube.get(CONFIGMAPS, "default", "held")["metadata"]["finalizers"] == ["example.com/a", "example.com/b"]
+    removed = await kubectl("patch", "cm", "held", "-p",
+                            '{"metadata":{"$deleteFromPrimitiveList/finalizers":["example.com/a"]}}')
+    assert removed.returncode == 0, removed.stderr
+    assert kube.get(CONFIGMAPS, "default", "held")["metadata"]["finalizers"] == ["example.com/b"]
