@@ -108,6 +108,34 @@ async def test_get_prints_each_kinds_columns(kube: LocalApiServer, kubectl: Kube
     assert header(cms.stdout) == ["NAME", "DATA", "AGE"]
     assert cms.stdout.splitlines()[1].split()[:2] == ["settings", "2"]
 
+    event = """apiVersion: v1
+kind: Event
+metadata: {name: web.1}
+involvedObject: {kind: Deployment, name: web, namespace: default}
+reason: ScalingReplicaSet
+message: Scaled up to 2
+type: Normal
+"""
+    created = await kubectl("create", "-f", "-", input=event)
+    assert created.returncode == 0, created.stderr
+    events = await kubectl("get", "events")
+    assert header(events.stdout) == ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert events.stdout.splitlines()[1].split()[1:] == ["Normal", "ScalingReplicaSet", "deployment/web", "Scaled",
+                                                         "up", "to", "2"]
+
+
+async def test_delete_waits_for_the_object_to_go(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: held, finalizers: [example.com/x]}\n")
+    deleting = asyncio.create_task(kubectl("delete", "cm", "held", "--wait", "--timeout=15s", timeout=20))
+    await kube.wait_for(lambda: (kube.get(CONFIGMAPS, "default", "held") or {}).get("metadata", {})
+                        .get("deletionTimestamp"), what="deletion started")
+    await asyncio.sleep(0.3)
+    assert not deleting.done()  # kubectl waits on its watch while the finalizer holds the object
+    await kube.patch(CONFIGMAPS, "default", "held", {"metadata": {"finalizers": None}})
+    done = await deleting
+    assert done.returncode == 0 and 'configmap "held" deleted' in done.stdout, done.stderr
+    assert kube.get(CONFIGMAPS, "default", "held") is None
+
 
 async def test_get_mlp_prints_the_crds_printer_columns(kube: LocalApiServer, kubectl: Kubectl) -> None:
     namespace = await kubectl("create", "-f", "-", input="apiVersion: v1\nkind: Namespace\nmetadata: {name: inference}\n")

@@ -24,9 +24,11 @@ JsonObj = dict[str, Any]
 WORKLOAD_KINDS = frozenset({"Deployment", "StatefulSet"})
 
 
-def default_workload(obj: Mapping[str, Any]) -> JsonObj:
-    """The object with apps/v1's defaults for the fields left unset (a new object)."""
-    result = copy.deepcopy(dict(obj))
+def default_workload(obj: JsonObj) -> JsonObj:
+    """Fill apps/v1's defaults for the fields left unset, in place (the emulator admits its own
+    copy of every write; copying a workload again on each of the simulator's status writes
+    would cost at fleet scale); returns `obj`."""
+    result = obj
     spec = result.setdefault("spec", {})
     spec.setdefault("replicas", 1)
     spec.setdefault("revisionHistoryLimit", 10)
