@@ -110,7 +110,8 @@ JsonObj = dict[str, Any]
 WriteListener = Callable[[ResourceType, str, JsonObj], None]
 
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
-#: Request bodies this server cannot decode (it speaks JSON only): answered 415.
+#: Request bodies that are not JSON: protobuf is read for some kinds (`protobuf`), the rest and
+#: CBOR are answered 415.
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 _UNREADABLE_BODIES = frozenset({PROTOBUF, "application/cbor", "application/apply-patch+cbor"})
 #: What /version answers: a release the chart supports (kubectl warns beyond one minor of skew).
