@@ -1,16 +1,19 @@
-"""Table responses, OpenAPI documents and protobuf bodies of the local API server: the pure parts
-(the conformance tier runs kubectl against them)."""
+"""Table responses, OpenAPI documents, protobuf bodies, workload admission and strategic merge
+patches of the local API server: the pure parts (the conformance tier runs kubectl against them)."""
 
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import pytest
 
 from moonlease.testbed.kube.openapi import definition_name, openapi_v3, openapi_v3_index
+from moonlease.testbed.kube.patches import strategic_merge_patch
 from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
 from moonlease.testbed.kube.resources import DEPLOYMENTS, ResourceType
 from moonlease.testbed.kube.tables import columns_for, human_duration, json_path, table, wants_table
+from moonlease.testbed.kube.workloads import default_workload, scale_view, scaled, workload_errors
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +105,60 @@ def test_protobuf_bodies_decode_to_json_and_refuse_what_they_cannot_read() -> No
         decode_object(unknown_field)
     with pytest.raises(UnreadableBody, match="prefix"):
         decode_object(b'{"kind": "ConfigMap"}')
+
+
+# ---- workloads and strategic merge patch ------------------------------------------------------
+
+def _deployment(**spec: Any) -> dict[str, Any]:
+    base = {"selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w", "tier": "x"}},
+                         "spec": {"containers": [{"name": "c", "image": "i"}]}}}
+    return {"kind": "Deployment", "metadata": {"name": "w"}, "spec": {**base, **spec}}
+
+
+def test_workloads_are_defaulted_and_validated_as_apps_v1() -> None:
+    defaulted = default_workload(_deployment())
+    assert defaulted["spec"]["replicas"] == 1 and defaulted["spec"]["strategy"]["rollingUpdate"] == {
+        "maxUnavailable": "25%", "maxSurge": "25%"}
+    assert default_workload(_deployment(strategy={"type": "Recreate"}))["spec"]["strategy"] == {"type": "Recreate"}
+    sts = default_workload({"kind": "StatefulSet", "spec": {}})["spec"]
+    assert sts["podManagementPolicy"] == "OrderedReady" and sts["updateStrategy"]["rollingUpdate"] == {"partition": 0}
+    assert workload_errors(default_workload(_deployment())) == []
+    expressions = _deployment(selector={"matchExpressions": [{"key": "tier", "operator": "In", "values": ["x", "y"]}]})
+    assert workload_errors(default_workload(expressions)) == []
+    lines = [e.message for e in workload_errors(_deployment(replicas=-1, selector={"matchLabels": {"app": "v"}}))]
+    assert lines == ["spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+                     'spec.template.metadata.labels: Invalid value: {"app": "w", "tier": "x"}: `selector` does not'
+                     ' match template `labels`']
+    no_image = _deployment(replicas=1)
+    no_image["spec"]["template"]["spec"]["containers"] = [{"name": "c"}]
+    assert [e.message for e in workload_errors(no_image)] == ["spec.template.spec.containers[0].image: Required value"]
+
+
+def test_the_scale_view_and_a_scale_write() -> None:
+    deploy = default_workload(_deployment(replicas=3))
+    deploy["metadata"]["resourceVersion"] = "9"
+    view = scale_view(deploy)
+    assert view["spec"] == {"replicas": 3} and view["status"] == {"replicas": 0, "selector": "app=w"}
+    assert view["metadata"] == {"name": "w", "resourceVersion": "9"}
+    assert scaled(deploy, {"spec": {"replicas": 5}, "status": {"replicas": 99}})["spec"]["replicas"] == 5
+
+
+def test_strategic_merge_patch_directives() -> None:
+    current = {"metadata": {"finalizers": ["a"], "labels": {"x": "1"}},
+               "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 81, "name": "m"}],
+                        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}},
+                        "containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}}
+    patch = {"metadata": {"finalizers": ["b", "a"], "labels": {"$patch": "delete"}},
+             "spec": {"ports": [{"port": 81, "name": "metrics"}],
+                      "strategy": {"$retainKeys": ["type"], "type": "Recreate"},
+                      "$setElementOrder/containers": [{"name": "c"}, {"name": "a"}],
+                      "containers": [{"name": "b", "$patch": "delete"}]}}
+    assert strategic_merge_patch(current, patch) == {
+        "metadata": {"finalizers": ["a", "b"]},
+        "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 81, "name": "metrics"}],
+                 "strategy": {"type": "Recreate"}, "containers": [{"name": "c"}, {"name": "a"}]}}
+    removed = strategic_merge_patch(current, {"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}})
+    assert removed["metadata"]["finalizers"] == []
+    replaced = strategic_merge_patch(current, {"spec": {"$patch": "replace", "new": {"$patch": "x", "k": 1}}})
+    assert replaced["spec"] == {"new": {"k": 1}}
