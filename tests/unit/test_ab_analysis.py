@@ -372,10 +372,14 @@ def test_no_degree_of_freedom_means_no_decision() -> None:
 
 
 def test_few_noisy_intervals_no_longer_decide_what_a_normal_z_would() -> None:
-    """Effect 0.1, stderr ~0.04 from 4 intervals: z (1.96) would call it; t(3) (3.18) does not."""
+    """Effect 0.1 from 4 paired intervals (differences 0.10, 0.12, 0.08, 0.10): a z on the
+    independent-interval standard error would call it; the series' error, which allows for an
+    autocorrelation that 4 intervals cannot rule out, does not."""
     control = [arm(h, 1000) for h in (200, 300, 250, 330)]
     treatment = [arm(h, 1000) for h in (300, 420, 330, 430)]
     verdict = evaluate_ab(intervals(control, treatment), AnalysisConfig(conditions=(HIT_RATE,), min_samples=4))
     result = verdict.conditions[0]
-    assert result.effect == pytest.approx(0.1) and 0.1 - 1.96 * result.stderr > 0 > 0.1 - 3.18 * result.stderr
+    naive = math.sqrt(sum((d - 0.1) ** 2 for d in (0.1, 0.12, 0.08, 0.1)) / 3 / 4)
+    assert result.effect == pytest.approx(0.1) and result.paired and result.samples == 4
+    assert 0.1 - 1.96 * naive > 0 and result.stderr > naive
     assert verdict.outcome is Outcome.INCONCLUSIVE

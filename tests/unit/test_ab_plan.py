@@ -152,8 +152,8 @@ def test_a_clear_win_promotes_with_its_events() -> None:
     status = measuring(spec)
     reasons = []
     for i in range(4):
-        control = ArmSample(external_hits=400 + i, external_queries=1000)
-        treatment = ArmSample(external_hits=700 - i, external_queries=1000)
+        control = ArmSample(external_hits=400 + 7 * i, external_queries=1000)  # a drift common to both arms
+        treatment = ArmSample(external_hits=700 + 7 * i, external_queries=1000)
         status, notes = record_measurement(status, spec, ABReading(T0, IntervalSample(i, i + 1, control, treatment)), T0, policy="ab", namespace="default")
         reasons += [n.reason for n in notes]
         if status.phase is not ABTestPhase.MEASURING:

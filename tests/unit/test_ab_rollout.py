@@ -106,10 +106,13 @@ def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> N
     # While measuring: structured per-condition results, no final verdict (the VERDICT column is empty).
     measuring = cluster.status.ab_test
     assert measuring.final_verdict is None and measuring.verdict == "Inconclusive" and measuring.progress == "2/6"
+    # Both arms move together (the same +5 every other interval): the paired difference is exact
+    # already, yet the verdict waits for minSamples.
     [hit_rate] = measuring.conditions
-    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Inconclusive")
+    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Success")
     assert hit_rate.effect == pytest.approx(0.3, abs=0.01) and hit_rate.control == pytest.approx(0.4, abs=0.01)
-    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower < hit_rate.effect < hit_rate.upper
+    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower <= hit_rate.effect <= hit_rate.upper
+    assert hit_rate.paired and hit_rate.samples == 2 and hit_rate.threshold == pytest.approx(0.05)  # SPEC's minEffect
     assert hit_rate.level == pytest.approx(0.05) and 0 <= hit_rate.p_value <= 1
     cluster.now += datetime.timedelta(seconds=10)
     plan = cluster.reconcile(SPEC, ab_reading=reading(cluster, 0.4, 0.7, 2))

@@ -338,6 +338,18 @@ class GuardPointStatus(StatusModel):
     treatment_ttft_s: float | None = None
 
 
+class SeriesSumsStatus(StatusModel):
+    """Running sums of one condition's paired per-interval vectors (`core.analysis.SeriesSums`):
+    k values per interval, k x k cross products (row-major) at lags 0 and 1."""
+
+    n: Annotated[int, Field(ge=0)] = 0
+    origin: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+    total: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+    lag0: Annotated[list[float], Field(max_length=16)] = Field(default_factory=list)
+    lag1: Annotated[list[float], Field(max_length=16)] = Field(default_factory=list)
+    last: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+
+
 class AnalysisStateStatus(StatusModel):
     """The analysis' state (`core.analysis.AnalysisState`): constant size, whatever the number
     of intervals."""
@@ -349,6 +361,8 @@ class AnalysisStateStatus(StatusModel):
     control: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
     treatment: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
     recent: Annotated[list[GuardPointStatus], Field(max_length=20)] = Field(default_factory=list)
+    paired: Annotated[dict[str, SeriesSumsStatus], Field(max_length=16)] = Field(default_factory=dict)
+    """Per condition's metric: the paired series of the intervals both arms measured it in."""
 
 
 class ConditionResultStatus(StatusModel):
@@ -372,6 +386,15 @@ class ConditionResultStatus(StatusModel):
     """Always-valid p-value of "no difference"."""
     level: float | None = None
     """The level Holm's step-down tested this condition at."""
+    threshold: float | None = None
+    """The effect the decision is made against: minEffect (a primary's Success), -maxRegression
+    (Failure, and a guardrail's non-inferiority)."""
+    autocorrelation: float | None = None
+    """Lag-1 autocorrelation of the per-interval series the standard error came from."""
+    paired: bool | None = None
+    """Whether the arms were compared interval by interval (false: the unpaired fallback)."""
+    samples: Annotated[int, Field(ge=0)] | None = None
+    """Intervals behind the effect."""
 
 
 class ABTestPhase(str, enum.Enum):

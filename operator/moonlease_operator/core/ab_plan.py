@@ -24,6 +24,7 @@ from moonlease_operator.api.abtest import (
     MeanSumsStatus,
     QuantileSumsStatus,
     RatioSumsStatus,
+    SeriesSumsStatus,
     ABTestPhase,
     ABTestSpec,
     ABTestStatus,
@@ -49,6 +50,7 @@ from moonlease_operator.core.analysis import (
     Outcome,
     QuantileSums,
     RatioSums,
+    SeriesSums,
     Verdict,
     decide,
     fold_interval,
@@ -57,7 +59,7 @@ from moonlease_operator.core.analysis import (
 from moonlease_operator.core.events import EventNote
 
 HISTORY_LIMIT = 20
-ANALYSIS_FORMAT = 1
+ANALYSIS_FORMAT = 2
 """Version of `status.abTest.analysis`; a state of another version is started afresh."""
 
 
@@ -182,6 +184,7 @@ def dump_analysis(state: AnalysisState) -> AnalysisStateStatus:
         last_error=state.last_error[:4096] if state.last_error else None,
         control=_dump_totals(state.control), treatment=_dump_totals(state.treatment),
         recent=[GuardPointStatus(**asdict(p)) for p in state.recent],
+        paired={metric: SeriesSumsStatus(**asdict(sums)) for metric, sums in sorted(state.paired.items())},
     )
 
 
@@ -194,6 +197,8 @@ def load_analysis(raw: AnalysisStateStatus | None) -> AnalysisState:
         samples=raw.samples, consecutive_errors=raw.consecutive_errors, last_error=raw.last_error,
         control=_load_totals(raw.control), treatment=_load_totals(raw.treatment),
         recent=tuple(GuardPoint(**p.model_dump()) for p in raw.recent),
+        paired={metric: SeriesSums(sums.n, tuple(sums.origin), tuple(sums.total), tuple(sums.lag0),
+                                   tuple(sums.lag1), tuple(sums.last)) for metric, sums in raw.paired.items()},
     )
 
 
@@ -221,7 +226,9 @@ def build_condition_results(results: tuple[ConditionResult, ...]) -> list[Condit
         control=_finite(r.control.value) if r.control is not None else None,
         treatment=_finite(r.treatment.value) if r.treatment is not None else None,
         effect=_finite(r.effect), lower=_finite(r.lower), upper=_finite(r.upper),
-        p_value=_finite(r.p_value), level=_finite(r.level),
+        p_value=_finite(r.p_value), level=_finite(r.level), threshold=r.threshold,
+        autocorrelation=_finite(r.autocorrelation), paired=r.paired if r.effect is not None else None,
+        samples=r.samples if r.effect is not None else None,
     ) for r in results]
 
 

@@ -190,15 +190,16 @@ def studentized_z(t_value: float, df: int) -> float:
     return normal_isf(t_two_sided_tail(t_value, df) / 2.0)
 
 
-def always_valid_p(effect: float, stderr: float, n: int, r: float) -> float:
+def always_valid_p(effect: float, stderr: float, n: int, r: float, df: int | None = None) -> float:
     """The normal-mixture always-valid two-sided p-value of `effect` with standard error
-    `stderr` after n intervals (df n - 1). A zero standard error with a non-zero effect (every
-    interval showed exactly the same difference) is certain; no spread estimate yet is 1."""
+    `stderr` after n intervals (`df` degrees of freedom, default n - 1: fewer when the intervals
+    are autocorrelated). A zero standard error with a non-zero effect (every interval showed
+    exactly the same difference) is certain; no spread estimate yet is 1."""
     if n < 2 or math.isinf(stderr) or math.isnan(stderr):
         return 1.0
     if stderr <= 0.0:
         return 1.0 if effect == 0.0 else 0.0
-    z = studentized_z(abs(effect) / stderr, n - 1)
+    z = studentized_z(abs(effect) / stderr, n - 1 if df is None else df)
     if math.isinf(z):
         return 0.0
     log_p = 0.5 * math.log((n + r) / r) - z * z * n / (2.0 * (n + r))
@@ -206,12 +207,12 @@ def always_valid_p(effect: float, stderr: float, n: int, r: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def always_valid_critical(alpha: float, n: int, r: float) -> float:
-    """The |T| (df n - 1) at which `always_valid_p` reaches alpha: half-width of the confidence
-    sequence in standard errors."""
+def always_valid_critical(alpha: float, n: int, r: float, df: int | None = None) -> float:
+    """The |T| (`df` degrees of freedom, default n - 1) at which `always_valid_p` reaches alpha:
+    half-width of the confidence sequence in standard errors."""
     if n < 2:
         return math.inf
-    return t_two_sided_critical(2.0 * normal_sf(mixture_z_boundary(n, alpha, r)), n - 1)
+    return t_two_sided_critical(2.0 * normal_sf(mixture_z_boundary(n, alpha, r)), n - 1 if df is None else df)
 
 
 # ---- several conditions -----------------------------------------------------------------------------
@@ -239,6 +240,31 @@ def holm(p_values: Sequence[float], alpha: float) -> tuple[HolmStep, ...]:
     return tuple(s for s in steps if s is not None)
 
 
+# ---- autocorrelated intervals (`core.analysis`, "the interval series", says why and how) -----------
+
+RHO_PRIOR = 0.7
+"""The lag-1 autocorrelation assumed before any interval is seen (cache hit rates drift slowly)."""
+RHO_PRIOR_WEIGHT = 10.0
+"""How many intervals' worth that prior counts for."""
+RHO_MARGIN = 0.5
+"""Standard errors of r1 (1 / sqrt(n)) added: the doubt about a few intervals' autocorrelation."""
+RHO_MAX = 0.98
+
+
+def planned_rho(r1: float, n: int) -> float:
+    """The lag-1 autocorrelation the standard error allows for, from the sample's r1 after n
+    intervals: bias-corrected (Marriott & Pope 1954, from 7 intervals on), shrunk towards the
+    prior, plus a margin, within [0, RHO_MAX]."""
+    corrected = (n * r1 + 1.0) / (n - 4.0) if n > 6 else r1
+    shrunk = (n * corrected + RHO_PRIOR_WEIGHT * RHO_PRIOR) / (n + RHO_PRIOR_WEIGHT)
+    return min(RHO_MAX, max(0.0, shrunk + RHO_MARGIN / math.sqrt(n)))
+
+
+def variance_inflation(rho: float, n: int) -> float:
+    """v_n = n Var(mean) / Var(x) of n AR(1) terms with lag-1 autocorrelation rho."""
+    return 1.0 + 2.0 * sum((1.0 - k / n) * rho ** k for k in range(1, n))
+
+
 # ---- what a test can detect ------------------------------------------------------------------------
 
 POWER = 0.8
@@ -246,20 +272,22 @@ POWER = 0.8
 
 def minimum_detectable_effect(n: int, *, conditions: int = 1, confidence: float = 0.95, tuned_at: int = 30,
                               power: float = POWER) -> float:
-    """The smallest true effect, in units of one arm's per-interval standard deviation, that an
-    analysis of `conditions` conditions (each tested at the Bonferroni level, Holm's first step)
-    detects at look n with probability `power`.
+    """The smallest true effect beyond the condition's threshold (minEffect), in units of σ, the
+    standard deviation of the per-interval difference treatment - control, that an analysis of
+    `conditions` conditions (each tested at the Bonferroni level, Holm's first step) detects
+    at look n with probability `power`, when the intervals are in fact independent.
 
-    effect = (c + z_power * sqrt(1 + c^2 / (2 df))) * sqrt(2 / n), where c is the always-valid
-    critical |T| at look n and the square root is the usual normal approximation of the
-    noncentral t (Jennett & Welch 1939); sqrt(2 / n) is the standard error of a difference of
-    two arms' means of n intervals each. Conservative: earlier looks can only add detections.
+    effect = (c + z_power * sqrt(1 + c^2 / (2 df))) * sqrt(v / (n - v)), where v is the variance
+    inflation the analysis allows for independent intervals (`planned_rho` at r1 = 0, a little
+    above its expectation -1/n: the spread of r1 costs power too), df = n / v - 1, c the always-valid critical |T| at look n, and the square root is
+    the usual normal approximation of the noncentral t (Jennett & Welch 1939).
     """
     alpha = (1.0 - confidence) / conditions
     r = tuned_mixture(tuned_at, alpha)
-    c = always_valid_critical(alpha, n, r)
-    df = n - 1
-    return (c + normal_isf(1.0 - power) * math.sqrt(1.0 + c * c / (2.0 * df))) * math.sqrt(2.0 / n)
+    inflation = variance_inflation(planned_rho(0.0, n), n)
+    df = max(1, math.floor(n / inflation - 1.0))
+    c = always_valid_critical(alpha, n, r, df)
+    return (c + normal_isf(1.0 - power) * math.sqrt(1.0 + c * c / (2.0 * df))) * math.sqrt(inflation / (n - inflation))
 
 
 MDE_LOOKS = (5, 10, 20, 30, 60)
