@@ -383,3 +383,82 @@ def test_few_noisy_intervals_no_longer_decide_what_a_normal_z_would() -> None:
     assert result.effect == pytest.approx(0.1) and result.paired and result.samples == 4
     assert 0.1 - 1.96 * naive > 0 and result.stderr > naive
     assert verdict.outcome is Outcome.INCONCLUSIVE
+
+
+# ---- the interval series (issue 26): pairing, autocorrelation, decisions on bounds ------------------
+
+def _custom(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[IntervalSample]:
+    return [IntervalSample(i, i + 1, ArmSample(custom=c), ArmSample(custom=t)) for i, (c, t) in enumerate(pairs)]
+
+
+def test_series_sums_give_the_autocovariances_of_any_linear_combination() -> None:
+    import numpy as np
+
+    from moonlease_operator.core.analysis import SeriesSums
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(1000.0, 30.0, (40, 4)).cumsum(axis=0)  # a drifting level: the origin keeps precision
+    sums = SeriesSums()
+    for row in x:
+        sums = sums.add(row.tolist())
+    g = (0.3, -1.2, 0.7, 2.0)
+    z = x @ np.array(g)
+    z = z - z.mean()
+    c0, c1 = sums.autocovariances(g)
+    assert c0 == pytest.approx((z * z).mean(), rel=1e-9)
+    assert c1 == pytest.approx((z[1:] * z[:-1]).sum() / len(z), rel=1e-9)
+    assert sums.means() == pytest.approx(x.mean(axis=0).tolist(), rel=1e-12)
+
+
+def test_a_drift_common_to_both_arms_cancels_in_the_paired_series() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    drift = np.cumsum(rng.normal(0.0, 1.0, 30))  # both arms follow the same load swing
+    c, t = drift + rng.normal(0, 0.1, 30), drift + 0.5 + rng.normal(0, 0.1, 30)
+    config = AnalysisConfig(conditions=(Condition("goodput", min_effect=0.1),), min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom([({"goodput": a}, {"goodput": b}) for a, b in zip(c, t)]), config)
+    result = verdict.conditions[0]
+    assert result.paired and result.samples == 30
+    unpaired = math.hypot(result.control.stderr, result.treatment.stderr)
+    assert result.stderr < unpaired / 5  # the drift is gone from the difference
+    assert verdict.outcome is Outcome.SUCCESS and result.lower > 0.1
+
+
+def test_a_point_estimate_past_min_effect_promotes_only_once_its_bound_is() -> None:
+    # Differences 0.03 +- 0.01 around minEffect 0.02: the estimate clears it, the bound does not.
+    diffs = [0.03 + 0.01 * (-1) ** i for i in range(12)]
+    config = AnalysisConfig(conditions=(Condition("gain", min_effect=0.02, max_regression=0.02),),
+                            min_samples=5, max_samples=12)
+    verdict = evaluate_ab(_custom([({"gain": 0.0}, {"gain": d}) for d in diffs]), config)
+    result = verdict.conditions[0]
+    assert result.effect == pytest.approx(0.03) and result.effect > 0.02 and result.lower < 0.02
+    assert result.threshold == 0.02 and verdict.outcome is Outcome.INCONCLUSIVE
+    assert verdict.final  # out of samples: held, not promoted
+
+
+def test_a_guardrail_is_pending_until_shown_within_tolerance() -> None:
+    gain = [({"gain": 0.0, "lat": 1.0 + (i % 3)}, {"gain": 1.0 + 0.01 * (i % 2), "lat": 1.0 + ((i + 1) % 3)})
+            for i in range(8)]
+    config = AnalysisConfig(conditions=(Condition("gain", min_effect=0.1),
+                                        Condition("lat", MetricDirection.LOWER_IS_BETTER, max_regression=0.05,
+                                                  guardrail=True)), min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom(gain), config)
+    gain_result, guard = verdict.conditions
+    assert gain_result.outcome is Outcome.SUCCESS
+    assert guard.outcome is Outcome.INCONCLUSIVE and "pending" in guard.reason and guard.threshold == -0.05
+    assert verdict.outcome is Outcome.INCONCLUSIVE and not verdict.final  # a noisy guardrail holds the promotion
+
+
+def test_a_failure_rolls_back_even_when_another_condition_has_no_data() -> None:
+    pairs = [({"gain": 1.0 + 0.01 * (i % 2)}, {"gain": 0.0 + 0.01 * (i % 2)}) for i in range(6)]
+    config = AnalysisConfig(conditions=(Condition("gain", max_regression=0.1), Condition("never")),
+                            min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom(pairs), config)
+    assert [r.outcome for r in verdict.conditions] == [Outcome.FAILURE, Outcome.NO_DATA]
+    assert verdict.outcome is Outcome.FAILURE and verdict.final
+
+
+def test_guardrails_alone_are_not_an_analysis() -> None:
+    with pytest.raises(ValueError, match="primary"):
+        AnalysisConfig(conditions=(Condition("lat", guardrail=True),))

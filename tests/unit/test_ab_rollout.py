@@ -264,3 +264,23 @@ def test_arms_of_different_roles_are_refused_with_a_message() -> None:
     assert invalid is not None and invalid.reason == "MismatchedArms"
     assert "control has decode, prefill, treatment has decode" in invalid.message
     assert "MismatchedArms" in cluster.reasons() and not cluster.writes
+
+
+@pytest.mark.parametrize("query, refused", [
+    ("sum(rate(x{$selector}[5m]))", True),  # read every 10 s: every interval re-counts 5 minutes
+    ("sum(increase(x{$selector}[10s]))", False),
+    ("max_over_time(rate(x{$selector}[5s])[1m:5s])", True),  # a subquery's range counts
+    ("sum(x{$selector})", False),
+])
+def test_a_custom_query_reading_past_the_interval_is_refused(query: str, refused: bool) -> None:
+    cluster = ab_fleet()
+    spec = ab_spec(prometheus={"url": "http://prometheus:9090", "customQueries": {"m": query}},
+                   conditions=[{"metric": "m", "minEffect": 0.05}])
+    status = cluster.run(spec)
+    invalid = status.condition("Invalid")
+    if refused:
+        assert status.phase is Phase.INVALID and invalid is not None and invalid.reason == "OverlappingQueryWindows"
+        assert "prometheus.customQueries.m reads a" in invalid.message and "longer than intervalSeconds (10s)" in invalid.message
+        assert not cluster.writes
+    else:
+        assert status.phase is not Phase.INVALID

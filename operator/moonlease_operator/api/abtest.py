@@ -155,7 +155,9 @@ class PrometheusSpec(ApiModel):
     custom_queries: Annotated[dict[str, Annotated[str, Field(max_length=4096)]],
                               Field(max_length=16)] = Field(default_factory=dict)
     """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number.
-    Names start with a letter and hold letters, digits and underscores."""
+    Names start with a letter and hold letters, digits and underscores. A range (`[5m]`) longer
+    than `intervalSeconds` is refused (OverlappingQueryWindows): overlapping windows would count
+    the same traffic in several intervals."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS)
 
@@ -195,6 +197,12 @@ _MASTER_METRICS_NEED_MASTERS = CelRule(
     + ") || (has(self.prometheus) && has(self.prometheus.storeSelectors))",
     message="evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
             "(one master per arm); with one shared master both arms read the same series",
+    field_path=".conditions",
+)
+_A_PRIMARY_CONDITION = CelRule(
+    rule="!has(self.conditions) || self.conditions.exists(c, !has(c.guardrail) || !c.guardrail)",
+    message="at least one condition must be primary (not a guardrail): guardrails alone would promote "
+            "any treatment that is merely no worse",
     field_path=".conditions",
 )
 _MAX_AT_LEAST_MIN = CelRule(
@@ -241,7 +249,7 @@ class ABTestSpec(ApiModel):
     on_inconclusive: FailureAction = FailureAction.HOLD
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS,
-                                                _MASTER_METRICS_NEED_MASTERS)
+                                                _MASTER_METRICS_NEED_MASTERS, _A_PRIMARY_CONDITION)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -255,6 +263,8 @@ class ABTestSpec(ApiModel):
         if any(c.metric in MASTER_METRICS for c in self.conditions) and (
                 self.prometheus is None or self.prometheus.store_selectors is None):
             raise _MASTER_METRICS_NEED_MASTERS.violation()
+        if all(c.guardrail for c in self.conditions):
+            raise _A_PRIMARY_CONDITION.violation()
         return self
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import enum
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -98,6 +99,35 @@ def evaluate_arm_roles(spec: PolicySpec) -> str | None:
         return None
     return (f"the A/B arms must hold the same roles: control has {', '.join(control) or 'none'}, "
             f"treatment has {', '.join(treatment) or 'none'}")
+
+
+_RANGE = re.compile(r"\[\s*((?:\d+(?:\.\d+)?(?:ms|[smhdwy]))+)\s*(?::[^\]]*)?\]")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhdwy])")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def promql_range_seconds(query: str) -> list[float]:
+    """The ranges (`[5m]`, a subquery's `[1h:1m]`) a PromQL query reads over, in seconds."""
+    return [sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(found))
+            for found in _RANGE.findall(query)]
+
+
+def evaluate_custom_query_windows(spec: PolicySpec) -> str | None:
+    """Why a custom query cannot be an A/B metric, or None: one that reads over a range longer
+    than `intervalSeconds` (`rate(x[5m])` read every 60 s) makes consecutive intervals share
+    most of their data, so the analysis would count the same traffic several times over (40 %
+    false decisions on A/A data, issue 26). A range at most the interval (`increase(x[60s])`,
+    or `[$__interval]`-free `rate(x[1m])` at intervalSeconds 60) keeps the windows apart."""
+    ab = spec.rollout.ab_test
+    if ab is None or ab.prometheus is None:
+        return None
+    for name, query in sorted(ab.prometheus.custom_queries.items()):
+        longest = max(promql_range_seconds(query), default=0.0)
+        if longest > ab.interval_seconds:
+            return (f"prometheus.customQueries.{name} reads a {longest:g}s range, longer than intervalSeconds "
+                    f"({ab.interval_seconds}s): consecutive intervals would overlap and count the same traffic "
+                    f"twice; use a range of at most {ab.interval_seconds}s (e.g. increase(...[{ab.interval_seconds}s]))")
+    return None
 
 
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:
