@@ -211,22 +211,47 @@ def test_custom_metric_condition() -> None:
     assert evaluate_ab(intervals(treatment, control), config).outcome is Outcome.FAILURE
 
 
-def test_rising_put_failures_abort_before_min_samples() -> None:
-    config = replace(CONFIG, min_samples=5, guard=AbortGuard(consecutive=2))
-    control = [arm(300, 1000, put_failures=0)] * 3
-    treatment = [arm(600, 1000, put_failures=f) for f in (0, 3, 8)]
+def _puts(arm_sample: ArmSample, failed: float, attempted: float | None = 1000.0) -> ArmSample:
+    return replace(arm_sample, put_failed_keys=failed, put_keys=attempted)
+
+
+def test_a_clearly_higher_failed_put_rate_aborts_before_min_samples() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard())
+    # 30 % of the treatment's puts fail, 0.5 % of the control's, in each interval: clear from the
+    # second one on (a noisy excess takes longer: few intervals cannot rule out autocorrelation).
+    control = [_puts(arm(300, 1000), 5) for _ in range(2)]
+    treatment = [_puts(arm(600, 1000), 300) for _ in range(2)]
+    assert evaluate_ab(intervals(control[:1], treatment[:1]), config).outcome is Outcome.INCONCLUSIVE
     verdict = evaluate_ab(intervals(control, treatment), config)
-    assert verdict.outcome is Outcome.ABORT and verdict.final
-    assert "put failures above control" in verdict.reason
-    # One bad interval is not yet "rising".
-    assert evaluate_ab(intervals(control[:2], treatment[:2]), config).outcome is Outcome.INCONCLUSIVE
+    assert verdict.outcome is Outcome.ABORT and verdict.final and verdict.samples == 2
+    assert "failed-put rate above control's by 0.295" in verdict.reason and "allowance 0.01" in verdict.reason
 
 
-def test_falling_put_failures_do_not_abort() -> None:
-    config = replace(CONFIG, guard=AbortGuard(consecutive=2))
-    control = [arm(300, 1000)] * 3
-    treatment = [arm(600, 1000, put_failures=f) for f in (9, 5, 2)]
+def test_arms_failing_puts_alike_do_not_abort() -> None:
+    """Store pressure hits both arms: equal failed-put rates, whatever their noise, never abort."""
+    config = replace(CONFIG, min_samples=5, max_samples=30, guard=AbortGuard())
+    failed_c = [40, 90, 10, 70, 55, 20, 80, 35, 60, 45]
+    failed_t = [70, 30, 85, 25, 60, 75, 15, 65, 40, 50]
+    control = [_puts(arm(300, 1000), f) for f in failed_c]
+    treatment = [_puts(arm(300, 1000), f) for f in failed_t]
+    assert evaluate_ab(intervals(control, treatment), config).outcome is not Outcome.ABORT
+
+
+def test_within_the_allowance_does_not_abort() -> None:
+    config = replace(CONFIG, guard=AbortGuard(put_failure_rate_allowance=0.05))
+    control = [_puts(arm(300, 1000), 0) for _ in range(6)]
+    treatment = [_puts(arm(600, 1000), 30 + i % 2) for i in range(6)]  # 3 % more: allowed
     assert evaluate_ab(intervals(control, treatment), config).outcome is Outcome.SUCCESS
+
+
+def test_without_attempted_puts_the_counts_are_compared() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard(put_failure_allowance=2))
+    control = [arm(300, 1000, put_failures=1 + i % 2) for i in range(4)]
+    treatment = [arm(600, 1000, put_failures=40 + i % 2) for i in range(4)]  # the same swing, 39 more
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.ABORT and "put failures per interval above control's by 39" in verdict.reason
+    assert evaluate_ab(intervals(control, treatment), replace(config, guard=AbortGuard(put_failure_allowance=None))
+                       ).outcome is not Outcome.ABORT  # the guard off
 
 
 def test_ttft_past_the_failure_threshold_aborts() -> None:
@@ -337,18 +362,17 @@ def test_the_folded_state_holds_what_the_direct_formulas_give() -> None:
 
 
 def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> None:
-    """On one shared store both arms read the same master counters (excess 0): the engines' own
-    failed put keys tell the arms apart."""
-    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard(consecutive=2))
+    """On one shared store both arms read the same master counters: the engines' own failed put
+    keys tell the arms apart."""
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard())
 
     def pair(failed_c: float, failed_t: float) -> tuple[ArmSample, ArmSample]:
-        return (replace(arm(300, 1000, put_failures=7), put_failed_keys=failed_c),
-                replace(arm(600, 1000, put_failures=7), put_failed_keys=failed_t))
+        return (_puts(arm(300, 1000, put_failures=7), failed_c), _puts(arm(600, 1000, put_failures=7), failed_t))
 
-    rising = [pair(0, f) for f in (0, 10, 30)]
-    verdict = evaluate_ab(intervals([c for c, _ in rising], [t for _, t in rising]), config)
-    assert verdict.outcome is Outcome.ABORT and "by 10, 30" in verdict.reason
-    shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30)]
+    worse = [pair(0, 200) for _ in range(4)]
+    verdict = evaluate_ab(intervals([c for c, _ in worse], [t for _, t in worse]), config)
+    assert verdict.outcome is Outcome.ABORT and "failed-put rate" in verdict.reason
+    shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30, 5)]
     verdict = evaluate_ab(intervals([c for c, _ in shared_only], [t for _, t in shared_only]), config)
     assert verdict.outcome is Outcome.INCONCLUSIVE  # same master, same counts: no excess
 

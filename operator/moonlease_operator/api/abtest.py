@@ -77,15 +77,21 @@ class ConditionSpec(ApiModel):
 
 
 class AbortSpec(ApiModel):
-    """Early abort on a clear regression, over the latest `consecutiveIntervals` intervals."""
+    """Early abort on a clear regression."""
 
     consecutive_intervals: Annotated[int, Field(ge=1, le=20)] = 2
+    """Intervals in a row the TTFT guard needs past `ttftThresholdSeconds`."""
     put_failure_guard: bool = True
-    """Abort when the treatment's put failures (its engines' failed put keys, else its master's
-    allocation failures) exceed the control's by more than `putFailureAllowance` in each of the
-    intervals, and the excess does not fall."""
+    """Abort when the treatment's failed-put rate (its engines' failed put keys per put key
+    attempted) exceeds the control's by more than `putFailureRateAllowance`, at the test's
+    confidence (an always-valid test on the paired interval series, in the conditions' Holm
+    family): arms that fail puts alike under store pressure do not abort."""
+    put_failure_rate_allowance: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Failed-put fraction the treatment may have above the control's (0.01: one put in a hundred)."""
     put_failure_allowance: Annotated[float, Field(ge=0)] = 0.0
-    """Put failures per interval the treatment may have above the control's."""
+    """Without the attempted-put counts (the engines export only failures, or only the masters'
+    allocation failures are read): put failures per interval the treatment may have above the
+    control's, tested the same way."""
     ttft_threshold_seconds: Annotated[float, Field(gt=0)] | None = None
     """Abort when the treatment's TTFT at `ttftQuantile` is past this in each of the intervals;
     unset: no TTFT guard."""

@@ -81,6 +81,7 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
         guard=AbortGuard(consecutive=spec.abort.consecutive_intervals,
                          put_failure_allowance=spec.abort.put_failure_allowance if spec.abort.put_failure_guard
                          else None,
+                         put_failure_rate_allowance=spec.abort.put_failure_rate_allowance,
                          ttft_threshold_s=spec.abort.ttft_threshold_seconds,
                          ttft_quantile=spec.abort.ttft_quantile),
     )

@@ -153,6 +153,8 @@ class ArmSample:
     """The Mooncake master's put-allocation failures (one master may serve both arms)."""
     put_failed_keys: float | None = None
     """Keys the arm's own engines failed to put (vLLM's store metrics): per arm, shared store or not."""
+    put_keys: float | None = None
+    """Keys the arm's own engines tried to put (failed or not): the failed-put rate's denominator."""
     evictions: float | None = None
     custom: Mapping[str, float] = field(default_factory=dict)
     """User PromQL results by name; a name absent here was missing this interval."""
@@ -201,16 +203,24 @@ DEFAULT_CONDITIONS: tuple[Condition, ...] = (
 
 @dataclass(frozen=True)
 class AbortGuard:
-    """Early abort on a clear regression, checked on the latest `consecutive` measured intervals.
+    """Early abort on a clear regression.
 
-    Fires when, in each of them, the treatment's put failures (its engines' failed put keys, else
-    its master's allocation failures) exceed the control's by more than `put_failure_allowance`,
-    and the per-interval excess does not fall (rising put failures); or when the treatment's TTFT `ttft_quantile` exceeds `ttft_threshold_s` seconds.
-    None disables a check.
+    Put failures: the treatment's failed-put rate (its engines' failed put keys per put key
+    attempted) against the control's, as one more hypothesis in the conditions' Holm family,
+    tested on the paired interval series like a condition from the first two intervals on:
+    Abort once the lower bound of treatment - control exceeds `put_failure_rate_allowance`.
+    Identical arms under store pressure fail puts alike and do not abort (issue 26: the earlier
+    "excess in 2 consecutive intervals" rule aborted 44-94 % of A/A tests). Without the attempted
+    counts (an older vLLM, master-only metrics) the per-interval failure counts are compared the
+    same way, with `put_failure_allowance` failures per interval. None disables the put guard.
+
+    TTFT: when the treatment's TTFT `ttft_quantile` exceeds `ttft_threshold_s` seconds in each of
+    the latest `consecutive` measured intervals (an absolute limit, not a comparison).
     """
 
     consecutive: int = 2
     put_failure_allowance: float | None = 0.0
+    put_failure_rate_allowance: float = 0.01
     ttft_threshold_s: float | None = None
     ttft_quantile: float = 0.99
 
@@ -668,7 +678,8 @@ def _compare(condition: Condition, state: AnalysisState, r: float) -> _Compariso
 
 
 def evaluate_conditions(conditions: Sequence[Condition], state: AnalysisState, *,
-                        confidence: float, tuned_at: int) -> tuple[ConditionResult, ...]:
+                        confidence: float, tuned_at: int, guard: AbortGuard | None = None,
+                        ) -> tuple[tuple[ConditionResult, ...], str | None]:
     """Every condition's result: always-valid p-values against the thresholds the conditions
     are decided on (`core.sequential`), Holm's step-down across the conditions at alpha =
     1 - confidence, and each condition's confidence sequence at the level Holm tested it at.
@@ -678,12 +689,23 @@ def evaluate_conditions(conditions: Sequence[Condition], state: AnalysisState, *
     * Success: the lower bound above minEffect (a guardrail: above -maxRegression, "within
       tolerance"); Inconclusive otherwise (a guardrail is pending);
     * NoData: an arm never measured it.
+
+    The put guard (`AbortGuard`), when it has data, is one more hypothesis in the family: the
+    second value is why it fires (Abort), or None.
     """
     alpha = 1.0 - confidence
     r = tuned_mixture(tuned_at, alpha)
     comparisons = [_compare(c, state, r) for c in conditions]
-    steps = holm([x.p_value for x in comparisons], alpha)
-    return tuple(_result(x, step, r) for x, step in zip(comparisons, steps))
+    put = _put_guard(state, guard, r) if guard is not None else None
+    steps = holm([x.p_value for x in comparisons] + ([put.p_value] if put is not None else []), alpha)
+    results = tuple(_result(x, step, r) for x, step in zip(comparisons, steps))
+    abort = None
+    if put is not None and steps[-1].rejected:
+        critical = always_valid_critical(steps[-1].level, put.samples, r, put.df)
+        abort = (f"treatment {'failed-put rate' if put.condition.metric == 'putFailureRate' else 'put failures per interval'}"
+                 f" above control's by {put.effect:.3g} ± {critical * put.stderr:.3g} over {put.samples} intervals "
+                 f"(allowance {put.threshold:g}, p {put.p_value:.2g} vs {steps[-1].level:.2g})")
+    return results, abort
 
 
 def _result(x: _Comparison, step: HolmStep, r: float) -> ConditionResult:
@@ -749,22 +771,60 @@ def build_guard_point(interval: IntervalSample, guard: AbortGuard) -> GuardPoint
 
 
 def evaluate_guard(guard: AbortGuard, points: Sequence[GuardPoint]) -> str | None:
-    """Why the guard fires on the latest measured intervals (oldest first), or None."""
-    if guard.consecutive < 1 or len(points) < guard.consecutive:
+    """Why the TTFT guard fires on the latest measured intervals (oldest first), or None."""
+    if guard.consecutive < 1 or len(points) < guard.consecutive or guard.ttft_threshold_s is None:
         return None
     latest = points[-guard.consecutive:]
-    if guard.put_failure_allowance is not None:
-        excess = [p.put_excess for p in latest if p.put_excess is not None]
-        if (len(excess) == len(latest) and all(e > guard.put_failure_allowance for e in excess)
-                and all(b >= a for a, b in zip(excess, excess[1:]))):
-            return (f"treatment put failures above control's by {', '.join(f'{e:g}' for e in excess)} "
-                    f"in the last {len(excess)} intervals (allowance {guard.put_failure_allowance:g})")
-    if guard.ttft_threshold_s is not None:
-        quantiles = [p.treatment_ttft_s for p in latest if p.treatment_ttft_s is not None]
-        if len(quantiles) == len(latest) and all(v > guard.ttft_threshold_s for v in quantiles):
-            return (f"treatment TTFT p{guard.ttft_quantile * 100:g} {', '.join(f'{v:.3g}s' for v in quantiles)} "
-                    f"past the failure threshold {guard.ttft_threshold_s:g}s in the last {len(quantiles)} intervals")
+    quantiles = [p.treatment_ttft_s for p in latest if p.treatment_ttft_s is not None]
+    if len(quantiles) == len(latest) and all(v > guard.ttft_threshold_s for v in quantiles):
+        return (f"treatment TTFT p{guard.ttft_quantile * 100:g} {', '.join(f'{v:.3g}s' for v in quantiles)} "
+                f"past the failure threshold {guard.ttft_threshold_s:g}s in the last {len(quantiles)} intervals")
     return None
+
+
+PUT_RATE_SERIES = "_putFailureRate"
+"""State key of the paired (failed_t, attempted_t, failed_c, attempted_c) put series."""
+PUT_COUNT_SERIES = "_putFailures"
+"""State key of the paired (failed_t, failed_c) put series (attempted puts unknown)."""
+
+
+def put_vectors(control: ArmSample, treatment: ArmSample) -> dict[str, tuple[float, ...]]:
+    """What one interval adds to the put guard's series: the arms' failed puts and attempted
+    puts (failed put keys of their engines; the masters' allocation failures when the engines
+    say nothing, counts only)."""
+    out: dict[str, tuple[float, ...]] = {}
+    ft, fc = treatment.put_failed_keys, control.put_failed_keys
+    if ft is not None and fc is not None:
+        kt, kc = treatment.put_keys, control.put_keys
+        if kt is not None and kc is not None and kt > 0 and kc > 0:
+            out[PUT_RATE_SERIES] = (ft, kt, fc, kc)
+        else:
+            out[PUT_COUNT_SERIES] = (ft, fc)
+    elif treatment.put_alloc_failures is not None and control.put_alloc_failures is not None:
+        out[PUT_COUNT_SERIES] = (treatment.put_alloc_failures, control.put_alloc_failures)
+    return out
+
+
+def _put_guard(state: AnalysisState, guard: AbortGuard, r: float) -> _Comparison | None:
+    """The put guard as a comparison: effect = treatment's failed-put rate (or count) minus the
+    control's, positive = worse; its p-value tests "no more than the allowance"."""
+    if guard.put_failure_allowance is None:
+        return None
+    rates = state.paired.get(PUT_RATE_SERIES)
+    counts = state.paired.get(PUT_COUNT_SERIES)
+    if rates is not None and rates.n >= 2:
+        sums, metric, allowance = rates, RATIO_METRICS[0], guard.put_failure_rate_allowance
+    elif counts is not None and counts.n >= 2:
+        sums, metric, allowance = counts, "", guard.put_failure_allowance
+    else:
+        return None
+    effect, gradient = paired_effect(metric, sums)
+    series = series_estimate(*sums.autocovariances(gradient), sums.n)
+    condition = Condition("putFailureRate" if sums is rates else "putFailures",
+                          MetricDirection.LOWER_IS_BETTER, max_regression=allowance, guardrail=True)
+    p_value = always_valid_p(effect - allowance, series.stderr, sums.n, r, series.df) if effect > allowance else 1.0
+    return _Comparison(condition, None, None, effect, series.stderr, sums.n, series.df, allowance, p_value,
+                       series.autocorrelation, True)
 
 
 @dataclass(frozen=True)
@@ -794,10 +854,13 @@ def fold_interval(state: AnalysisState, interval: IntervalSample, config: Analys
         return replace(state, consecutive_errors=state.consecutive_errors + 1,
                        last_error=interval.error or "an arm was not measured")
     paired = dict(state.paired)
-    for metric in dict.fromkeys(c.metric for c in config.conditions):
-        vector = paired_vector(metric, interval.control, interval.treatment)
+    vectors = {metric: paired_vector(metric, interval.control, interval.treatment)
+               for metric in dict.fromkeys(c.metric for c in config.conditions)}
+    if config.guard.put_failure_allowance is not None:
+        vectors.update(put_vectors(interval.control, interval.treatment))
+    for key, vector in vectors.items():
         if vector is not None:
-            paired[metric] = paired.get(metric, SeriesSums()).add(vector)
+            paired[key] = paired.get(key, SeriesSums()).add(vector)
     return AnalysisState(
         samples=state.samples + 1, consecutive_errors=0, last_error=None,
         control=state.control.add(interval.control), treatment=state.treatment.add(interval.treatment),
@@ -823,8 +886,10 @@ def decide(state: AnalysisState, config: AnalysisConfig) -> Verdict:
     abort = evaluate_guard(config.guard, state.recent)
     if abort is not None:
         return Verdict(Outcome.ABORT, abort, True, n, errors)
-    results = evaluate_conditions(config.conditions, state, confidence=config.confidence,
-                                  tuned_at=tuning_look(config))
+    results, put_abort = evaluate_conditions(config.conditions, state, confidence=config.confidence,
+                                             tuned_at=tuning_look(config), guard=config.guard)
+    if put_abort is not None:
+        return Verdict(Outcome.ABORT, put_abort, True, n, errors, results)
     out_of_samples = config.max_samples is not None and n >= config.max_samples
     if n < config.min_samples:
         note = f"; last measurement failed: {state.last_error}" if errors else ""

@@ -117,11 +117,39 @@ def _incomplete_beta(x: float, a: float, b: float) -> float:
     return front * fraction / a
 
 
+_CLOSED_FORM_DF = 200
+_CLOSED_FORM_FLOOR = 1e-6
+"""Below this tail the closed form's 1 - A would lose digits: the continued fraction answers."""
+
+
+def _t_tail_closed_form(value: float, df: int) -> float:
+    """1 - A(t|df) by the finite sums for an integer df (Abramowitz & Stegun 26.7.3, 26.7.4):
+    O(df) and fast, where the continued fraction needs many terms for few degrees of freedom."""
+    theta = math.atan(abs(value) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2 == 1:
+        term, total = 1.0, 1.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inner = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+        return 1.0 - 2.0 / math.pi * (theta + inner)
+    term, total = 1.0, 1.0
+    for k in range(1, df // 2):
+        term *= c2 * (2 * k - 1) / (2 * k)
+        total += term
+    return 1.0 - math.sin(theta) * total
+
+
 def t_two_sided_tail(value: float, df: float) -> float:
     """P(|T| >= |value|) for Student's t with `df` degrees of freedom (exact in the far tail,
     where 1 - CDF would lose every digit)."""
     if math.isinf(value):
         return 0.0
+    if df == int(df) and 1 <= df <= _CLOSED_FORM_DF:
+        tail = _t_tail_closed_form(value, int(df))
+        if tail >= _CLOSED_FORM_FLOOR:
+            return tail
     return _incomplete_beta(df / (df + value * value), df / 2.0, 0.5)
 
 
