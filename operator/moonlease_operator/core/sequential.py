@@ -289,8 +289,11 @@ def planned_rho(r1: float, n: int) -> float:
 
 
 def variance_inflation(rho: float, n: int) -> float:
-    """v_n = n Var(mean) / Var(x) of n AR(1) terms with lag-1 autocorrelation rho."""
-    return 1.0 + 2.0 * sum((1.0 - k / n) * rho ** k for k in range(1, n))
+    """v_n = n Var(mean) / Var(x) = 1 + 2 sum_{k<n} (1 - k/n) rho^k of n AR(1) terms with lag-1
+    autocorrelation rho (< 1), in closed form."""
+    if rho == 0.0:
+        return 1.0
+    return (1.0 + rho) / (1.0 - rho) - 2.0 * rho * (1.0 - rho ** n) / (n * (1.0 - rho) ** 2)
 
 
 # ---- what a test can detect ------------------------------------------------------------------------
