@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase
+from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase, read_spec
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.analysis import ArmSample, IntervalSample
 from moonlease_connector.settings import SETTINGS_FILE_NAME
@@ -284,3 +284,30 @@ def test_a_custom_query_reading_past_the_interval_is_refused(query: str, refused
         assert not cluster.writes
     else:
         assert status.phase is not Phase.INVALID
+
+
+def test_a_retried_test_starts_fresh_and_waits_out_its_warmup() -> None:
+    """Issue 26: the retried test inherited the rolled-back one's samples, sums and last reading
+    (a merge patch left them in place), and was decided after one interval without a warm-up.
+    The cluster here stores the status as the API server does: merge-patched."""
+    from moonlease_operator.api import VERB_ANNOTATION
+    from moonlease_operator.core.ab_plan import measurement_due
+    from moonlease_operator.core.verbs import Verb, build_verb_value
+
+    cluster = ab_fleet()
+    spec = ab_spec(warmupSeconds=20)
+    deploy_treatment(cluster, spec)
+    cluster.now += datetime.timedelta(seconds=20)
+    measure(cluster, spec, [(0.7, 0.4)] * 3)
+    status = cluster.run(spec)
+    assert status.ab_test.phase is ABTestPhase.ROLLED_BACK and status.ab_test.samples == 3
+    cluster.annotations[VERB_ANNOTATION] = build_verb_value(Verb.RETRY, status.revision, status.desired_config_hash)
+    status = cluster.run(spec)
+    ab = status.ab_test
+    assert ab.phase is ABTestPhase.MEASURING and ab.samples == 0 and ab.analysis is None
+    assert ab.last_measured_at is None and ab.verdict is None and ab.history == [] and ab.progress == ""
+    stored = cluster.status_json["abTest"]
+    assert "analysis" not in stored and "lastMeasuredAt" not in stored and "decidedAt" not in stored
+    parsed = read_spec(spec).rollout.ab_test
+    assert not measurement_due(ab, parsed, cluster.now)  # the warm-up first
+    assert measurement_due(ab, parsed, cluster.now + datetime.timedelta(seconds=20))
