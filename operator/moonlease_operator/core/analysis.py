@@ -52,6 +52,7 @@ from moonlease_operator.core.sequential import (
     HolmStep,
     always_valid_critical,
     always_valid_p,
+    effective_df,
     holm,
     planned_rho,
     tuned_mixture,
@@ -489,7 +490,8 @@ def estimate_metric(metric: str, samples: Sequence[ArmSample]) -> Estimate | Non
 # SS / (n - v_n) the sample variance corrected for the same autocorrelation (Bayley & Hammersley
 # 1946, "The effective number of independent observations in an autocorrelated time series",
 # JRSS Suppl. 8; Wilks 2011, "Statistical Methods in the Atmospheric Sciences", 3rd ed., §5.2.4),
-# studentised with n / v_n - 1 degrees of freedom. rho is the lag-1 autocorrelation r1 = c1 / c0,
+# studentised with n / v_n - 1 degrees of freedom (at least 3: `core.sequential.effective_df`).
+# rho is the lag-1 autocorrelation r1 = c1 / c0,
 # made fit for 5 to 30 intervals, where r1 is badly biased and noisy: the small-sample bias
 # correction (n r1 + 1) / (n - 4) (Marriott & Pope 1954, Biometrika 41; from 7 intervals on),
 # shrunk towards a prior of 0.7 worth 10 intervals (caches are autocorrelated; few intervals
@@ -550,7 +552,7 @@ class SeriesEstimate:
 
     stderr: float
     df: int
-    """Degrees of freedom of the studentised effect: n / v_n - 1, at least 1."""
+    """Degrees of freedom of the studentised effect (`core.sequential.effective_df`)."""
     autocorrelation: float | None
     """The series' raw lag-1 autocorrelation r1 (None: no spread to correlate)."""
     rho: float
@@ -566,7 +568,7 @@ def series_estimate(c0: float, c1: float, n: int) -> SeriesEstimate:
     inflation = variance_inflation(rho, n)
     squares = c0 * n
     stderr = math.sqrt(squares * inflation / (n * (n - inflation))) if n > inflation else math.inf
-    return SeriesEstimate(stderr, max(1, math.floor(n / inflation - 1.0)), r1, rho)
+    return SeriesEstimate(stderr, effective_df(n, inflation), r1, rho)
 
 
 # ---- the decision -------------------------------------------------------------------------------
@@ -667,7 +669,7 @@ def _compare(condition: Condition, state: AnalysisState, r: float) -> _Compariso
         inflation = variance_inflation(planned_rho(0.0, max(n, 2)), max(n, 2))
         effect, paired, autocorrelation = sign * (t.value - c.value), False, None
         stderr = math.sqrt((c.stderr ** 2 + t.stderr ** 2) * inflation)
-        df = max(1, math.floor(n / inflation - 1.0))
+        df = effective_df(max(n, 2), inflation)
     else:
         return _Comparison(condition, c, t, None, None, 0, 0, 0.0, 1.0)
     threshold = _threshold(condition, effect)
