@@ -334,7 +334,7 @@ def minimum_detectable_effect(n: int, *, conditions: int = 1, confidence: float 
     return (c + normal_isf(1.0 - power) * math.sqrt(1.0 + c * c / (2.0 * df))) * math.sqrt(inflation / (n - inflation))
 
 
-MDE_LOOKS = (5, 10, 20, 30, 60)
+MDE_LOOKS = (10, 20, 30, 60, 120)
 MDE_CONDITIONS = (1, 2, 3)
 
 
