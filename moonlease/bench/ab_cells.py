@@ -109,7 +109,12 @@ def runs_of(data: CellData, runs: int, *, with_ttft: bool = True) -> list[list[I
     return out
 
 
-def counters_cell(rho: float, *, drift: float = 0.0, requests: tuple[float, float] = (24, 24),
+REQUESTS = 1000
+"""Requests per arm and interval: enough that the hit probability's own autocorrelation, not the
+requests' binomial noise, dominates the per-interval series (as on a busy engine)."""
+
+
+def counters_cell(rho: float, *, drift: float = 0.0, requests: tuple[float, float] = (REQUESTS, REQUESTS),
                   long_tail: bool = False, ttft: bool = True) -> Cell:
     def cell(rng: np.random.Generator, runs: int) -> CellData:
         shape = (runs, MAX_SAMPLES)
@@ -139,7 +144,7 @@ def overlapping_cell(rng: np.random.Generator, runs: int) -> CellData:
 def outage_cell(rng: np.random.Generator, runs: int) -> CellData:
     """AR(1) 0.5 counters; the source is down for 10 % of intervals, in bursts of up to 3."""
     shape = (runs, MAX_SAMPLES)
-    arms = [hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), 24) for _ in range(2)]
+    arms = [hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), REQUESTS) for _ in range(2)]
     for arm in arms:
         arm["ttft"] = ttft_buckets(rng, ar1(rng, shape, 0.5, 0.1))
     starts = rng.random(shape) < 0.05
@@ -153,7 +158,7 @@ def put_failure_cell(rng: np.random.Generator, runs: int) -> CellData:
     interval; half the runs without attempted-put counts (the count fallback)."""
     shape = (runs, MAX_SAMPLES)
     base = np.array([0.0002, 0.002, 0.05])[np.arange(runs) % 3][:, None]
-    arms = [hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), 24) for _ in range(2)]
+    arms = [hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), REQUESTS) for _ in range(2)]
     for arm in arms:
         arm["ttft"] = ttft_buckets(rng, ar1(rng, shape, 0.5, 0.1))
         keys = rng.poisson(1000, shape)
@@ -168,8 +173,8 @@ def cold_cell(rng: np.random.Generator, runs: int) -> CellData:
     interval, halving with each interval after."""
     shape = (runs, MAX_SAMPLES)
     cold = 0.05 * 0.5 ** np.arange(MAX_SAMPLES)
-    control = hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), 24)
-    treatment = hit_counters(rng, 0.4 - cold + ar1(rng, shape, 0.5, 0.05), 24)
+    control = hit_counters(rng, 0.4 + ar1(rng, shape, 0.5, 0.05), REQUESTS)
+    treatment = hit_counters(rng, 0.4 - cold + ar1(rng, shape, 0.5, 0.05), REQUESTS)
     for arm in (control, treatment):
         arm["ttft"] = ttft_buckets(rng, ar1(rng, shape, 0.5, 0.1))
     return control, treatment, None
