@@ -16,7 +16,7 @@ default spec's). Power cells: one custom condition, the README's detectable effe
 intervals, i.i.d. and under a drift common to both arms (AR(1) 0.95, three times the arms' own
 noise).
 
-    .venv/bin/python benchmarks/ab_calibration.py                 # ~10 min on 2 busy cores
+    .venv/bin/python benchmarks/ab_calibration.py --runs 500      # ~10 min on 2 busy cores
     .venv/bin/python benchmarks/ab_calibration.py --runs 100      # quick look
 
 Writes benchmarks/results/ab_calibration.md (and prints it).
@@ -159,7 +159,7 @@ def rate(k: int, n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=600, help="runs per cell (default 600)")
+    parser.add_argument("--runs", type=int, default=500, help="runs per cell (default 500)")
     parser.add_argument("--previous", default="6303228", help="git ref of the rule before issue 26")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()

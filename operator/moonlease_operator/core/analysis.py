@@ -179,12 +179,11 @@ class IntervalSample:
 
 @dataclass(frozen=True)
 class Condition:
-    """Treatment vs control on one metric.
+    """Treatment vs control on one metric, decided on the effect's confidence sequence.
 
-    Success when the treatment is better by at least `min_effect` (in the metric's unit) and the
-    interval estimate - t*SE excludes no improvement; failure when it is worse by at least
-    `max_regression` and estimate + t*SE excludes no regression (t: the Student-t critical value). A `guardrail` condition can only
-    fail: it is not required to show an improvement.
+    Success when its lower bound clears `min_effect` (a guardrail, "within tolerance": clears
+    -`max_regression`); Failure when its upper bound is below -`max_regression` (metric units).
+    A `guardrail` condition is not required to show an improvement, only non-inferiority.
     """
 
     metric: str
@@ -753,7 +752,8 @@ class GuardPoint:
 
     put_excess: float | None
     """Treatment put failures minus the control's (failed put keys of the arms' engines, else
-    the masters' allocation failures); None if either is missing."""
+    the masters' allocation failures); None if either is missing. For the status: the put
+    guard itself tests the paired series (`_put_guard`)."""
     treatment_ttft_s: float | None
     """The treatment's TTFT at the guard's quantile; None if not measured."""
 
