@@ -136,7 +136,8 @@ def build_status_view(policy: Mapping[str, Any],
             "progress": ab.get("progress"), "configHash": ab.get("configHash"),
             "conditions": [{k: c.get(k) for k in ("metric", "control", "treatment", "effect", "lower", "upper",
                                                   "threshold", "pValue", "level", "autocorrelation", "samples",
-                                                  "paired", "outcome")} for c in ab.get("conditions") or []],
+                                                  "paired", "guardrail", "outcome")}
+                           for c in ab.get("conditions") or []],
             "reason": ab.get("reason", ""),
         }
     return StatusView(
@@ -169,6 +170,12 @@ def _number(value: Any) -> str:
     return "-" if value is None else f"{value + 0.0:.4g}"  # + 0.0: no "-0"
 
 
+def _outcome(condition: Mapping[str, Any]) -> str:
+    """A guardrail not yet shown within its tolerance is Pending, not a win in waiting."""
+    outcome = condition.get("outcome") or ""
+    return "Pending" if condition.get("guardrail") and outcome == "Inconclusive" else outcome
+
+
 def _small(value: Any) -> str:
     """A p-value or level: two significant digits."""
     return "-" if value is None else f"{value + 0.0:.2g}"
@@ -197,7 +204,7 @@ def render_status(view: StatusView) -> str:
                 lines.append(f"  {c.get('metric', ''):<20} {_number(c.get('control')):>10} {_number(c.get('treatment')):>10} "
                              f"{_number(c.get('effect')):>10}  {bounds:<23} {_number(c.get('threshold')):>9} "
                              f"{_small(c.get('pValue')):>8} {_small(c.get('level')):>7} "
-                             f"{_fixed(c.get('autocorrelation')):>7}  {c.get('outcome', '')}"
+                             f"{_fixed(c.get('autocorrelation')):>7}  {_outcome(c)}"
                              + ("" if c.get("paired") is not False else " (unpaired)"))
     if view.target_details is not None:
         lines.append(f"  {'target':<34}{'role':<9}{'phase':<12}{'ready':<7}{'config-hash':<18}{'rollback':<9}"

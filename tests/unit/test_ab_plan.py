@@ -138,6 +138,9 @@ def test_measurements_fold_into_a_bounded_history_and_a_state_that_survives_json
     assert load_analysis(status.analysis) == _fold(intervals, config)
     assert status.verdict == evaluate_ab(intervals, config).outcome.value == "Inconclusive"
     assert [e.reason for e in events] == ["MeasurementFailed"]
+    # per condition: which is a guardrail (shown Pending while Inconclusive), the paired series
+    assert [(c.metric, c.guardrail) for c in status.conditions] == [("externalHitRate", None), ("ttftP90", True)]
+    assert all(c.paired and c.samples == 25 for c in status.conditions)
 
 
 def _fold(intervals: list[IntervalSample], config: AnalysisConfig) -> AnalysisState:

@@ -108,3 +108,12 @@ def test_conditions_show_thresholds_p_values_holm_levels_and_the_autocorrelation
     # aligned: every row's outcome starts where the header's does
     assert {row.index(" Inconclusive") if "Inconclusive" in row else row.index(" Success") for row in rows} == {
         header.index(" outcome")}
+
+
+def test_a_guardrail_not_yet_within_tolerance_shows_pending() -> None:
+    view = build_status_view(policy({"phase": "Analyzing", "abTest": {"phase": "Measuring", "conditions": [
+        {"metric": "ttftP90", "outcome": "Inconclusive", "guardrail": True},
+        {"metric": "externalHitRate", "outcome": "Inconclusive"}]}}))
+    text = render_status(view)
+    assert any(line.lstrip().startswith("ttftP90") and line.endswith("Pending") for line in text.splitlines())
+    assert any(line.lstrip().startswith("externalHitRate") and line.endswith("Inconclusive") for line in text.splitlines())

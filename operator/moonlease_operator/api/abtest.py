@@ -411,6 +411,8 @@ class ConditionResultStatus(StatusModel):
     """Whether the arms were compared interval by interval (false: the unpaired fallback)."""
     samples: Annotated[int, Field(ge=0)] | None = None
     """Intervals behind the effect."""
+    guardrail: bool | None = None
+    """A guardrail (non-inferiority only): Inconclusive means Pending, not yet shown within tolerance."""
 
 
 class ABTestPhase(str, enum.Enum):

@@ -251,7 +251,9 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def build_condition_results(results: tuple[ConditionResult, ...]) -> list[ConditionResultStatus]:
+def build_condition_results(results: tuple[ConditionResult, ...],
+                            conditions: tuple[Condition, ...] = ()) -> list[ConditionResultStatus]:
+    guardrails = {c.metric for c in conditions if c.guardrail}
     return [ConditionResultStatus(
         metric=r.metric, outcome=r.outcome.value,
         control=_finite(r.control.value) if r.control is not None else None,
@@ -260,6 +262,7 @@ def build_condition_results(results: tuple[ConditionResult, ...]) -> list[Condit
         p_value=_finite(r.p_value), level=_finite(r.level), threshold=r.threshold,
         autocorrelation=_finite(r.autocorrelation), paired=r.paired if r.effect is not None else None,
         samples=r.samples if r.effect is not None else None,
+        guardrail=True if r.metric in guardrails else None,
     ) for r in results]
 
 
@@ -339,7 +342,7 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
         "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
         "final_verdict": verdict.outcome.value if action is not ABAction.CONTINUE else None,
         "progress": f"{verdict.samples}/{spec.max_samples}",
-        "conditions": build_condition_results(verdict.conditions) or status.conditions,
+        "conditions": build_condition_results(verdict.conditions, config.conditions) or status.conditions,
         "action": action.value, "samples": verdict.samples, "consecutive_errors": verdict.consecutive_errors,
         "last_measured_at": reading.at, "decided_at": now if action is not ABAction.CONTINUE else None,
         "control": summarize_arm(state.control), "treatment": summarize_arm(state.treatment),
