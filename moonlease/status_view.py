@@ -135,7 +135,9 @@ def build_status_view(policy: Mapping[str, Any],
             "phase": ab.get("phase"), "verdict": ab.get("verdict"), "finalVerdict": ab.get("finalVerdict"),
             "progress": ab.get("progress"), "configHash": ab.get("configHash"),
             "conditions": [{k: c.get(k) for k in ("metric", "control", "treatment", "effect", "lower", "upper",
-                                                  "outcome")} for c in ab.get("conditions") or []],
+                                                  "threshold", "pValue", "level", "autocorrelation", "samples",
+                                                  "paired", "guardrail", "outcome")}
+                           for c in ab.get("conditions") or []],
             "reason": ab.get("reason", ""),
         }
     return StatusView(
@@ -168,6 +170,21 @@ def _number(value: Any) -> str:
     return "-" if value is None else f"{value + 0.0:.4g}"  # + 0.0: no "-0"
 
 
+def _outcome(condition: Mapping[str, Any]) -> str:
+    """A guardrail not yet shown within its tolerance is Pending, not a win in waiting."""
+    outcome = condition.get("outcome") or ""
+    return "Pending" if condition.get("guardrail") and outcome == "Inconclusive" else outcome
+
+
+def _small(value: Any) -> str:
+    """A p-value or level: two significant digits."""
+    return "-" if value is None else f"{value + 0.0:.2g}"
+
+
+def _fixed(value: Any) -> str:
+    return "-" if value is None else f"{value + 0.0:+.2f}"
+
+
 def render_status(view: StatusView) -> str:
     lines = [f"{view.namespace}/{view.name}: {view.phase}" + (f" — {view.message}" if view.message else "")]
     if view.stages:
@@ -179,11 +196,16 @@ def render_status(view: StatusView) -> str:
         verdict = ab.get("finalVerdict") or f"(so far {ab.get('verdict') or '-'})"
         lines.append(f"A/B:     {ab.get('phase')}, verdict {verdict}, samples {ab.get('progress') or '-'}")
         if ab["conditions"]:
-            lines.append(f"  {'metric':<20}{'control':>10}{'treatment':>11}{'effect':>10}  {'bounds':<22}outcome")
+            # Every column is padded and separated: a long number never runs into the next one.
+            lines.append(f"  {'metric':<20} {'control':>10} {'treatment':>10} {'effect':>10}  {'bounds':<23} "
+                         f"{'threshold':>9} {'p':>8} {'level':>7} {'lag-1 r':>7}  outcome")
             for c in ab["conditions"]:
                 bounds = f"[{_number(c.get('lower'))}, {_number(c.get('upper'))}]"
-                lines.append(f"  {c.get('metric', ''):<20}{_number(c.get('control')):>10}{_number(c.get('treatment')):>11}"
-                             f"{_number(c.get('effect')):>10}  {bounds:<22}{c.get('outcome', '')}")
+                lines.append(f"  {c.get('metric', ''):<20} {_number(c.get('control')):>10} {_number(c.get('treatment')):>10} "
+                             f"{_number(c.get('effect')):>10}  {bounds:<23} {_number(c.get('threshold')):>9} "
+                             f"{_small(c.get('pValue')):>8} {_small(c.get('level')):>7} "
+                             f"{_fixed(c.get('autocorrelation')):>7}  {_outcome(c)}"
+                             + ("" if c.get("paired") is not False else " (unpaired)"))
     if view.target_details is not None:
         lines.append(f"  {'target':<34}{'role':<9}{'phase':<12}{'ready':<7}{'config-hash':<18}{'rollback':<9}"
                      f"{'original':<9}policy")

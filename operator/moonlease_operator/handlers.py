@@ -287,8 +287,11 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
             prometheus_url, context.options.prometheus_url_allowlist) is None:
         tested = previous.ab_test.config_hash
         parsed = spec
+        # A test without a reading yet (fresh, or retried under the same configuration) starts
+        # from its own baseline, never from the previous attempt's last snapshot.
+        fresh = previous.ab_test.last_measured_at is None
         reading, kept = await measure_arms(lambda: build_metric_source(parsed, namespace, observed),
-                                           baselines.get(tested),
+                                           None if fresh else baselines.get(tested),
                                            last_measured_at=previous.ab_test.last_measured_at, now=now)
         observed = dataclasses.replace(observed, ab_reading=reading)
     plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now,

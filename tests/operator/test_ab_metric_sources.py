@@ -189,14 +189,15 @@ def test_no_difference_is_inconclusive_and_holds(ab_bed: Callable[..., ABBed]) -
     assert "maximum of 3 samples" in verdict.reason
 
 
-def test_rising_put_failures_abort_early(ab_bed: Callable[..., ABBed]) -> None:
+def test_steady_excess_put_failures_abort_early(ab_bed: Callable[..., ABBed]) -> None:
     bed = ab_bed()
-    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard(consecutive=2))
-    plan = [(dict(hit_rate=0.3), dict(hit_rate=0.6, put_failures=f)) for f in (0, 4, 9, 15, 20)]
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard(put_failure_allowance=2))
+    plan = [(dict(hit_rate=0.3), dict(hit_rate=0.6, put_failures=20)) for _ in range(5)]
     verdict = bed.run(bed.source(), config, plan)
     assert verdict.outcome is Outcome.ABORT, verdict.reason
-    assert "put failures above control" in verdict.reason
-    assert verdict.samples == 3  # aborted before min_samples, despite the winning hit rate
+    # The exporters serve the master's allocation failures only: the per-interval counts compared.
+    assert "put failures per interval above control's by 20" in verdict.reason and "allowance 2" in verdict.reason
+    assert verdict.samples == 2  # aborted before min_samples, despite the winning hit rate
     assert Outcome.SUCCESS not in [v.outcome for v in bed.verdicts]
 
 

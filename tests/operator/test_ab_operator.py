@@ -274,3 +274,38 @@ async def test_missing_metrics_give_no_decision_and_a_clear_condition(
     assert ab["verdict"] == "NoData" and ab["action"] == "Hold"
     assert ab["treatment"].get("externalHitRate") is None and ab["treatment"]["prefixHitRate"] > 0.8
     assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
+
+
+async def test_a_retried_test_starts_at_zero_and_waits_out_its_warm_up(
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    """Issue 26: after `moonlease retry` the test showed the previous attempt's counts and was
+    decided after one interval, its first interval read seconds after the start — the status
+    merge patch left the old attempt's nested fields in place."""
+    from moonlease_operator.api import VERB_ANNOTATION
+    from moonlease_operator.core.verbs import Verb, build_verb_value
+
+    control, treatment = exporters
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS), \
+            traffic(control, treatment, control_rate=0.6, treatment_rate=0.3):
+        await kube.create(ab_policy(warmupSeconds=4))
+        await kube.wait_for(lambda: phase(kube, "ab") == "Degraded", timeout=WAIT, what="the first attempt rolled back")
+        first = ab_status(kube)
+        assert first["samples"] >= 3 and first["analysis"]["samples"] == first["samples"]
+        policy_status = status(kube, "ab")
+        await kube.patch("mlp", NS, "ab", {"metadata": {"annotations": {VERB_ANNOTATION: build_verb_value(
+            Verb.RETRY, policy_status["revision"], policy_status["desiredConfigHash"])}}})
+        await kube.wait_for(lambda: ab_status(kube).get("startedAt") not in (None, first["startedAt"]),
+                            timeout=WAIT, what="the retried test measuring")
+        fresh = ab_status(kube)
+        assert fresh["samples"] == 0 and fresh.get("analysis") is None and fresh.get("lastMeasuredAt") is None
+        assert fresh.get("verdict") is None and not fresh.get("history") and not fresh.get("conditions")
+        await kube.wait_for(lambda: ab_status(kube).get("lastMeasuredAt") is not None, timeout=WAIT,
+                            what="the retried test's baseline")
+        baseline = ab_status(kube)
+        started, read = (datetime.datetime.fromisoformat(baseline[k].replace("Z", "+00:00"))
+                         for k in ("startedAt", "lastMeasuredAt"))
+        assert (read - started).total_seconds() >= 4 and baseline["samples"] == 0
+        await kube.wait_for(lambda: ab_status(kube).get("samples", 0) >= 1, timeout=WAIT, what="a first interval")
+        one = ab_status(kube)
+        assert one["analysis"]["samples"] == one["samples"] and one["progress"] == f"{one['samples']}/6"

@@ -61,7 +61,9 @@ async def test_status_shows_the_held_test_and_the_command_that_decides_it(
         assert code == 2, (out, err)  # waiting for a person
         assert out.startswith(f"{NS}/ab: AwaitingDecision")
         assert re.search(r"A/B: +AwaitingDecision, verdict Success, samples \d+/6", out), out
-        assert re.search(r"externalHitRate +0\.[23]\d* +0\.[56]\d* +0\.[23]\d* +\[0\.\d+, 0\.\d+\] +Success", out), out
+        # control, treatment, effect, bounds, threshold (minEffect), p, Holm level, lag-1 autocorrelation
+        assert re.search(r"externalHitRate +0\.[23]\d* +0\.[56]\d* +0\.[23]\d* +\[0\.\d+, 0\.\d+\] +0\.05 +\S+ +0\.0\d+ +\S+ +Success",
+                         out), out
         assert f"run:     moonlease promote -n {NS} ab   # or: moonlease abort -n {NS} ab" in out
 
         code, out, _ = await run(sys.executable, "-m", "moonlease.cli", "status", "ab", "-o", "json",
@@ -70,6 +72,7 @@ async def test_status_shows_the_held_test_and_the_command_that_decides_it(
         assert view["phase"] == "AwaitingDecision" and view["ab_test"]["finalVerdict"] == "Success"
         [hit_rate] = [c for c in view["ab_test"]["conditions"] if c["metric"] == "externalHitRate"]
         assert hit_rate["lower"] > 0 and view["waiting"]["command"].startswith("moonlease promote")
+        assert hit_rate["threshold"] == 0.05 and hit_rate["pValue"] <= hit_rate["level"]
         assert view["ab_test"]["configHash"] == config_hash
         assert sum(view["targets"].values()) == 3  # the master and the treatment's two (the control is held)
 

@@ -211,22 +211,47 @@ def test_custom_metric_condition() -> None:
     assert evaluate_ab(intervals(treatment, control), config).outcome is Outcome.FAILURE
 
 
-def test_rising_put_failures_abort_before_min_samples() -> None:
-    config = replace(CONFIG, min_samples=5, guard=AbortGuard(consecutive=2))
-    control = [arm(300, 1000, put_failures=0)] * 3
-    treatment = [arm(600, 1000, put_failures=f) for f in (0, 3, 8)]
+def _puts(arm_sample: ArmSample, failed: float, attempted: float | None = 1000.0) -> ArmSample:
+    return replace(arm_sample, put_failed_keys=failed, put_keys=attempted)
+
+
+def test_a_clearly_higher_failed_put_rate_aborts_before_min_samples() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard())
+    # 30 % of the treatment's puts fail, 0.5 % of the control's, in each interval: clear from the
+    # second one on (a noisy excess takes longer: few intervals cannot rule out autocorrelation).
+    control = [_puts(arm(300, 1000), 5) for _ in range(2)]
+    treatment = [_puts(arm(600, 1000), 300) for _ in range(2)]
+    assert evaluate_ab(intervals(control[:1], treatment[:1]), config).outcome is Outcome.INCONCLUSIVE
     verdict = evaluate_ab(intervals(control, treatment), config)
-    assert verdict.outcome is Outcome.ABORT and verdict.final
-    assert "put failures above control" in verdict.reason
-    # One bad interval is not yet "rising".
-    assert evaluate_ab(intervals(control[:2], treatment[:2]), config).outcome is Outcome.INCONCLUSIVE
+    assert verdict.outcome is Outcome.ABORT and verdict.final and verdict.samples == 2
+    assert "failed-put rate above control's by 0.295" in verdict.reason and "allowance 0.01" in verdict.reason
 
 
-def test_falling_put_failures_do_not_abort() -> None:
-    config = replace(CONFIG, guard=AbortGuard(consecutive=2))
-    control = [arm(300, 1000)] * 3
-    treatment = [arm(600, 1000, put_failures=f) for f in (9, 5, 2)]
+def test_arms_failing_puts_alike_do_not_abort() -> None:
+    """Store pressure hits both arms: equal failed-put rates, whatever their noise, never abort."""
+    config = replace(CONFIG, min_samples=5, max_samples=30, guard=AbortGuard())
+    failed_c = [40, 90, 10, 70, 55, 20, 80, 35, 60, 45]
+    failed_t = [70, 30, 85, 25, 60, 75, 15, 65, 40, 50]
+    control = [_puts(arm(300, 1000), f) for f in failed_c]
+    treatment = [_puts(arm(300, 1000), f) for f in failed_t]
+    assert evaluate_ab(intervals(control, treatment), config).outcome is not Outcome.ABORT
+
+
+def test_within_the_allowance_does_not_abort() -> None:
+    config = replace(CONFIG, guard=AbortGuard(put_failure_rate_allowance=0.05))
+    control = [_puts(arm(300, 1000), 0) for _ in range(6)]
+    treatment = [_puts(arm(600, 1000), 30 + i % 2) for i in range(6)]  # 3 % more: allowed
     assert evaluate_ab(intervals(control, treatment), config).outcome is Outcome.SUCCESS
+
+
+def test_without_attempted_puts_the_counts_are_compared() -> None:
+    config = replace(CONFIG, min_samples=5, guard=AbortGuard(put_failure_allowance=2))
+    control = [arm(300, 1000, put_failures=1 + i % 2) for i in range(4)]
+    treatment = [arm(600, 1000, put_failures=40 + i % 2) for i in range(4)]  # the same swing, 39 more
+    verdict = evaluate_ab(intervals(control, treatment), config)
+    assert verdict.outcome is Outcome.ABORT and "put failures per interval above control's by 39" in verdict.reason
+    assert evaluate_ab(intervals(control, treatment), replace(config, guard=AbortGuard(put_failure_allowance=None))
+                       ).outcome is not Outcome.ABORT  # the guard off
 
 
 def test_ttft_past_the_failure_threshold_aborts() -> None:
@@ -337,18 +362,17 @@ def test_the_folded_state_holds_what_the_direct_formulas_give() -> None:
 
 
 def test_the_guard_prefers_the_arms_own_failed_puts_over_a_shared_masters() -> None:
-    """On one shared store both arms read the same master counters (excess 0): the engines' own
-    failed put keys tell the arms apart."""
-    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard(consecutive=2))
+    """On one shared store both arms read the same master counters: the engines' own failed put
+    keys tell the arms apart."""
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, guard=AbortGuard())
 
     def pair(failed_c: float, failed_t: float) -> tuple[ArmSample, ArmSample]:
-        return (replace(arm(300, 1000, put_failures=7), put_failed_keys=failed_c),
-                replace(arm(600, 1000, put_failures=7), put_failed_keys=failed_t))
+        return (_puts(arm(300, 1000, put_failures=7), failed_c), _puts(arm(600, 1000, put_failures=7), failed_t))
 
-    rising = [pair(0, f) for f in (0, 10, 30)]
-    verdict = evaluate_ab(intervals([c for c, _ in rising], [t for _, t in rising]), config)
-    assert verdict.outcome is Outcome.ABORT and "by 10, 30" in verdict.reason
-    shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30)]
+    worse = [pair(0, 200) for _ in range(4)]
+    verdict = evaluate_ab(intervals([c for c, _ in worse], [t for _, t in worse]), config)
+    assert verdict.outcome is Outcome.ABORT and "failed-put rate" in verdict.reason
+    shared_only = [(arm(300, 1000, put_failures=f), arm(600, 1000, put_failures=f)) for f in (0, 10, 30, 5)]
     verdict = evaluate_ab(intervals([c for c, _ in shared_only], [t for _, t in shared_only]), config)
     assert verdict.outcome is Outcome.INCONCLUSIVE  # same master, same counts: no excess
 
@@ -372,10 +396,93 @@ def test_no_degree_of_freedom_means_no_decision() -> None:
 
 
 def test_few_noisy_intervals_no_longer_decide_what_a_normal_z_would() -> None:
-    """Effect 0.1, stderr ~0.04 from 4 intervals: z (1.96) would call it; t(3) (3.18) does not."""
+    """Effect 0.1 from 4 paired intervals (differences 0.10, 0.12, 0.08, 0.10): a z on the
+    independent-interval standard error would call it; the series' error, which allows for an
+    autocorrelation that 4 intervals cannot rule out, does not."""
     control = [arm(h, 1000) for h in (200, 300, 250, 330)]
     treatment = [arm(h, 1000) for h in (300, 420, 330, 430)]
     verdict = evaluate_ab(intervals(control, treatment), AnalysisConfig(conditions=(HIT_RATE,), min_samples=4))
     result = verdict.conditions[0]
-    assert result.effect == pytest.approx(0.1) and 0.1 - 1.96 * result.stderr > 0 > 0.1 - 3.18 * result.stderr
+    naive = math.sqrt(sum((d - 0.1) ** 2 for d in (0.1, 0.12, 0.08, 0.1)) / 3 / 4)
+    assert result.effect == pytest.approx(0.1) and result.paired and result.samples == 4
+    assert 0.1 - 1.96 * naive > 0 and result.stderr > naive
     assert verdict.outcome is Outcome.INCONCLUSIVE
+
+
+# ---- the interval series (issue 26): pairing, autocorrelation, decisions on bounds ------------------
+
+def _custom(pairs: list[tuple[dict[str, float], dict[str, float]]]) -> list[IntervalSample]:
+    return [IntervalSample(i, i + 1, ArmSample(custom=c), ArmSample(custom=t)) for i, (c, t) in enumerate(pairs)]
+
+
+def test_series_sums_give_the_autocovariances_of_any_linear_combination() -> None:
+    import numpy as np
+
+    from moonlease_operator.core.analysis import SeriesSums
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(1000.0, 30.0, (40, 4)).cumsum(axis=0)  # a drifting level: the origin keeps precision
+    sums = SeriesSums()
+    for row in x:
+        sums = sums.add(row.tolist())
+    g = (0.3, -1.2, 0.7, 2.0)
+    z = x @ np.array(g)
+    z = z - z.mean()
+    c0, c1 = sums.autocovariances(g)
+    assert c0 == pytest.approx((z * z).mean(), rel=1e-9)
+    assert c1 == pytest.approx((z[1:] * z[:-1]).sum() / len(z), rel=1e-9)
+    assert sums.means() == pytest.approx(x.mean(axis=0).tolist(), rel=1e-12)
+
+
+def test_a_drift_common_to_both_arms_cancels_in_the_paired_series() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    drift = np.cumsum(rng.normal(0.0, 1.0, 30))  # both arms follow the same load swing
+    c, t = drift + rng.normal(0, 0.1, 30), drift + 0.5 + rng.normal(0, 0.1, 30)
+    config = AnalysisConfig(conditions=(Condition("goodput", min_effect=0.1),), min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom([({"goodput": a}, {"goodput": b}) for a, b in zip(c, t)]), config)
+    result = verdict.conditions[0]
+    assert result.paired and result.samples == 30
+    unpaired = math.hypot(result.control.stderr, result.treatment.stderr)
+    assert result.stderr < unpaired / 5  # the drift is gone from the difference
+    assert verdict.outcome is Outcome.SUCCESS and result.lower > 0.1
+
+
+def test_a_point_estimate_past_min_effect_promotes_only_once_its_bound_is() -> None:
+    # Differences 0.03 +- 0.01 around minEffect 0.02: the estimate clears it, the bound does not.
+    diffs = [0.03 + 0.01 * (-1) ** i for i in range(12)]
+    config = AnalysisConfig(conditions=(Condition("gain", min_effect=0.02, max_regression=0.02),),
+                            min_samples=5, max_samples=12)
+    verdict = evaluate_ab(_custom([({"gain": 0.0}, {"gain": d}) for d in diffs]), config)
+    result = verdict.conditions[0]
+    assert result.effect == pytest.approx(0.03) and result.effect > 0.02 and result.lower < 0.02
+    assert result.threshold == 0.02 and verdict.outcome is Outcome.INCONCLUSIVE
+    assert verdict.final  # out of samples: held, not promoted
+
+
+def test_a_guardrail_is_pending_until_shown_within_tolerance() -> None:
+    gain = [({"gain": 0.0, "lat": 1.0 + (i % 3)}, {"gain": 1.0 + 0.01 * (i % 2), "lat": 1.0 + ((i + 1) % 3)})
+            for i in range(8)]
+    config = AnalysisConfig(conditions=(Condition("gain", min_effect=0.1),
+                                        Condition("lat", MetricDirection.LOWER_IS_BETTER, max_regression=0.05,
+                                                  guardrail=True)), min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom(gain), config)
+    gain_result, guard = verdict.conditions
+    assert gain_result.outcome is Outcome.SUCCESS
+    assert guard.outcome is Outcome.INCONCLUSIVE and "pending" in guard.reason and guard.threshold == -0.05
+    assert verdict.outcome is Outcome.INCONCLUSIVE and not verdict.final  # a noisy guardrail holds the promotion
+
+
+def test_a_failure_rolls_back_even_when_another_condition_has_no_data() -> None:
+    pairs = [({"gain": 1.0 + 0.01 * (i % 2)}, {"gain": 0.0 + 0.01 * (i % 2)}) for i in range(6)]
+    config = AnalysisConfig(conditions=(Condition("gain", max_regression=0.1), Condition("never")),
+                            min_samples=5, max_samples=30)
+    verdict = evaluate_ab(_custom(pairs), config)
+    assert [r.outcome for r in verdict.conditions] == [Outcome.FAILURE, Outcome.NO_DATA]
+    assert verdict.outcome is Outcome.FAILURE and verdict.final
+
+
+def test_guardrails_alone_are_not_an_analysis() -> None:
+    with pytest.raises(ValueError, match="primary"):
+        AnalysisConfig(conditions=(Condition("lat", guardrail=True),))

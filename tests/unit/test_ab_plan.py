@@ -138,6 +138,9 @@ def test_measurements_fold_into_a_bounded_history_and_a_state_that_survives_json
     assert load_analysis(status.analysis) == _fold(intervals, config)
     assert status.verdict == evaluate_ab(intervals, config).outcome.value == "Inconclusive"
     assert [e.reason for e in events] == ["MeasurementFailed"]
+    # per condition: which is a guardrail (shown Pending while Inconclusive), the paired series
+    assert [(c.metric, c.guardrail) for c in status.conditions] == [("externalHitRate", None), ("ttftP90", True)]
+    assert all(c.paired and c.samples == 25 for c in status.conditions)
 
 
 def _fold(intervals: list[IntervalSample], config: AnalysisConfig) -> AnalysisState:
@@ -152,8 +155,8 @@ def test_a_clear_win_promotes_with_its_events() -> None:
     status = measuring(spec)
     reasons = []
     for i in range(4):
-        control = ArmSample(external_hits=400 + i, external_queries=1000)
-        treatment = ArmSample(external_hits=700 - i, external_queries=1000)
+        control = ArmSample(external_hits=400 + 7 * i, external_queries=1000)  # a drift common to both arms
+        treatment = ArmSample(external_hits=700 + 7 * i, external_queries=1000)
         status, notes = record_measurement(status, spec, ABReading(T0, IntervalSample(i, i + 1, control, treatment)), T0, policy="ab", namespace="default")
         reasons += [n.reason for n in notes]
         if status.phase is not ABTestPhase.MEASURING:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase
+from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase, read_spec
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.analysis import ArmSample, IntervalSample
 from moonlease_connector.settings import SETTINGS_FILE_NAME
@@ -106,10 +106,13 @@ def test_a_clear_win_promotes_the_treatment_to_the_control_stage_by_stage() -> N
     # While measuring: structured per-condition results, no final verdict (the VERDICT column is empty).
     measuring = cluster.status.ab_test
     assert measuring.final_verdict is None and measuring.verdict == "Inconclusive" and measuring.progress == "2/6"
+    # Both arms move together (the same +5 every other interval): the paired difference is exact
+    # already, yet the verdict waits for minSamples.
     [hit_rate] = measuring.conditions
-    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Inconclusive")
+    assert (hit_rate.metric, hit_rate.outcome) == ("externalHitRate", "Success")
     assert hit_rate.effect == pytest.approx(0.3, abs=0.01) and hit_rate.control == pytest.approx(0.4, abs=0.01)
-    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower < hit_rate.effect < hit_rate.upper
+    assert hit_rate.lower is not None and hit_rate.upper is not None and hit_rate.lower <= hit_rate.effect <= hit_rate.upper
+    assert hit_rate.paired and hit_rate.samples == 2 and hit_rate.threshold == pytest.approx(0.05)  # SPEC's minEffect
     assert hit_rate.level == pytest.approx(0.05) and 0 <= hit_rate.p_value <= 1
     cluster.now += datetime.timedelta(seconds=10)
     plan = cluster.reconcile(SPEC, ab_reading=reading(cluster, 0.4, 0.7, 2))
@@ -261,3 +264,50 @@ def test_arms_of_different_roles_are_refused_with_a_message() -> None:
     assert invalid is not None and invalid.reason == "MismatchedArms"
     assert "control has decode, prefill, treatment has decode" in invalid.message
     assert "MismatchedArms" in cluster.reasons() and not cluster.writes
+
+
+@pytest.mark.parametrize("query, refused", [
+    ("sum(rate(x{$selector}[5m]))", True),  # read every 10 s: every interval re-counts 5 minutes
+    ("sum(increase(x{$selector}[10s]))", False),
+    ("max_over_time(rate(x{$selector}[5s])[1m:5s])", True),  # a subquery's range counts
+    ("sum(x{$selector})", False),
+])
+def test_a_custom_query_reading_past_the_interval_is_refused(query: str, refused: bool) -> None:
+    cluster = ab_fleet()
+    spec = ab_spec(prometheus={"url": "http://prometheus:9090", "customQueries": {"m": query}},
+                   conditions=[{"metric": "m", "minEffect": 0.05}])
+    status = cluster.run(spec)
+    invalid = status.condition("Invalid")
+    if refused:
+        assert status.phase is Phase.INVALID and invalid is not None and invalid.reason == "OverlappingQueryWindows"
+        assert "prometheus.customQueries.m reads a" in invalid.message and "longer than intervalSeconds (10s)" in invalid.message
+        assert not cluster.writes
+    else:
+        assert status.phase is not Phase.INVALID
+
+
+def test_a_retried_test_starts_fresh_and_waits_out_its_warmup() -> None:
+    """Issue 26: the retried test inherited the rolled-back one's samples, sums and last reading
+    (a merge patch left them in place), and was decided after one interval without a warm-up.
+    The cluster here stores the status as the API server does: merge-patched."""
+    from moonlease_operator.api import VERB_ANNOTATION
+    from moonlease_operator.core.ab_plan import measurement_due
+    from moonlease_operator.core.verbs import Verb, build_verb_value
+
+    cluster = ab_fleet()
+    spec = ab_spec(warmupSeconds=20)
+    deploy_treatment(cluster, spec)
+    cluster.now += datetime.timedelta(seconds=20)
+    measure(cluster, spec, [(0.7, 0.4)] * 3)
+    status = cluster.run(spec)
+    assert status.ab_test.phase is ABTestPhase.ROLLED_BACK and status.ab_test.samples == 3
+    cluster.annotations[VERB_ANNOTATION] = build_verb_value(Verb.RETRY, status.revision, status.desired_config_hash)
+    status = cluster.run(spec)
+    ab = status.ab_test
+    assert ab.phase is ABTestPhase.MEASURING and ab.samples == 0 and ab.analysis is None
+    assert ab.last_measured_at is None and ab.verdict is None and ab.history == [] and ab.progress == ""
+    stored = cluster.status_json["abTest"]
+    assert "analysis" not in stored and "lastMeasuredAt" not in stored and "decidedAt" not in stored
+    parsed = read_spec(spec).rollout.ab_test
+    assert not measurement_due(ab, parsed, cluster.now)  # the warm-up first
+    assert measurement_due(ab, parsed, cluster.now + datetime.timedelta(seconds=20))

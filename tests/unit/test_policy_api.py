@@ -280,6 +280,10 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "(one master per arm); with one shared master both arms read the same series": with_changes(**{
         "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [{"metric": "evictions"}],
                                              "prometheus": {"url": "http://prometheus:9090"}}}}),
+    "at least one condition must be primary (not a guardrail): guardrails alone would promote "
+    "any treatment that is merely no worse": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [
+            {"metric": "ttftP90", "direction": "LowerIsBetter", "maxRegression": 0.05, "guardrail": True}]}}}),
     "with strategy ABTest every target must be named and in one arm": with_changes(**{
         "rollout": AB_ROLLOUT, "targets": [*VALID["targets"], {"name": "extra", "role": "decode"}]}),
 }

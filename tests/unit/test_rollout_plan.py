@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName, read_spec
+from moonlease.testbed.kube.patches import merge_patch
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.compatibility import (
@@ -129,7 +130,9 @@ class Cluster:
         plan = plan_reconcile(spec=parsed, policy=PolicyRef("fleet", "ns", self.generation, "2026-01-01T00:00:00Z",
                                                               self.annotations),
                               previous=previous, observed=observed, now=self.now)
-        self.status_json = json.loads(json.dumps(dump_status(plan.status)))
+        # As the API server stores it: the status merge-patched onto the stored one (what a write
+        # leaves out, stays).
+        self.status_json = merge_patch(self.status_json, json.loads(json.dumps(dump_status(plan.status)))) or {}
         self.events.extend((e.type, e.reason, e.message) for e in plan.events)
         for change in plan.changes:
             store = self.config_maps if change.kind == "ConfigMap" else self.workloads

@@ -85,3 +85,35 @@ def test_a_bounded_status_counts_every_target_and_the_workloads_fill_in_the_unli
         ("d", "Updating", "0/0"), ("a", "Ready", "2/2"), ("b", "Ready", "2/2")]
     omitted = build_status_view(policy({**status, "targetsOmitted": 4}), {("Deployment", "a"): labelled("a")})
     assert [d["phase"] for d in omitted.target_details or []] == ["Updating", "-"]  # unknown: not listed
+
+
+def test_conditions_show_thresholds_p_values_holm_levels_and_the_autocorrelation_in_aligned_columns() -> None:
+    conditions = [
+        {"metric": "externalHitRate", "control": 0.4022, "treatment": 0.4432, "effect": -0.0004863, "lower": -0.01,
+         "upper": 0.009, "threshold": 0.02, "pValue": 0.31, "level": 0.025, "autocorrelation": 0.62, "samples": 12,
+         "paired": True, "outcome": "Inconclusive"},
+        {"metric": "ttftP90", "control": 0.31, "treatment": 0.3, "effect": 0.01, "lower": -0.02, "upper": 0.04,
+         "threshold": -0.05, "pValue": 0.0004, "level": 0.05, "autocorrelation": -0.1, "samples": 12,
+         "paired": False, "outcome": "Success"}]
+    view = build_status_view(policy({"phase": "Analyzing", "abTest": {"phase": "Measuring", "progress": "12/30",
+                                                                      "conditions": conditions}}))
+    assert view.ab_test is not None and view.ab_test["conditions"][0]["autocorrelation"] == 0.62  # JSON too
+    lines = render_status(view).splitlines()
+    header = next(line for line in lines if "metric" in line)
+    rows = [line for line in lines if line.lstrip().startswith(("externalHitRate", "ttftP90"))]
+    assert "threshold" in header and "level" in header and "lag-1 r" in header
+    assert "0.4432 -0.0004863" in rows[0]  # treatment and effect apart (issue 26: they ran together)
+    assert rows[0].split()[-5:] == ["0.02", "0.31", "0.025", "+0.62", "Inconclusive"]
+    assert " 0.0004 " in rows[1] and "-0.10" in rows[1] and rows[1].endswith("Success (unpaired)")
+    # aligned: every row's outcome starts where the header's does
+    assert {row.index(" Inconclusive") if "Inconclusive" in row else row.index(" Success") for row in rows} == {
+        header.index(" outcome")}
+
+
+def test_a_guardrail_not_yet_within_tolerance_shows_pending() -> None:
+    view = build_status_view(policy({"phase": "Analyzing", "abTest": {"phase": "Measuring", "conditions": [
+        {"metric": "ttftP90", "outcome": "Inconclusive", "guardrail": True},
+        {"metric": "externalHitRate", "outcome": "Inconclusive"}]}}))
+    text = render_status(view)
+    assert any(line.lstrip().startswith("ttftP90") and line.endswith("Pending") for line in text.splitlines())
+    assert any(line.lstrip().startswith("externalHitRate") and line.endswith("Inconclusive") for line in text.splitlines())

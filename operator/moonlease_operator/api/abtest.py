@@ -77,15 +77,21 @@ class ConditionSpec(ApiModel):
 
 
 class AbortSpec(ApiModel):
-    """Early abort on a clear regression, over the latest `consecutiveIntervals` intervals."""
+    """Early abort on a clear regression."""
 
     consecutive_intervals: Annotated[int, Field(ge=1, le=20)] = 2
+    """Intervals in a row the TTFT guard needs past `ttftThresholdSeconds`."""
     put_failure_guard: bool = True
-    """Abort when the treatment's put failures (its engines' failed put keys, else its master's
-    allocation failures) exceed the control's by more than `putFailureAllowance` in each of the
-    intervals, and the excess does not fall."""
+    """Abort when the treatment's failed-put rate (its engines' failed put keys per put key
+    attempted) exceeds the control's by more than `putFailureRateAllowance`, at the test's
+    confidence (an always-valid test on the paired interval series, in the conditions' Holm
+    family): arms that fail puts alike under store pressure do not abort."""
+    put_failure_rate_allowance: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Failed-put fraction the treatment may have above the control's (0.01: one put in a hundred)."""
     put_failure_allowance: Annotated[float, Field(ge=0)] = 0.0
-    """Put failures per interval the treatment may have above the control's."""
+    """Without the attempted-put counts (the engines export only failures, or only the masters'
+    allocation failures are read): put failures per interval the treatment may have above the
+    control's, tested the same way."""
     ttft_threshold_seconds: Annotated[float, Field(gt=0)] | None = None
     """Abort when the treatment's TTFT at `ttftQuantile` is past this in each of the intervals;
     unset: no TTFT guard."""
@@ -155,7 +161,9 @@ class PrometheusSpec(ApiModel):
     custom_queries: Annotated[dict[str, Annotated[str, Field(max_length=4096)]],
                               Field(max_length=16)] = Field(default_factory=dict)
     """{name: PromQL}; `$selector` is replaced by the arm's label matchers; must answer one number.
-    Names start with a letter and hold letters, digits and underscores."""
+    Names start with a letter and hold letters, digits and underscores. A range (`[5m]`) longer
+    than `intervalSeconds` is refused (OverlappingQueryWindows): overlapping windows would count
+    the same traffic in several intervals."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS)
 
@@ -195,6 +203,12 @@ _MASTER_METRICS_NEED_MASTERS = CelRule(
     + ") || (has(self.prometheus) && has(self.prometheus.storeSelectors))",
     message="evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
             "(one master per arm); with one shared master both arms read the same series",
+    field_path=".conditions",
+)
+_A_PRIMARY_CONDITION = CelRule(
+    rule="!has(self.conditions) || self.conditions.exists(c, !has(c.guardrail) || !c.guardrail)",
+    message="at least one condition must be primary (not a guardrail): guardrails alone would promote "
+            "any treatment that is merely no worse",
     field_path=".conditions",
 )
 _MAX_AT_LEAST_MIN = CelRule(
@@ -241,7 +255,7 @@ class ABTestSpec(ApiModel):
     on_inconclusive: FailureAction = FailureAction.HOLD
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS,
-                                                _MASTER_METRICS_NEED_MASTERS)
+                                                _MASTER_METRICS_NEED_MASTERS, _A_PRIMARY_CONDITION)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -255,6 +269,8 @@ class ABTestSpec(ApiModel):
         if any(c.metric in MASTER_METRICS for c in self.conditions) and (
                 self.prometheus is None or self.prometheus.store_selectors is None):
             raise _MASTER_METRICS_NEED_MASTERS.violation()
+        if all(c.guardrail for c in self.conditions):
+            raise _A_PRIMARY_CONDITION.violation()
         return self
 
 
@@ -338,6 +354,18 @@ class GuardPointStatus(StatusModel):
     treatment_ttft_s: float | None = None
 
 
+class SeriesSumsStatus(StatusModel):
+    """Running sums of one condition's paired per-interval vectors (`core.analysis.SeriesSums`):
+    k values per interval, k x k cross products (row-major) at lags 0 and 1."""
+
+    n: Annotated[int, Field(ge=0)] = 0
+    origin: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+    total: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+    lag0: Annotated[list[float], Field(max_length=16)] = Field(default_factory=list)
+    lag1: Annotated[list[float], Field(max_length=16)] = Field(default_factory=list)
+    last: Annotated[list[float], Field(max_length=4)] = Field(default_factory=list)
+
+
 class AnalysisStateStatus(StatusModel):
     """The analysis' state (`core.analysis.AnalysisState`): constant size, whatever the number
     of intervals."""
@@ -349,6 +377,8 @@ class AnalysisStateStatus(StatusModel):
     control: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
     treatment: ArmTotalsStatus = Field(default_factory=ArmTotalsStatus)
     recent: Annotated[list[GuardPointStatus], Field(max_length=20)] = Field(default_factory=list)
+    paired: Annotated[dict[str, SeriesSumsStatus], Field(max_length=16)] = Field(default_factory=dict)
+    """Per condition's metric: the paired series of the intervals both arms measured it in."""
 
 
 class ConditionResultStatus(StatusModel):
@@ -372,6 +402,17 @@ class ConditionResultStatus(StatusModel):
     """Always-valid p-value of "no difference"."""
     level: float | None = None
     """The level Holm's step-down tested this condition at."""
+    threshold: float | None = None
+    """The effect the decision is made against: minEffect (a primary's Success), -maxRegression
+    (Failure, and a guardrail's non-inferiority)."""
+    autocorrelation: float | None = None
+    """Lag-1 autocorrelation of the per-interval series the standard error came from."""
+    paired: bool | None = None
+    """Whether the arms were compared interval by interval (false: the unpaired fallback)."""
+    samples: Annotated[int, Field(ge=0)] | None = None
+    """Intervals behind the effect."""
+    guardrail: bool | None = None
+    """A guardrail (non-inferiority only): Inconclusive means Pending, not yet shown within tolerance."""
 
 
 class ABTestPhase(str, enum.Enum):

@@ -473,6 +473,7 @@ class Reason(str, enum.Enum):
     UNMANAGEABLE_WORKLOAD = "UnmanageableWorkload"
     PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
     MISMATCHED_ARMS = "MismatchedArms"
+    OVERLAPPING_WINDOWS = "OverlappingQueryWindows"
     WORKLOAD_NOT_FOUND = "WorkloadNotFound"
     # Rollout (Ready, Progressing, Degraded conditions; events)
     ROLLOUT_STARTED = "RolloutStarted"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import enum
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from moonlease_operator.api.abtest import (
     MeanSumsStatus,
     QuantileSumsStatus,
     RatioSumsStatus,
+    SeriesSumsStatus,
     ABTestPhase,
     ABTestSpec,
     ABTestStatus,
@@ -49,6 +51,7 @@ from moonlease_operator.core.analysis import (
     Outcome,
     QuantileSums,
     RatioSums,
+    SeriesSums,
     Verdict,
     decide,
     fold_interval,
@@ -57,7 +60,7 @@ from moonlease_operator.core.analysis import (
 from moonlease_operator.core.events import EventNote
 
 HISTORY_LIMIT = 20
-ANALYSIS_FORMAT = 1
+ANALYSIS_FORMAT = 2
 """Version of `status.abTest.analysis`; a state of another version is started afresh."""
 
 
@@ -78,6 +81,7 @@ def build_analysis_config(spec: ABTestSpec) -> AnalysisConfig:
         guard=AbortGuard(consecutive=spec.abort.consecutive_intervals,
                          put_failure_allowance=spec.abort.put_failure_allowance if spec.abort.put_failure_guard
                          else None,
+                         put_failure_rate_allowance=spec.abort.put_failure_rate_allowance,
                          ttft_threshold_s=spec.abort.ttft_threshold_seconds,
                          ttft_quantile=spec.abort.ttft_quantile),
     )
@@ -96,6 +100,35 @@ def evaluate_arm_roles(spec: PolicySpec) -> str | None:
         return None
     return (f"the A/B arms must hold the same roles: control has {', '.join(control) or 'none'}, "
             f"treatment has {', '.join(treatment) or 'none'}")
+
+
+_RANGE = re.compile(r"\[\s*((?:\d+(?:\.\d+)?(?:ms|[smhdwy]))+)\s*(?::[^\]]*)?\]")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhdwy])")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def promql_range_seconds(query: str) -> list[float]:
+    """The ranges (`[5m]`, a subquery's `[1h:1m]`) a PromQL query reads over, in seconds."""
+    return [sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(found))
+            for found in _RANGE.findall(query)]
+
+
+def evaluate_custom_query_windows(spec: PolicySpec) -> str | None:
+    """Why a custom query cannot be an A/B metric, or None: one that reads over a range longer
+    than `intervalSeconds` (`rate(x[5m])` read every 60 s) makes consecutive intervals share
+    most of their data, so the analysis would count the same traffic several times over (40 %
+    false decisions on A/A data, issue 26). A range at most the interval (`increase(x[60s])`,
+    or `[$__interval]`-free `rate(x[1m])` at intervalSeconds 60) keeps the windows apart."""
+    ab = spec.rollout.ab_test
+    if ab is None or ab.prometheus is None:
+        return None
+    for name, query in sorted(ab.prometheus.custom_queries.items()):
+        longest = max(promql_range_seconds(query), default=0.0)
+        if longest > ab.interval_seconds:
+            return (f"prometheus.customQueries.{name} reads a {longest:g}s range, longer than intervalSeconds "
+                    f"({ab.interval_seconds}s): consecutive intervals would overlap and count the same traffic "
+                    f"twice; use a range of at most {ab.interval_seconds}s (e.g. increase(...[{ab.interval_seconds}s]))")
+    return None
 
 
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:
@@ -182,6 +215,7 @@ def dump_analysis(state: AnalysisState) -> AnalysisStateStatus:
         last_error=state.last_error[:4096] if state.last_error else None,
         control=_dump_totals(state.control), treatment=_dump_totals(state.treatment),
         recent=[GuardPointStatus(**asdict(p)) for p in state.recent],
+        paired={metric: SeriesSumsStatus(**asdict(sums)) for metric, sums in sorted(state.paired.items())},
     )
 
 
@@ -194,6 +228,8 @@ def load_analysis(raw: AnalysisStateStatus | None) -> AnalysisState:
         samples=raw.samples, consecutive_errors=raw.consecutive_errors, last_error=raw.last_error,
         control=_load_totals(raw.control), treatment=_load_totals(raw.treatment),
         recent=tuple(GuardPoint(**p.model_dump()) for p in raw.recent),
+        paired={metric: SeriesSums(sums.n, tuple(sums.origin), tuple(sums.total), tuple(sums.lag0),
+                                   tuple(sums.lag1), tuple(sums.last)) for metric, sums in raw.paired.items()},
     )
 
 
@@ -215,13 +251,18 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def build_condition_results(results: tuple[ConditionResult, ...]) -> list[ConditionResultStatus]:
+def build_condition_results(results: tuple[ConditionResult, ...],
+                            conditions: tuple[Condition, ...] = ()) -> list[ConditionResultStatus]:
+    guardrails = {c.metric for c in conditions if c.guardrail}
     return [ConditionResultStatus(
         metric=r.metric, outcome=r.outcome.value,
         control=_finite(r.control.value) if r.control is not None else None,
         treatment=_finite(r.treatment.value) if r.treatment is not None else None,
         effect=_finite(r.effect), lower=_finite(r.lower), upper=_finite(r.upper),
-        p_value=_finite(r.p_value), level=_finite(r.level),
+        p_value=_finite(r.p_value), level=_finite(r.level), threshold=r.threshold,
+        autocorrelation=_finite(r.autocorrelation), paired=r.paired if r.effect is not None else None,
+        samples=r.samples if r.effect is not None else None,
+        guardrail=True if r.metric in guardrails else None,
     ) for r in results]
 
 
@@ -301,7 +342,7 @@ def record_measurement(status: ABTestStatus, spec: ABTestSpec, reading: ABReadin
         "phase": _NEXT_PHASE[action], "verdict": verdict.outcome.value, "reason": verdict.reason[:4096],
         "final_verdict": verdict.outcome.value if action is not ABAction.CONTINUE else None,
         "progress": f"{verdict.samples}/{spec.max_samples}",
-        "conditions": build_condition_results(verdict.conditions) or status.conditions,
+        "conditions": build_condition_results(verdict.conditions, config.conditions) or status.conditions,
         "action": action.value, "samples": verdict.samples, "consecutive_errors": verdict.consecutive_errors,
         "last_measured_at": reading.at, "decided_at": now if action is not ABAction.CONTINUE else None,
         "control": summarize_arm(state.control), "treatment": summarize_arm(state.treatment),

@@ -30,10 +30,11 @@ EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 PUT_ALLOC_FAILURES = "master_put_start_alloc_failures_total"
 STORE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"  # {operation="save_put"}: puts
+STORE_KEYS = "vllm:mooncake_store_operation_keys_total"  # {operation="save_put"}: puts attempted
 EVICTED_KEYS = "master_evicted_key_count"
 
 BUILTIN_SERIES = (PREFIX_QUERIES, PREFIX_HITS, EXTERNAL_QUERIES, EXTERNAL_HITS, TTFT_BUCKET,
-                  STORE_FAILED_KEYS, PUT_ALLOC_FAILURES, EVICTED_KEYS)
+                  STORE_FAILED_KEYS, STORE_KEYS, PUT_ALLOC_FAILURES, EVICTED_KEYS)
 
 # prometheus-client escapes `:` to `_` when a scraper negotiates OpenMetrics (Prometheus does), so
 # the same vLLM counter reaches Prometheus as `vllm_prefix_cache_queries_total`: accept both.
@@ -101,6 +102,7 @@ def build_arm_sample(previous: Sequence[Series], current: Sequence[Series],
         ttft=_histogram(deltas, TTFT_BUCKET),
         put_alloc_failures=_total(deltas, PUT_ALLOC_FAILURES), evictions=_total(deltas, EVICTED_KEYS),
         put_failed_keys=_total(deltas, STORE_FAILED_KEYS, operation="save_put"),
+        put_keys=_total(deltas, STORE_KEYS, operation="save_put"),
         custom=dict(custom),
     )
 

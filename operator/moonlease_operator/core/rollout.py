@@ -59,6 +59,7 @@ from moonlease_operator.core.ab_plan import (
     begin_test,
     decision_hint,
     evaluate_arm_roles,
+    evaluate_custom_query_windows,
     measurement_due,
     record_measurement,
     start_measuring,
@@ -273,6 +274,9 @@ def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous:
     mismatched = evaluate_arm_roles(spec)
     if mismatched is not None:
         return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
+    overlapping = evaluate_custom_query_windows(spec)
+    if overlapping is not None:
+        return _refused(previous, policy, Reason.OVERLAPPING_WINDOWS, [overlapping], now)
     ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
     if prometheus_allowlist is not None and ab_source is not None:
         refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)

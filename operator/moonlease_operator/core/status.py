@@ -24,10 +24,23 @@ def read_status(raw: Mapping[str, Any] | None) -> PolicyStatus:
 def dump_status(status: PolicyStatus) -> dict[str, Any]:
     """The status as the JSON to merge-patch into `.status`.
 
-    Unset top-level fields are null, so the merge patch removes stale ones; nested unset fields
-    are left out (lists are replaced whole by a merge patch anyway).
+    Unset fields are null at every level of nested objects, so the merge patch removes stale
+    ones: a fresh A/B test (a retry, a new configuration) must not inherit the previous test's
+    samples, analysis or last reading (issue 26: it did, being decided after one interval and
+    skipping its warm-up). Inside lists nothing is nulled: a merge patch replaces a list whole,
+    and would store the nulls.
     """
+    full = status.model_dump(mode="json", by_alias=True)
     data = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    for name, info in PolicyStatus.model_fields.items():
-        data.setdefault(info.alias or name, None)
+    _null_unset(full, data)
     return data
+
+
+def _null_unset(full: dict[str, Any], data: dict[str, Any]) -> None:
+    """Set every key of `full` (a dump with the unset fields) that `data` lacks to None,
+    recursing into objects (not lists)."""
+    for key, value in full.items():
+        if key not in data:
+            data[key] = None
+        elif isinstance(value, dict) and isinstance(data[key], dict):
+            _null_unset(value, data[key])
