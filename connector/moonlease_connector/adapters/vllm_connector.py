@@ -99,6 +99,15 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
                     "on" if retention.pin else "off", "on" if retention.skip else "off",
                     self.settings_delivery.settings_file or "none (settings fixed at start-up)")
 
+    def shutdown(self) -> None:
+        """Upstream's shutdown (the worker's store handle) plus the scheduler's lookup channel,
+        which upstream leaves open. Idempotent; `__del__` runs it too."""
+        super().shutdown()
+        scheduler = getattr(self, "connector_scheduler", None)
+        close = getattr(scheduler, "close", None)
+        if close is not None:  # None: no scheduler role, or a scheduler that is not ours
+            close()
+
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell
         an exception this step raises from one already in flight around it."""

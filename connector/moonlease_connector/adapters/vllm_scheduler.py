@@ -174,6 +174,27 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
             upstream_client.close()
             upstream_client.ctx.term()
 
+    def close(self) -> None:
+        """Close the lookup channel (socket, executor thread, ZMQ context); idempotent.
+
+        vLLM's scheduler shutdown reaches it through the connector's `shutdown`, garbage
+        collection through `__del__`: upstream's scheduler closes nothing, and its context,
+        terminated by the collector with a lookup the worker never answered still queued, hung
+        for good. A client that is not ours gets its own `close`, as upstream's would."""
+        client = self.__dict__.get("client")
+        if client is None or self.__dict__.get("_closed"):
+            return
+        self._closed = True
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: modules may be gone already
+            pass
+
     def _record_client_miss(self) -> None:
         with self._lookup_stats_lock:
             self._lookup_stats.record_lookup(LookupOutcome.miss(MissReason.STORE_TIMEOUT))
