@@ -340,6 +340,8 @@ class Completion:
     num_cached_tokens: int
     #: Per generated token, the chosen token's logprob (only when asked for).
     logprobs: list[float] | None = None
+    #: vLLM's finish reason ("length" here; "error" when the engine failed the request).
+    finish_reason: str | None = None
 
 
 def generate_greedy(llm: LLM, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 16,
@@ -364,7 +366,8 @@ def generate_greedy(llm: LLM, prompts: Sequence[str | Sequence[int]], *, max_tok
         completions.append(Completion(
             prompt_token_ids=list(output.prompt_token_ids or []),
             token_ids=list(sample.token_ids), text=sample.text,
-            num_cached_tokens=int(output.num_cached_tokens or 0), logprobs=chosen))
+            num_cached_tokens=int(output.num_cached_tokens or 0), logprobs=chosen,
+            finish_reason=sample.finish_reason))
     return completions
 
 

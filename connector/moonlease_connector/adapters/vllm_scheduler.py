@@ -50,10 +50,12 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
 from moonlease_connector.adapters.vllm_last_hit import refuse_unservable_mode
+from moonlease_connector.adapters.vllm_load import pin_loads
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
+from moonlease_connector.core.load_deadline import load_deadline_s, policy_warning
 from moonlease_connector.core.lookup import LookupOutcome, MissReason
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
@@ -150,6 +152,7 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     """
 
     junction_retention: bool = False
+    load_deadline_s: float | None = None
     reset_timeout_s: float = RESET_TIMEOUT_S
     _lookup_stats: MoonleaseConnectorStats | None = None
 
@@ -159,6 +162,13 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         super().__init__(vllm_config, kv_cache_config)
         self.reset_timeout_s = RESET_TIMEOUT_S
         self.moonlease_config = settings
+        assert vllm_config.kv_transfer_config is not None
+        failure_policy = vllm_config.kv_transfer_config.kv_load_failure_policy
+        #: Loads under a deadline (the worker's receive threads) have their blocks pinned here.
+        self.load_deadline_s = load_deadline_s(settings.mooncake_load_timeout_ms, failure_policy)
+        warning = policy_warning(failure_policy)
+        if warning is not None:
+            logger.warning("%s", warning)
         # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
         self.junction_retention = (self.moonlease_config.finds_junctions
                                    or settings_delivery(vllm_config).settings_file is not None)
@@ -251,6 +261,9 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = super().build_connector_meta(scheduler_output)
+        if self.load_deadline_s is not None:
+            assert isinstance(meta, MooncakeStoreConnectorMetadata)
+            pin_loads(self, meta)
         if not self.junction_retention:
             return meta
         for req_id in scheduler_output.finished_req_ids:
