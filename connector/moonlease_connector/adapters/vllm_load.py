@@ -45,6 +45,11 @@ class PinnedLoadSpec(LoadSpec):
     pin: int | None = None
 
 
+def load_failure_policy(vllm_config: Any) -> str:
+    """vLLM's `kv_load_failure_policy` ("fail", vLLM's default, where a config predates it)."""
+    return str(getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail"))
+
+
 def pin_loads(scheduler: Any, meta: MooncakeStoreConnectorMetadata) -> None:
     """Take a block reference for every load this step emits, under a fresh pin id counted down
     by each rank's report (upstream's `_pinned_saves` ledger: `update_connector_output` drops

@@ -50,7 +50,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
 from moonlease_connector.adapters.vllm_last_hit import refuse_unservable_mode
-from moonlease_connector.adapters.vllm_load import pin_loads
+from moonlease_connector.adapters.vllm_load import load_failure_policy, pin_loads
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
@@ -162,8 +162,7 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         super().__init__(vllm_config, kv_cache_config)
         self.reset_timeout_s = RESET_TIMEOUT_S
         self.moonlease_config = settings
-        assert vllm_config.kv_transfer_config is not None
-        failure_policy = vllm_config.kv_transfer_config.kv_load_failure_policy
+        failure_policy = load_failure_policy(vllm_config)
         #: Loads under a deadline (the worker's receive threads) have their blocks pinned here.
         self.load_deadline_s = load_deadline_s(settings.mooncake_load_timeout_ms, failure_policy)
         warning = policy_warning(failure_policy)

@@ -65,7 +65,7 @@ from moonlease_connector.adapters.vllm_lookup_server import (
     BoundedLookupServer,
     stop_upstream_lookup_server,
 )
-from moonlease_connector.adapters.vllm_load import DeadlineRecvingThread
+from moonlease_connector.adapters.vllm_load import DeadlineRecvingThread, load_failure_policy
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
@@ -127,9 +127,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         refuse_unservable_mode(config, vllm_config, kv_cache_config.kv_cache_groups)
         self.moonlease_config = config
         self.step_outcome = StepOutcomeWatch()
-        assert vllm_config.kv_transfer_config is not None
-        self.load_deadline_s = load_deadline_s(
-            config.mooncake_load_timeout_ms, vllm_config.kv_transfer_config.kv_load_failure_policy)
+        self.load_deadline_s = load_deadline_s(config.mooncake_load_timeout_ms,
+                                               load_failure_policy(vllm_config))
         self.load_pins = LoadPins()
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
