@@ -22,6 +22,7 @@ import pytest
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from tests.connector.test_connector_engine import token_prompt, worker_connector
+from tests.connector.test_store_failures_engine import NO_HANG_S, wait_until
 from tests.support.engines import moonlease_transfer_config
 from tests.support.freeze import _all_threads_stopped
 
@@ -31,8 +32,6 @@ LOAD_TIMEOUT_MS = 2500
 CONNECTOR = {**moonlease_transfer_config(mooncake_lookup_timeout_ms=500,
                                          mooncake_load_timeout_ms=LOAD_TIMEOUT_MS),
              "kv_load_failure_policy": "recompute"}
-#: Generous bounds for a loaded 2-core machine: they catch a hang, not a slow step.
-NO_HANG_S = 180
 
 
 def scheduler_side(engine):
@@ -62,17 +61,6 @@ def freeze_after_next_hit(scheduler, pid: int, freeze_s: float) -> threading.Eve
 
     scheduler.get_num_new_matched_tokens = matched
     return thawed
-
-
-def step_until(engine, condition, what: str) -> None:
-    """Step the idle engine until `condition()`: the workers' reports reach the scheduler only
-    with a step's output."""
-    deadline = time.monotonic() + NO_HANG_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {NO_HANG_S} s: {what}")
-        engine.llm_engine.step()
-        time.sleep(0.1)
 
 
 def test_a_master_frozen_between_hit_and_load_gives_the_cold_tokens(
@@ -108,10 +96,11 @@ def test_a_master_frozen_between_hit_and_load_gives_the_cold_tokens(
                 "the load was given up at its deadline (and recomputed)"
 
         # Every load's store call has returned: no block stays pinned.
-        step_until(engine, lambda: not any(t.caller.busy for t in worker.kv_recv_threads),
-                   "no abandoned load left")
-        step_until(engine, lambda: not scheduler._pinned_saves and not worker.recv_request_queue.unfinished_tasks,
-                   "the loads' block pins are released")
+        # (The reports reach the scheduler with a step's output: the idle engine is stepped.)
+        wait_until(lambda: not any(t.caller.busy for t in worker.kv_recv_threads),
+                   what="no abandoned load left", tick=engine.llm_engine.step)
+        wait_until(lambda: not scheduler._pinned_saves and not worker.recv_request_queue.unfinished_tasks,
+                   what="the loads' block pins are released", tick=engine.llm_engine.step)
         # And the store serves the prompt again.
         worker.kv_send_thread.request_queue.join()
         ve.reset_local_prefix_cache(engine)
