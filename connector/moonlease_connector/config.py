@@ -103,6 +103,15 @@ class MoonleaseConnectorConfig(BaseModel):
                     "worker answers. The worker runs lookups inline. Read at start-up. 0 turns it "
                     "off: the scheduler waits for the worker, as upstream's.")
 
+    mooncake_load_timeout_ms: int = Field(
+        10_000, ge=0, le=600_000,
+        description="Deadline of one load's store call (BatchGet), in ms, kept by the worker's "
+                    "receive threads: past it the load is reported to vLLM as failed and the "
+                    "request recomputes those tokens; the abandoned call's blocks stay out of the "
+                    "free pool until it returns. Only with kv_load_failure_policy 'recompute' "
+                    "(under 'fail' a failed load fails the request, so the connector leaves the "
+                    "wait unbounded, as upstream's, and warns). Read at start-up. 0 turns it off.")
+
     @model_validator(mode="after")
     def _one_lease_mode(self) -> "MoonleaseConnectorConfig":
         if self.mooncake_selective_lease and self.mooncake_kda_last_hit_only:

@@ -251,7 +251,8 @@ def wait_for_saves(llm: LLM, timeout: float = 60.0) -> None:
 
 
 def _close_lookup_channel(connector: Any) -> None:
-    """Close the Mooncake store connector's ZMQ lookup channel, which its shutdown leaves open.
+    """Close upstream's Mooncake store connector's ZMQ lookup channel, which its shutdown leaves
+    open; Moonlease's connector closes its own (`shutdown`), so it is left alone here.
 
     vLLM's `MooncakeStoreConnector.shutdown()` closes the store but neither the worker's
     `LookupKeyServer` (a thread blocked in `recv_multipart` on an IPC REP socket) nor the
@@ -259,10 +260,14 @@ def _close_lookup_channel(connector: Any) -> None:
     this process the open sockets make `zmq.Context.__del__` (`term()`) block forever at
     interpreter exit. So: wake the server thread with one request while `running` is False (it
     answers an unknown message with RESP_ERR and leaves its loop), then close both sockets and
-    terminate both contexts. Duck-typed, so subclasses of the connector are covered too.
+    terminate both contexts.
     """
     import zmq
 
+    from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
+
+    if isinstance(connector, MooncakeStoreConnector):
+        return  # ours: its shutdown closed the lookup client and server
     client = getattr(getattr(connector, "connector_scheduler", None), "client", None)
     if client is not None and hasattr(client, "socket"):
         with contextlib.suppress(Exception):
@@ -335,6 +340,8 @@ class Completion:
     num_cached_tokens: int
     #: Per generated token, the chosen token's logprob (only when asked for).
     logprobs: list[float] | None = None
+    #: vLLM's finish reason ("length" here; "error" when the engine failed the request).
+    finish_reason: str | None = None
 
 
 def generate_greedy(llm: LLM, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 16,
@@ -359,7 +366,8 @@ def generate_greedy(llm: LLM, prompts: Sequence[str | Sequence[int]], *, max_tok
         completions.append(Completion(
             prompt_token_ids=list(output.prompt_token_ids or []),
             token_ids=list(sample.token_ids), text=sample.text,
-            num_cached_tokens=int(output.num_cached_tokens or 0), logprobs=chosen))
+            num_cached_tokens=int(output.num_cached_tokens or 0), logprobs=chosen,
+            finish_reason=sample.finish_reason))
     return completions
 
 

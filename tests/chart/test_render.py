@@ -184,7 +184,8 @@ def test_defaults_render_the_whole_stack(chart: helm.Chart) -> None:
         assert container(vllm, "vllm")["args"][:3] == ["serve", "Qwen/Qwen3-0.6B", "--port=8000"]
         assert kv_transfer_config(vllm) == {
             "kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
-            "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH}}
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH}}
         assert running_settings(objects, vllm) == MoonleaseConnectorConfig.for_mode(
             MoonleaseConnectorConfig().lease_mode)
         variables = env(vllm, "vllm")

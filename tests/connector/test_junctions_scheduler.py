@@ -29,7 +29,7 @@ from vllm.v1.core.sched.output import (
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
-from moonlease.testbed.vllm_engine import _close_lookup_channel
+from moonlease_connector.adapters.vllm_lookup_server import stop_upstream_lookup_server
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import JunctionReqMeta, MoonleaseStoreScheduler
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
@@ -74,15 +74,15 @@ def channel(tmp_path, monkeypatch):
         # upstream's result: here the lookup object the worker would forward to.
         server = LookupKeyServer(SimpleNamespace(lookup=lambda n, h: lookup.lookup(n, h).result), config)
         scheduler = MoonleaseStoreScheduler(config, kv_cache_config)
-        opened.append(SimpleNamespace(connector_scheduler=scheduler,
-                                      connector_worker=SimpleNamespace(lookup_server=server)))
+        opened.append((scheduler, server))
         pool = BlockPool(num_gpu_blocks=64, enable_caching=True, hash_block_size=16)
         scheduler.bind_gpu_block_pool(pool)
         return scheduler
 
     yield make
-    for connector in opened:
-        _close_lookup_channel(connector)
+    for scheduler, server in opened:
+        scheduler.close()  # its lookup channel; the test's upstream server is stopped here
+        assert stop_upstream_lookup_server(server)
 
 
 def sibling_request() -> Request:

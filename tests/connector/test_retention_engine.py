@@ -10,6 +10,9 @@
   128-token chunks so the engine has a state at every chunk end): off, the save writes the 4
   full-attention blocks of a 520-token prompt and a Mamba state at 128, 256, 384 and 512; on,
   only the state at 512. A fresh reader of the next turn loads the same 512 tokens either way.
+- ``mooncake_retention_skip``, exact re-sends (a retry, a regeneration): a block-aligned prompt
+  sent again hits one block lower (vLLM recomputes the last token); on both models skip keeps
+  what that hit loads, so the re-send hits (384 tokens) instead of missing.
 - ``mooncake_retention_pin`` on the sliding-window model: saves pin only the prompt's shared
   prefix, once the connector has seen four different continuations of it. Four prompts over a
   256-token shared prefix are saved unpinned (the prefix was written before it was known to
@@ -106,11 +109,13 @@ def test_skip_keeps_outputs_and_writes_only_the_window_blocks_a_continuation_rea
     assert runs[False]["hit"] == runs[True]["hit"] > 0  # the same load either way
     full_blocks = 416 // 32
     assert runs[False]["keys"] == 2 * full_blocks  # dense: every full and every window block
-    # A 64-token window ending at 416 reads blocks 11 and 12 (tokens 352..415); the rest stay out.
-    assert runs[True]["keys"] == full_blocks + 2
+    # A 64-token window ending at 416 reads blocks 11 and 12 (tokens 352..415), one ending at
+    # 384 (where an exact re-send of A hits: vLLM recomputes the last token) blocks 10 and 11;
+    # the rest stay out.
+    assert runs[True]["keys"] == full_blocks + 3
     assert runs[False]["pinned"] == runs[True]["pinned"] == 0
     assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
-    assert runs[True]["reported"] == {"pinned": 0, "skipped": full_blocks - 2}
+    assert runs[True]["reported"] == {"pinned": 0, "skipped": full_blocks - 3}
 
 
 CONVERSATION = tokens(640, 23)
@@ -133,6 +138,24 @@ def test_skip_on_a_hybrid_model_writes_only_the_mamba_state_a_continuation_reads
     skipped = runs[True]["reported"]["skipped"]
     assert runs[False]["keys"] - runs[True]["keys"] == skipped == 3
     assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
+
+
+@pytest.mark.parametrize("model, prompt, engine_kwargs", [
+    ("swa", A, DENSE),  # 416 tokens, 13 blocks of 32
+    ("hybrid", CONVERSATION[:512], CHUNKED),  # 4 blocks of 128, a Mamba state at each chunk end
+], ids=["sliding-window", "mamba"])
+def test_skip_keeps_what_an_exact_resend_of_a_block_aligned_prompt_loads(
+        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model, prompt, engine_kwargs):
+    """A retry or regeneration sends the same prompt again: vLLM re-derives a hit covering the
+    whole prompt one block lower (the last token is recomputed), at 384 here; skip must keep
+    the window blocks / Mamba state there (before, these re-sends hit nothing)."""
+    cold = cold_outputs(vllm_engine, model, {"written": prompt}, **engine_kwargs)
+    run = write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model,
+                          prompt, prompt, {"mooncake_retention_skip": True},
+                          {"written": cold["written"], "read": cold["written"]}, **engine_kwargs)
+    print(f"{model} exact re-send with retention skip:", run)
+    assert run["hit"] == 384
+    assert run["reported"]["skipped"] > 0, "skip still leaves out what no resume reads"
 
 
 SHARED = tokens(256, 31)  # a system prompt: 8 blocks of 32

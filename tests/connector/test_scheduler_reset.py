@@ -19,8 +19,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyServer
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-from moonlease.testbed.vllm_engine import _close_lookup_channel
 from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
+from moonlease_connector.adapters.vllm_lookup_server import stop_upstream_lookup_server
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from tests.support.lookup_workers import LAYOUTS, PatternStore, build_lookup
 
@@ -42,9 +42,12 @@ def connector(tmp_path, monkeypatch):
     built = MooncakeStoreConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
     servers: list[LookupKeyServer] = []
     yield built, config, servers
-    for server in servers or [None]:
-        _close_lookup_channel(SimpleNamespace(connector_scheduler=built.connector_scheduler,
-                                              connector_worker=SimpleNamespace(lookup_server=server)))
+    built.shutdown()  # closes the scheduler's lookup channel
+    for server in servers:  # the tests' lookup servers: upstream's, or ours (closes itself)
+        if isinstance(server, LookupKeyServer):
+            assert stop_upstream_lookup_server(server)
+        else:
+            server.close()
 
 
 def test_reset_without_a_worker_fails_within_its_deadline_and_lookups_still_work(connector):

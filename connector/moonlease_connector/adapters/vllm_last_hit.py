@@ -93,6 +93,20 @@ def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dic
                                    + "; ".join(problems) + ". Turn the mode off for this model.")
 
 
+def refuse_unservable_mode(settings: Any, vllm_config: Any, kv_cache_groups: Sequence[Any]) -> None:
+    """The layout gate of `settings`' lease mode, for every object that runs it (the worker, the
+    scheduler, the connector through them): built for a model its mode cannot serve, it refuses
+    at construction, before connecting anywhere, instead of missing on every lookup.
+    Only last-hit-only depends on the layout."""
+    from moonlease_connector.config import LeaseMode
+
+    if settings.lease_mode is not LeaseMode.LAST_HIT_ONLY:
+        return
+    transfer = vllm_config.kv_transfer_config
+    check_last_hit_only_layout(kv_cache_groups,
+                               dict(transfer.kv_connector_extra_config or {}) if transfer else {})
+
+
 def rule_reads_off_existence(coord: Any) -> bool:
     """Whether vLLM's hit rule over this coordinator is the whole-block rule that
     `core.last_hit.whole_block_bound` reads off the existence answers: no partial-hash hits,

@@ -488,7 +488,14 @@ class LastHitOnlyLookup(StoreLookup):
         if inputs.probe_contract is None:
             raise ValueError("last-hit-only needs a ProbeContractDetector (LookupInputs.probe_contract)")
         super().__init__(inputs)
-        from moonlease_connector.adapters.vllm_last_hit import rule_reads_off_existence
+        from moonlease_connector.adapters.vllm_last_hit import (
+            check_last_hit_only_layout,
+            rule_reads_off_existence,
+        )
+
+        # The layout gate again where the lookup is built (benchmarks and tests build it
+        # without a worker): a model it cannot serve is refused, never a miss per lookup.
+        check_last_hit_only_layout(self.coord.kv_cache_groups, {})
 
         #: Whole-block layouts without EAGLE: the checkpoint bound is read off the KV answers.
         self.rule_reads_off_existence = rule_reads_off_existence(self.coord)

@@ -12,13 +12,22 @@ thread hand-off of its own.
 Same wire frames as upstream; synchronous and asynchronous lookups both go through `_lookup`
 on the client's one executor thread, which alone touches the socket (resets too:
 `reset_within`). `mooncake_lookup_timeout_ms: 0` is upstream's unbounded wait.
+
+Teardown: upstream's client opens a ZMQ context, a REQ socket and an executor thread and never
+closes the context; a request left unanswered (an abandoned lookup) stays queued on a socket
+that lingers forever, so terminating that context — `close()` or garbage collection alike —
+blocks for good. Our sockets never linger, and `close()` (also run on garbage collection)
+closes the socket on the executor thread, which owns it, and then terminates the context.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
@@ -49,6 +58,10 @@ from moonlease_connector.core.lookup_breaker import (
 
 logger = logging.getLogger("vllm.moonlease.connector.lookup_client")
 
+#: How long `close()` waits for the executor thread to close the socket and for the context to
+#: terminate (a wait for the worker in progress is interrupted by the termination).
+CLOSE_WAIT_S = 5.0
+
 
 class BoundedLookupClient(LookupKeyClient):
     """Upstream's lookup client; every wait for the worker bounded (`timeout_s`; 0: unbounded).
@@ -63,6 +76,9 @@ class BoundedLookupClient(LookupKeyClient):
         if timeout_s < 0:
             raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
         super().__init__(vllm_config)
+        # A request the worker never answers must not hold the context's termination.
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self._closed = False
         self._socket_path = get_zmq_rpc_path_lookup(vllm_config)
         self.timeout_s = timeout_s
         self.probe_after_s = probe_after_s_for(timeout_s)
@@ -148,7 +164,7 @@ class BoundedLookupClient(LookupKeyClient):
         """A fresh REQ socket on the same path (a REQ socket owes its reply; this one is dropped).
         Called by the executor thread, which owns the socket."""
         self.socket.close(linger=0)
-        self.socket = make_zmq_socket(self.ctx, self._socket_path, zmq.REQ, bind=False)
+        self.socket = make_zmq_socket(self.ctx, self._socket_path, zmq.REQ, bind=False, linger=0)
 
     # ----------------------------------------------------------------- reset
 
@@ -174,3 +190,51 @@ class BoundedLookupClient(LookupKeyClient):
             return bytes(self.socket.recv()) == RESP_OK
         self._replace_socket()
         return False
+
+    # -------------------------------------------------------------- teardown
+
+    def close(self) -> None:
+        """Release the socket, the executor thread and the context; idempotent, bounded.
+
+        Lookups not yet started are cancelled (their callers get a miss); the socket is closed
+        by the executor thread once the lookup it runs returns. Terminating the context, on a
+        helper thread, interrupts a wait for the worker still in progress (the lookup fails
+        into a miss) so that the close can run; if the executor thread is held elsewhere past
+        `CLOSE_WAIT_S`, the context is left to the process (logged), never waited for.
+        """
+        if self.__dict__.get("_closed", True):
+            return  # closed already, or not built by our constructor
+        self._closed = True
+        for future in list(self.futures.values()):
+            future.cancel()
+        try:
+            closing: Future[None] | None = self.executor.submit(self._close_socket)
+        except RuntimeError:  # the executor was shut down already: its thread is gone
+            closing = None
+        self.executor.shutdown(wait=False)
+        terminator = threading.Thread(target=self.ctx.term, name="moonlease-lookup-client-close",
+                                      daemon=True)
+        terminator.start()
+        if closing is not None and self._executor_alive():
+            with contextlib.suppress(Exception):
+                closing.result(timeout=CLOSE_WAIT_S)
+        # Not picked up: the executor thread is gone (garbage collection clears the executor's
+        # weak reference first, and its thread leaves) or held; the socket is closed here.
+        if closing is None or closing.cancel():
+            self._close_socket()
+        terminator.join(CLOSE_WAIT_S)
+        if terminator.is_alive():
+            logger.warning("The scheduler's lookup channel did not close within %.0f s; "
+                           "leaving it to the process", CLOSE_WAIT_S)
+
+    def _executor_alive(self) -> bool:
+        return any(thread.is_alive() for thread in getattr(self.executor, "_threads", ()))
+
+    def _close_socket(self) -> None:
+        self.socket.close(linger=0)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: modules may be gone already
+            pass

@@ -3,8 +3,9 @@
 Adapter. `build_resume_set` only reads vLLM's coordinator; `RetentionSendingThread` does the
 store I/O through upstream's send thread. The resume set of a prompt is what vLLM's
 load rule (`MooncakeStoreCoordinator.load_mask`) reads for a hit ending at the prompt's last
-aligned boundary — where the next turn of the conversation resumes — and at each of the
-request's shared-prefix junctions — where a sibling resumes. The send thread and the replay
+aligned boundary — where the next turn of the conversation resumes —, where an exact re-send
+of the prompt hits (one block lower for a block-aligned prompt), and at each of the request's
+shared-prefix junctions — where a sibling resumes. The send thread and the replay
 benchmark both ask `build_resume_set`, then `core.retention.plan_save_retention`.
 """
 
@@ -34,6 +35,7 @@ from moonlease_connector.core.retention import (
     RetentionSettings,
     SaveChunk,
     plan_save_retention,
+    resume_ends,
 )
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 from moonlease_connector.core.store_room import StoreUsage
@@ -51,16 +53,14 @@ def chunk_kind(spec: Any) -> ChunkKind:
 
 def build_resume_set(coord: Any, block_hashes: Sequence[Any], num_tokens: int,
                      junctions: Sequence[int] = ()) -> frozenset[tuple[int, int]]:
-    """`(group_id, chunk)` pairs a hit at the prompt's end, or at a junction, loads.
-
-    The end is the prompt length aligned down to the coordinator's lcm block (what a longer
-    prompt over this one can hit); junctions are aligned the same way.
-    """
-    lcm = coord.lcm_block_size
-    ends = {num_tokens // lcm * lcm, *(j // lcm * lcm for j in junctions if 0 < j <= num_tokens)}
+    """`(group_id, chunk)` pairs a hit that resumes the prompt loads (`core.retention.resume_ends`:
+    at the prompt's end, where an exact re-send of it hits, and at each junction). `num_tokens`
+    is the prompt's own length, not cut to its whole hash blocks: a prompt that does not end on
+    a block boundary is not hit one block lower when sent again."""
+    resend_end = coord.align_lookup_length(num_tokens - 1)  # upstream's re-derived full hit
     resume: set[tuple[int, int]] = set()
     hashes = list(block_hashes)
-    for end in sorted(e for e in ends if e > 0):
+    for end in resume_ends(num_tokens, coord.lcm_block_size, resend_end, junctions):
         for group_id, mask in enumerate(coord.load_mask(hashes, end)):
             resume.update((group_id, chunk) for chunk, loaded in enumerate(mask) if loaded)
     return frozenset(resume)
@@ -263,12 +263,14 @@ class RetentionSendingThread(JunctionSendingThread):
     def plan_job(self, req_meta: Any) -> None:
         """The plan for this job's prompt: which keys are pinned, which skipped."""
         coord = self.masks._coord
-        prompt = req_meta.prefill_end_tokens or req_meta.num_prompt_tokens or req_meta.token_len_chunk
-        prompt = min(prompt, len(req_meta.block_hashes) * coord.hash_block_size)
+        full_prompt = req_meta.prefill_end_tokens or req_meta.num_prompt_tokens or req_meta.token_len_chunk
+        prompt = min(full_prompt, len(req_meta.block_hashes) * coord.hash_block_size)
         lcm = coord.lcm_block_size
         aligned = prompt // lcm * lcm
         junctions = junctions_of(req_meta)
-        resume = build_resume_set(coord, req_meta.block_hashes, prompt, junctions)
+        # The prompt's own length: only a prompt that ends on a block boundary is re-derived
+        # one block lower when sent again (its hashes stop at the last whole hash block).
+        resume = build_resume_set(coord, req_meta.block_hashes, full_prompt, junctions)
         settings = self.retention_now()
         shared: frozenset[tuple[int, int]] = frozenset()
         if settings.pin:

@@ -49,10 +49,13 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
 
+from moonlease_connector.adapters.vllm_last_hit import refuse_unservable_mode
+from moonlease_connector.adapters.vllm_load import load_failure_policy, pin_loads
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
+from moonlease_connector.core.load_deadline import load_deadline_s, policy_warning
 from moonlease_connector.core.lookup import LookupOutcome, MissReason
 from moonlease_connector.core.lookup_protocol import decode_lookup_response
 
@@ -149,13 +152,22 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     """
 
     junction_retention: bool = False
+    load_deadline_s: float | None = None
     reset_timeout_s: float = RESET_TIMEOUT_S
     _lookup_stats: MoonleaseConnectorStats | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
+        settings = connector_settings(vllm_config)
+        refuse_unservable_mode(settings, vllm_config, kv_cache_config.kv_cache_groups)
         super().__init__(vllm_config, kv_cache_config)
         self.reset_timeout_s = RESET_TIMEOUT_S
-        self.moonlease_config = connector_settings(vllm_config)
+        self.moonlease_config = settings
+        failure_policy = load_failure_policy(vllm_config)
+        #: Loads under a deadline (the worker's receive threads) have their blocks pinned here.
+        self.load_deadline_s = load_deadline_s(settings.mooncake_load_timeout_ms, failure_policy)
+        warning = policy_warning(failure_policy)
+        if warning is not None:
+            logger.warning("%s", warning)
         # Retention `skip` needs the junctions too: the state there is what a sibling resumes from.
         self.junction_retention = (self.moonlease_config.finds_junctions
                                    or settings_delivery(vllm_config).settings_file is not None)
@@ -173,6 +185,27 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
                 on_miss=self._record_client_miss)
             upstream_client.close()
             upstream_client.ctx.term()
+
+    def close(self) -> None:
+        """Close the lookup channel (socket, executor thread, ZMQ context); idempotent.
+
+        vLLM's scheduler shutdown reaches it through the connector's `shutdown`, garbage
+        collection through `__del__`: upstream's scheduler closes nothing, and its context,
+        terminated by the collector with a lookup the worker never answered still queued, hung
+        for good. A client that is not ours gets its own `close`, as upstream's would."""
+        client = self.__dict__.get("client")
+        if client is None or self.__dict__.get("_closed"):
+            return
+        self._closed = True
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: modules may be gone already
+            pass
 
     def _record_client_miss(self) -> None:
         with self._lookup_stats_lock:
@@ -227,6 +260,9 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = super().build_connector_meta(scheduler_output)
+        if self.load_deadline_s is not None:
+            assert isinstance(meta, MooncakeStoreConnectorMetadata)
+            pin_loads(self, meta)
         if not self.junction_retention:
             return meta
         for req_id in scheduler_output.finished_req_ids:

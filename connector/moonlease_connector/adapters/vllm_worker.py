@@ -36,7 +36,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
     MooncakeLookupResult,
     MooncakeStoreConnectorMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
+    MooncakeStoreWorkerMetadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
+    KVCacheStoreRecvingThread,
     LookupKeyServer,
     MooncakeStoreWorker,
     get_zmq_rpc_path_lookup,
@@ -61,15 +65,18 @@ from moonlease_connector.adapters.vllm_lookup_server import (
     BoundedLookupServer,
     stop_upstream_lookup_server,
 )
+from moonlease_connector.adapters.vllm_load import DeadlineRecvingThread, load_failure_policy
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
+from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
-from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout
+from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, refuse_unservable_mode
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
+from moonlease_connector.core.load_deadline import LoadPins, load_deadline_s
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource, SwitchDecision
 from moonlease_connector.core.lookup import GroupNamespaces
 from moonlease_connector.settings import SettingsDelivery
@@ -111,11 +118,18 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     settings_watcher: SettingsWatcher | None = None
     settings_exporter: SettingsExporter | None = None
     step_outcome: StepOutcomeWatch | None = None
+    #: Loads wait as upstream's unless our constructor found a deadline (`core.load_deadline`).
+    load_deadline_s: float | None = None
+    load_pins: LoadPins | None = None
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         config = connector_settings(vllm_config)
+        refuse_unservable_mode(config, vllm_config, kv_cache_config.kv_cache_groups)
         self.moonlease_config = config
         self.step_outcome = StepOutcomeWatch()
+        self.load_deadline_s = load_deadline_s(config.mooncake_load_timeout_ms,
+                                               load_failure_policy(vllm_config))
+        self.load_pins = LoadPins()
         super().__init__(vllm_config, kv_cache_config)
         # Upstream created a plain stats object; ours carries lookup outcomes too.
         self.kv_connector_stats = MoonleaseConnectorStats()
@@ -238,6 +252,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         server = getattr(self, "lookup_server", None)
         if isinstance(server, BoundedLookupServer):
             server.close()
+        for thread in getattr(self, "kv_recv_threads", ()):
+            if isinstance(thread, DeadlineRecvingThread):
+                thread.close()
         closer = BoundedCaller(CLOSE_TIMEOUT_S, name="moonlease-close")
         outcome = closer.call(super().close)
         closer.close()
@@ -302,11 +319,11 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         retention = self.moonlease_config.retention
         live = self.settings_delivery.settings_file is not None
         if not self.moonlease_config.mooncake_junction_retention and not live and not retention.active:
-            super().register_kv_caches(kv_caches)
+            self._register_upstream(kv_caches)
             return
         can_put, self.can_put = self.can_put, False
         try:
-            super().register_kv_caches(kv_caches)
+            self._register_upstream(kv_caches)
         finally:
             self.can_put = can_put
         if not can_put or self._capacity_only or not kv_caches:
@@ -334,6 +351,21 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             on_junction_tails_saved=self._record_junction_tails,
             junctions_enabled=lambda: self.moonlease_config.finds_junctions, **extra)
         self.kv_send_thread.start()
+
+    def _register_upstream(self, kv_caches: dict[str, Any]) -> None:
+        """Upstream's registration; with a load deadline, its receive threads are
+        `DeadlineRecvingThread`s (same arguments, the store call bounded)."""
+        if self.load_deadline_s is None or self.load_pins is None:
+            super().register_kv_caches(kv_caches)
+            return
+        deadline_s, pins = self.load_deadline_s, self.load_pins
+
+        def receive_thread(*args: Any, **kwargs: Any) -> DeadlineRecvingThread:
+            return DeadlineRecvingThread(*args, load_timeout_s=deadline_s, pins=pins, **kwargs)
+
+        with_replaced_globals(MooncakeStoreWorker.register_kv_caches, {
+            "KVCacheStoreRecvingThread": (KVCacheStoreRecvingThread, receive_thread),
+        })(self, kv_caches)
 
     def _record_retention(self, decision: str, keys: int) -> None:
         with self._kv_connector_stats_lock:
@@ -378,4 +410,14 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """
         if self.step_outcome is not None and self.step_outcome.failure() is not None:
             return None
-        return super().build_connector_worker_meta()
+        meta = super().build_connector_worker_meta()
+        settled = self.load_pins.take() if self.load_pins is not None else {}
+        if not settled:
+            return meta
+        # Loads whose store calls all returned: the scheduler drops their block pins (same
+        # ledger as save jobs, so the counts add up per id).
+        if meta is None:
+            return MooncakeStoreWorkerMetadata(completed_saves=settled)
+        for pin, count in settled.items():
+            meta.completed_saves[pin] = meta.completed_saves.get(pin, 0) + count
+        return meta

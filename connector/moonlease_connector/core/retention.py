@@ -16,7 +16,9 @@ resumes from is as likely to go as a sliding-window tail or Mamba checkpoint nob
 
 The resume set. A conversation's next turn (or a branch of it, or a sibling that shares the
 prompt) looks the prompt up again and loads exactly what vLLM's load rule reads for a hit at
-the prompt's end (``coord.load_mask``): every full-attention block, the sliding-window blocks
+the prompt's end (``coord.load_mask``) — and an exact re-send of a block-aligned prompt (a
+retry, a regeneration) one block lower, where vLLM re-derives a hit covering the whole prompt
+so that the last token is recomputed (`resume_ends`): every full-attention block, the sliding-window blocks
 inside the window before that end, the Mamba state at that end. The adapters compute that set
 with vLLM's own rule (and add the loads at the request's shared-prefix junctions, where a
 sibling will resume); everything else a save writes — window blocks and recurrent
@@ -115,6 +117,25 @@ class SaveRetentionPlan:
 
     def count(self, decision: ChunkRetention) -> int:
         return sum(1 for d in self.decisions if d is decision)
+
+
+def resume_ends(num_tokens: int, alignment: int, resend_end: int,
+                junctions: Collection[int] = ()) -> tuple[int, ...]:
+    """Where the hits that resume this prompt end, in tokens (ascending, each > 0).
+
+    - the prompt's end aligned down to `alignment` (the coordinator's lcm block): what a longer
+      prompt over this one (the next turn, the prompt plus its generated tokens) hits;
+    - when that end is the prompt's own end (a block-aligned prompt), `resend_end`: the hit an
+      exact re-send of the prompt computes. vLLM recomputes the last token, so a hit covering
+      the whole prompt is re-derived at `num_tokens - 1` aligned down (the coordinator's
+      `align_lookup_length`) — one block lower, on states the end alone would not keep;
+    - each shared-prefix junction inside the prompt, aligned the same way (a sibling's hit).
+    """
+    end = num_tokens // alignment * alignment
+    ends = {end, *(j // alignment * alignment for j in junctions if 0 < j <= num_tokens)}
+    if end >= num_tokens:
+        ends.add(resend_end)
+    return tuple(sorted(e for e in ends if e > 0))
 
 
 def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tuple[int, int]],

@@ -1,0 +1,172 @@
+"""The scheduler side closes its lookup channel: on shutdown, and when it is garbage collected.
+
+Upstream's lookup client never closes its ZMQ context; a lookup the scheduler gave up on (the
+lookup deadline passed with no reply) leaves its request queued on a socket that lingers
+forever, and garbage collection then terminated that context — and hung for good. Real parts:
+our scheduler role built from a real `VllmConfig`, its real ZMQ client over the real IPC path;
+on the other end no worker at all, or a REP socket that takes requests and never answers (a
+worker stuck in a store call). A hang must fail the test, not block the run: the garbage
+collection case runs in a child interpreter under a timeout, the shutdown cases on a thread
+joined with one. No servers: unit tier.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import vllm.envs
+import zmq
+from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import get_zmq_rpc_path_lookup
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
+from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
+from tests.support.lookup_workers import LAYOUTS
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+HASHES = [bytes([3, i]) * 4 for i in range(4)]
+#: Bounds that catch a hang on a loaded 2-core machine, not a slow step.
+SHUTDOWN_S = 30
+CHILD_S = 180
+_ports = itertools.count(23800)
+
+
+def build_connector(port: int, timeout_ms: int) -> MooncakeStoreConnector:
+    config = VllmConfig(cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
+                        kv_transfer_config=KVTransferConfig(
+                            kv_connector="MooncakeStoreConnector", kv_role="kv_both",
+                            kv_connector_extra_config={"lookup_rpc_port": port,
+                                                       "mooncake_lookup_timeout_ms": timeout_ms}))
+    groups = [KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(LAYOUTS[0].specs)]
+    return MooncakeStoreConnector(config, KVConnectorRole.SCHEDULER,
+                                  KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups))
+
+
+class SilentWorker:
+    """A REP socket on the lookup path that takes requests and never answers."""
+
+    def __init__(self, config: VllmConfig) -> None:
+        self.ctx = zmq.Context()
+        self.socket = self.ctx.socket(zmq.REP)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(get_zmq_rpc_path_lookup(config))
+        self.received = 0
+
+    def take(self, timeout_s: float) -> bool:
+        if self.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+            self.socket.recv_multipart()
+            self.received += 1
+            return True
+        return False
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def rpc_base(tmp_path, monkeypatch) -> Iterator[Path]:
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
+    vllm.envs.disable_envs_cache()
+    yield tmp_path
+    vllm.envs.disable_envs_cache()
+
+
+def shut_down_within(connector: MooncakeStoreConnector, seconds: float) -> float:
+    """`connector.shutdown()` on a thread; fails (instead of hanging) past `seconds`."""
+    started = time.monotonic()
+    thread = threading.Thread(target=connector.shutdown, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"shutdown still running after {seconds} s"
+    return time.monotonic() - started
+
+
+def assert_closed(client: BoundedLookupClient) -> None:
+    assert client.socket.closed and client.ctx.closed
+    deadline = time.monotonic() + SHUTDOWN_S
+    while any(thread.is_alive() for thread in client.executor._threads):
+        assert time.monotonic() < deadline, "the client's executor thread is still running"
+        time.sleep(0.05)
+
+
+def test_shutdown_after_an_abandoned_lookup_closes_socket_context_and_thread(rpc_base):
+    connector = build_connector(next(_ports), timeout_ms=200)
+    client = connector.connector_scheduler.client
+    assert isinstance(client, BoundedLookupClient)
+    worker = SilentWorker(connector._vllm_config)
+    try:
+        assert client.lookup("r1", 64, HASHES).hit_length == 0, "abandoned: a miss"
+        assert worker.take(5), "the request reached the worker, which never answers"
+        shut_down_within(connector, SHUTDOWN_S)
+        assert_closed(client)
+        connector.shutdown()  # idempotent
+    finally:
+        worker.close()
+
+
+def test_shutdown_interrupts_an_unbounded_wait_for_the_worker(rpc_base):
+    """Deadline off (upstream's wait): shutdown ends a lookup still waiting, as a miss."""
+    connector = build_connector(next(_ports), timeout_ms=0)
+    client = connector.connector_scheduler.client
+    assert isinstance(client, BoundedLookupClient) and client.timeout_s == 0
+    worker = SilentWorker(connector._vllm_config)
+    try:
+        assert client.lookup("r1", 64, HASHES, non_block=True) is None, "in flight"
+        assert worker.take(5)
+        shut_down_within(connector, SHUTDOWN_S)
+        assert client.lookup("r1", 64, HASHES, non_block=True).hit_length == 0
+        assert_closed(client)
+    finally:
+        worker.close()
+
+
+CHILD = textwrap.dedent("""
+    import gc, sys, time
+    from tests.connector.test_scheduler_teardown import build_connector, HASHES, SilentWorker
+    port, with_worker = int(sys.argv[1]), sys.argv[2] == "silent-worker"
+    connector = build_connector(port, timeout_ms=200)
+    scheduler = connector.connector_scheduler
+    worker = SilentWorker(connector._vllm_config) if with_worker else None
+    assert scheduler.client.lookup("r1", 64, HASHES).hit_length == 0
+    if worker is not None:
+        assert worker.take(5)
+    connector.connector_scheduler = None  # the scheduler alone is dropped; its connector too
+    del connector
+    started = time.monotonic()
+    del scheduler
+    gc.collect()
+    print(f"dropped in {time.monotonic() - started:.2f} s", flush=True)
+    if worker is not None:
+        worker.close()
+""")
+
+
+@pytest.mark.parametrize("peer", ["no-worker", "silent-worker"])
+def test_dropping_a_scheduler_after_an_abandoned_lookup_finishes(rpc_base, peer):
+    """In a child interpreter, under a timeout: the hang was in garbage collection itself."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "connector"), str(REPO / "operator"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    try:
+        child = subprocess.run([sys.executable, "-c", CHILD, str(next(_ports)), peer], cwd=REPO,
+                               env=env, capture_output=True, text=True, timeout=CHILD_S)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"dropping the scheduler hung (no exit within {CHILD_S} s): "
+                    f"{(expired.stderr or b'')[-2000:]!r}")
+    assert child.returncode == 0, child.stderr[-4000:]
+    assert "dropped in" in child.stdout, child.stdout
+    dropped_s = float(child.stdout.split("dropped in ")[1].split(" s")[0])
+    assert dropped_s < SHUTDOWN_S, child.stdout
