@@ -82,6 +82,7 @@ from moonlease_operator.core.connector_delivery import (
     settings_file_text,
     template_reads_settings_file,
 )
+from moonlease_operator.core.master_identity import declared_master, is_master_object
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
 from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
 from moonlease_operator.core.settings import (
@@ -468,6 +469,7 @@ class _Planner:
     approval: VerbDecision | None = None  # an approval annotation handled in this reconcile
     paused_at: datetime.datetime | None = None  # held by the pause verb
     aborting: bool = False  # the abort verb failed the attempt in this reconcile
+    orphan_restart: MasterRestart | None = None  # a master no longer covered, restored once approved
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
     _rollback_cache: dict[WorkloadKey, tuple[WorkloadChange, ...]] = field(default_factory=dict)
     listed_targets: int = DEFAULT_LISTED_TARGETS
@@ -540,6 +542,7 @@ class _Planner:
             outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
+        outcome = self._hold_orphan_restart(outcome)
         status = self._status(outcome, desired_hash)
         verb_notes = [d.note() for d in (self.verb, self.approval) if d is not None]
         events = (*verb_notes, *self.notes, *_phase_events(prev, status))
@@ -847,16 +850,51 @@ class _Planner:
             and rollback_revision(self.observed.config_maps.get(config_map) or {}) == self.revision)
 
     def _release_orphans(self) -> None:
-        """Workloads this policy changed but no longer covers get their original back."""
+        """Workloads this policy changed but no longer covers get their original back. A master
+        no longer covered (`spec.master.name` renamed) is still the store the engines use: it
+        keeps its settings (`master.onDelete: keep`), or restoring it restarts it like any other
+        master restart, approved first when `requireApprovalForRestart` (`orphan_restart`)."""
+        declared = declared_master(self.spec, self.previous)
         for key in managed_keys(policy_label_value(self.policy.name), self.observed.workloads, self.observed.index):
             obj = self.observed.workloads[key]
-            if key not in self.fleet.keys and key not in self.held and key not in self.excluded:
-                change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
-                if needs_update(obj, change):
-                    self.changes.append(change)
-                    self.notes.append(EventNote("Normal", Reason.RELEASED.value,
-                                                f"{key[0]}/{key[1]} is no longer covered: restoring its original"
-                                                " configuration"))
+            if key in self.fleet.keys or key in self.held or key in self.excluded:
+                continue
+            master = is_master_object(obj, declared)
+            keep = master and self.spec.master.on_delete is MasterDeletionPolicy.KEEP
+            change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.FORGET if keep else
+                                    ChangeAction.RELEASE, policy=self.policy.name)
+            if not needs_update(obj, change):
+                continue
+            if keep:
+                self.changes.append(change)
+                self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                            f"{key[0]}/{key[1]} is no longer the master: it keeps its settings"
+                                            " (master.onDelete: keep), nothing restarts"))
+                continue
+            new = build_update(obj, change) or obj
+            if master and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+                restart = build_master_restart(f"{key[0]}/{key[1]}", RestartDirection.RESTORE, self.revision,
+                                               template_config_hash(obj) or "", describe_update(obj, change))
+                if self.spec.master.require_approval_for_restart and not restart.approved_by(
+                        self.policy.annotations):
+                    self.orphan_restart = restart
+                    continue
+                self.notes.append(restart.note())
+            self.changes.append(change)
+            self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                        f"{key[0]}/{key[1]} is no longer covered: restoring its original"
+                                        " configuration"))
+
+    def _hold_orphan_restart(self, outcome: _Outcome) -> _Outcome:
+        """A master no longer covered waits for approval before it is restored: the policy is
+        not Ready meanwhile (its old master would restart later, emptying the store)."""
+        restart = self.orphan_restart
+        if restart is None or self.pending_approval is not None or outcome.phase is not Phase.READY:
+            return outcome
+        self.pending_approval = restart.approval_key
+        return _Outcome(Phase.AWAITING_APPROVAL, outcome.stage, Reason.AWAITING_APPROVAL,
+                        f"{restart.workload} is no longer the policy's master (master.onDelete: restore):"
+                        f" {restart.approval_request(self.policy.name)}")
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -1345,7 +1383,7 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
     bookkeeping, so nothing restarts; `restore` brings its settings back, which restarts it and
     empties the store: announced, and approved first when `requireApprovalForRestart`.
     """
-    masters = _master_objects(spec, previous)
+    declared = declared_master(spec, previous)
     restore_master = not isinstance(spec, PolicySpecError) and spec.master.on_delete is MasterDeletionPolicy.RESTORE
     needs_approval = isinstance(spec, PolicySpecError) or spec.master.require_approval_for_restart
     settings_hash = "" if isinstance(spec, PolicySpecError) else build_master_settings(spec.master).config_hash
@@ -1355,11 +1393,7 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
         ref = (str(obj.get("kind")), str(meta.get("name")))
-        # A target's settings ConfigMap is given back like its target; any other ConfigMap may
-        # be the master's (from an invalid spec, the last status names only its workload).
-        is_settings = ref[0] == "ConfigMap" and (meta.get("labels") or {}).get(SETTINGS_CONFIG_MAP_LABEL) == "true" \
-            and ref not in masters
-        is_master = ref in masters or (ref[0] == "ConfigMap" and not is_settings)
+        is_master = is_master_object(obj, declared)
         action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
         change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
@@ -1389,20 +1423,11 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
                                 "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in restored])
                                 + " to their configuration before the policy"))
     if any(c.action is ChangeAction.FORGET for c in changes):
+        why = ("the spec is invalid, so master.onDelete cannot be read: nothing restarts"
+               if isinstance(spec, PolicySpecError) else "master.onDelete: keep")
         events.append(EventNote("Normal", Reason.RELEASED.value,
-                                "Policy deleted: the master keeps its settings (master.onDelete: keep)"))
+                                f"Policy deleted: the master keeps its settings ({why})"))
     status = None
     if pending is not None and previous.pending_approval != pending:
         status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
     return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
-
-
-def _master_objects(spec: PolicySpec | PolicySpecError, previous: PolicyStatus) -> set[tuple[str, str]]:
-    """The master workload and its ConfigMap: from the spec, or (a spec no longer valid) from
-    the last status."""
-    if isinstance(spec, PolicySpecError):
-        return {(t.kind.value, t.name) for t in previous.targets if t.role is StageName.MASTER}
-    refs = {(spec.master.kind.value, spec.master.name)}
-    if spec.master.config_map is not None:
-        refs.add(("ConfigMap", spec.master.config_map.name))
-    return refs
