@@ -1,0 +1,122 @@
+"""No master restart nobody approved (issue 27), with kopf against the local API server: a
+renamed `spec.master.name` leaves the old master as it is (or restores it only once approved),
+and deleting a policy whose spec the operator refuses never restarts the master."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer, is_rollout_complete
+from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
+from moonlease_operator.core.slots import POLICY_LABEL
+from moonlease_operator.runner import OperatorThread
+from tests.operator.fleet import (
+    MASTER,
+    NS,
+    condition,
+    create_fleet,
+    let_reconcile,
+    phase,
+    policy,
+    status,
+    workload,
+)
+
+pytestmark = pytest.mark.operator
+
+WAIT = 15.0
+NEW_MASTER = "mooncake-master-2"
+
+
+def events(kube: LocalApiServer, reason: str) -> list[dict[str, Any]]:
+    return [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == reason]
+
+
+def old_master_restarts(kube: LocalApiServer) -> list[dict[str, Any]]:
+    """Announced restarts of the old master other than its first rollout."""
+    return [e for e in events(kube, "MasterRestart")
+            if "Deployment/mooncake-master " in e["message"] and "apply its new settings" not in e["message"]]
+
+
+async def ready_with_a_second_master(kube: LocalApiServer, **changes: Any) -> dict[str, Any]:
+    """The fleet rolled out; a second master Deployment waiting to take over. Returns the old
+    master as the rollout left it."""
+    await create_fleet(kube)
+    second = copy.deepcopy(MASTER)
+    second["metadata"]["name"] = NEW_MASTER
+    await kube.create(second)
+    await kube.create(policy(**changes))
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    return workload(kube, "mooncake-master")
+
+
+def old_template(kube: LocalApiServer) -> dict[str, Any]:
+    return workload(kube, "mooncake-master")["spec"]["template"]
+
+
+async def test_renaming_the_master_leaves_the_old_one_running_its_settings(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    before = await ready_with_a_second_master(kube)
+    restarts = len(events(kube, "MasterRestart"))
+    await kube.patch("mlp", NS, "fleet", {"spec": {"master": {"name": NEW_MASTER}}})
+    await kube.wait_for(lambda: status(kube).get("observedGeneration") == 2 and phase(kube) == "Ready",
+                        timeout=WAIT, what="Ready on the new master")
+    await kube.wait_for(lambda: POLICY_LABEL not in workload(kube, "mooncake-master")["metadata"]["labels"],
+                        timeout=WAIT, what="the old master forgotten")
+    await let_reconcile(2)
+    assert old_template(kube) == before["spec"]["template"], "the old master restarted: the store emptied"
+    assert not old_master_restarts(kube)
+    assert len(events(kube, "MasterRestart")) == restarts + 1  # the new master's own, announced
+    assert any("nothing restarts" in e["message"] for e in events(kube, "Released"))
+
+
+async def test_renaming_the_master_with_restore_waits_for_approval(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    before = await ready_with_a_second_master(kube, **{"master.onDelete": "restore"})
+    # Approvals on (the default; the fleet's SPEC turns them off for the rollout tests).
+    await kube.patch("mlp", NS, "fleet", {"spec": {"master": {"name": NEW_MASTER, "requireApprovalForRestart": True}}})
+    await kube.wait_for(lambda: (status(kube).get("pendingApproval") or "").startswith("forward:"),
+                        timeout=WAIT, what="the new master's restart waiting for approval")
+    forward = status(kube)["pendingApproval"]
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: forward}}})
+    await kube.wait_for(lambda: (status(kube).get("pendingApproval") or "").startswith("restore:"),
+                        timeout=WAIT, what="the old master's restore waiting for approval")
+    await let_reconcile(2)
+    assert phase(kube) == "AwaitingApproval"
+    ready = condition(kube, "Ready")
+    assert ready["status"] == "False" and "Deployment/mooncake-master" in ready["message"]
+    assert old_template(kube) == before["spec"]["template"] and not old_master_restarts(kube)
+    assert events(kube, "AwaitingApproval")
+
+    pending = status(kube)["pendingApproval"]
+    await kube.patch("mlp", NS, "fleet", {"metadata": {"annotations": {APPROVE_MASTER_RESTART_ANNOTATION: pending}}})
+    await kube.wait_for(lambda: phase(kube) == "Ready" and old_template(kube) != before["spec"]["template"],
+                        timeout=WAIT, what="the approved restore")
+    args = old_template(kube)["spec"]["containers"][0]["args"]
+    assert "--eviction_ratio=0.05" in args and "--eviction_ratio=0.1" not in args
+    assert POLICY_LABEL not in workload(kube, "mooncake-master")["metadata"]["labels"]
+    assert old_master_restarts(kube)[0]["type"] == "Warning"
+
+
+async def test_deleting_a_policy_the_operator_refuses_never_restarts_the_master(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    await create_fleet(kube)
+    await kube.create(policy(**{"master.onDelete": "restore"}))
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert not status(kube).get("targets")  # at rest the status lists no target
+    configured_master = workload(kube, "mooncake-master")["spec"]
+    # A spec the CEL rules refuse on a real cluster reaches the operator (the local server, like
+    # an API server without CEL, admits it): the operator refuses it.
+    await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"leaseMode": "lastHitOnly"}}})
+    await kube.wait_for(lambda: phase(kube) == "Invalid", timeout=WAIT, what="phase Invalid")
+    await kube.delete("mlp", NS, "fleet")
+    await kube.wait_for(lambda: kube.get("mlp", NS, "fleet") is None, timeout=WAIT, what="the policy gone")
+    master = kube.get(DEPLOYMENTS, NS, "mooncake-master") or {}
+    assert master["spec"] == configured_master and POLICY_LABEL not in master["metadata"]["labels"]
+    assert is_rollout_complete(master)
+    assert len(events(kube, "MasterRestart")) == 1  # the rollout's; none for the deletion
+    released = events(kube, "Released")
+    assert released and "the spec is invalid" in released[-1]["message"]
