@@ -68,6 +68,8 @@ SCHEMA_REFUSES = {
     "negative pause": {"rollout.pauseBetweenStagesSeconds": -1},
     "on failure": {"rollout.onFailure": "retry"},
     "config map key": {"master.configMap": {"name": "cfg", "key": "a/b"}},
+    "non-ASCII label value": {"targets": [{"kind": "StatefulSet", "role": "decode",
+                                           "selector": {"matchLabels": {"moonlease.io/role": "decodé"}}}]},
 }
 
 CEL_REFUSES = {
@@ -80,6 +82,10 @@ CEL_REFUSES = {
                           "rollout.stages": ["master", "prefill"]}, "the master workload cannot also be a target"),
     "empty selector": ({"targets": [{"role": "decode", "selector": {"matchLabels": {}}}]},
                        "a selector must match on at least one label"),
+    "non-ASCII label key": ({"targets": [{"kind": "StatefulSet", "role": "decode",
+                                          "selector": {"matchLabels": {"moonlease.io/røle": "decode"}}}],
+                             "rollout.stages": ["master", "decode"]},
+                            "matchLabels keys must be Kubernetes label keys"),
 }
 
 
