@@ -395,6 +395,8 @@ async def test_deleting_with_restore_restarts_the_master_only_once_approved(
                             timeout=WAIT, what=f"{name} restored")
     assert configured(workload(kube, "mooncake-master")["spec"]["template"])
     assert kube.get("mlp", NS, "fleet") is not None and status(kube)["phase"] == "AwaitingApproval"
+    ready = condition(kube, "Ready")  # the targets were given back: no false Ready meanwhile
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingApproval") and pending in ready["message"]
     asked = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "AwaitingApproval"]
     assert len(asked) == 1 and pending in asked[0]["message"] and "--eviction_ratio: 0.1 -> 0.05" in asked[0]["message"]
 

@@ -14,7 +14,7 @@ from moonlease_operator.core.changes import ChangeAction
 from moonlease_operator.core.master_identity import declared_master, is_master_object
 from moonlease_operator.core.rollout import PolicyRef, plan_release
 from moonlease_operator.core.slots import POLICY_LABEL, build_update
-from tests.unit.test_rollout_plan import SPEC, Cluster, deployment, fleet, master_deployment, spec_with
+from tests.unit.test_rollout_plan import SPEC, T0, Cluster, deployment, fleet, master_deployment, spec_with
 
 pytestmark = pytest.mark.unit
 
@@ -97,7 +97,7 @@ def test_deleting_a_policy_with_an_invalid_spec_at_rest_never_restarts_the_maste
     configured = copy.deepcopy(cluster.obj("mooncake-master")["spec"])
     invalid = read_spec({**SPEC, "master": {"name": "mooncake-master", "evictionRatio": 7}})
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=invalid, previous=status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     actions = {c.name: c.action for c in plan.changes}
     assert actions == {"mooncake-master": ChangeAction.FORGET, "prefill": ChangeAction.RELEASE,
                        "decode": ChangeAction.RELEASE}
@@ -112,6 +112,6 @@ def test_deleting_a_policy_whose_old_master_was_renamed_away_asks_before_restori
     # The old master is still labelled (its restore waits): deleting the policy must not restore
     # it unasked just because the spec now names another master.
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=read_spec(spec), previous=cluster.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert "mooncake-master" not in [c.name for c in plan.changes]
     assert plan.pending_approval is not None and [e.reason for e in plan.events][0] == "AwaitingApproval"

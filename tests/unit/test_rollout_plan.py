@@ -665,7 +665,7 @@ def test_release_restores_the_targets_and_keeps_the_master_by_default() -> None:
     cluster.run(SPEC)
     configured_master = copy.deepcopy(cluster.obj("mooncake-master")["spec"])
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=read_spec(SPEC), previous=cluster.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert [e.reason for e in plan.events] == ["Restored", "Released"] and plan.pending_approval is None
     assert len(plan.changes) == 3
     for change in plan.changes:
@@ -687,7 +687,7 @@ def test_release_gives_the_settings_config_maps_back_and_keeps_the_masters_file_
     master_file["metadata"]["labels"].pop(SETTINGS_CONFIG_MAP_LABEL)
     spec = read_spec(spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}}))
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=spec, previous=cluster.status,
-                        managed=[*managed, master_file])
+                        managed=[*managed, master_file], now=T0)
     actions = {c.name: c.action for c in plan.changes if c.kind == "ConfigMap"}
     assert actions == {"prefill-moonlease": ChangeAction.RELEASE, "decode-moonlease": ChangeAction.RELEASE,
                        "cfg": ChangeAction.FORGET}
@@ -715,20 +715,23 @@ def test_release_with_restore_restarts_the_master_only_once_approved() -> None:
     cluster.run(spec)
     policy = PolicyRef("fleet", "ns", 1, "", dict(cluster.annotations))
     plan = plan_release(policy=policy, spec=read_spec(spec), previous=cluster.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert plan.pending_approval == f"restore:1:{plan.pending_approval.split(':')[2]}"
     assert [c.name for c in plan.changes] == ["decode", "prefill"]  # the targets go on; the master waits
     assert [e.reason for e in plan.events] == ["AwaitingApproval", "Restored"]
     assert "--eviction_ratio: 0.1 -> 0.05" in plan.events[0].message
     assert plan.status is not None and plan.status.pending_approval == plan.pending_approval
+    ready = plan.status.condition("Ready")  # the targets are going back: not Ready any more
+    assert ready is not None and ready.status.value == "False" and ready.reason == "AwaitingApproval"
+    assert plan.pending_approval in ready.message
     # Asked again (kopf retries), nothing is announced twice.
     again = plan_release(policy=policy, spec=read_spec(spec), previous=plan.status,
-                         managed=list(cluster.workloads.values()))
+                         managed=list(cluster.workloads.values()), now=T0)
     assert again.status is None and [e.reason for e in again.events] == ["Restored"]
 
     approved = PolicyRef("fleet", "ns", 1, "", {APPROVE_MASTER_RESTART_ANNOTATION: plan.pending_approval})
     plan = plan_release(policy=approved, spec=read_spec(spec), previous=plan.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert plan.pending_approval is None and [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
     for change in plan.changes:
         new = build_update(cluster.workloads[change.ref], change)

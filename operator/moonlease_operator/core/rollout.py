@@ -1374,7 +1374,7 @@ class ReleasePlan:
 
 
 def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
-                 managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
+                 managed: Sequence[Mapping[str, Any]], now: datetime.datetime) -> ReleasePlan:
     """Give back every object carrying this policy's label.
 
     Targets get their state from before the policy, all at once: each workload's own rolling
@@ -1429,5 +1429,14 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
                                 f"Policy deleted: the master keeps its settings ({why})"))
     status = None
     if pending is not None and previous.pending_approval != pending:
-        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
+        # Not Ready: the targets are being given back and the master waits (no false Ready).
+        assert restart is not None
+        message = f"Policy deleted: the targets are restored; {restart.approval_request(policy.name)}"
+        conditions = list(previous.conditions)
+        for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
+            conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE,
+                                       reason=Reason.AWAITING_APPROVAL.value, message=message,
+                                       generation=policy.generation, now=now)
+        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL,
+                                             "conditions": _ordered(conditions)})
     return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
