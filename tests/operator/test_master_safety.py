@@ -1,6 +1,7 @@
-"""No master restart nobody approved (issue 27), with kopf against the local API server: a
-renamed `spec.master.name` leaves the old master as it is (or restores it only once approved),
-and deleting a policy whose spec the operator refuses never restarts the master."""
+"""No master restart nobody approved and no rollback of finished work (issue 27), with kopf
+against the local API server: a renamed `spec.master.name` leaves the old master as it is (or
+restores it only once approved), deleting a policy whose spec the operator refuses never
+restarts the master, and an operator away longer than the stage timeout verifies what finished."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer, is_rollout_compl
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread
+from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
     MASTER,
     NS,
+    ManualClock,
     condition,
+    configured,
     create_fleet,
     let_reconcile,
     phase,
     policy,
+    reasons,
+    stage_phases,
     status,
     workload,
 )
@@ -120,3 +126,25 @@ async def test_deleting_a_policy_the_operator_refuses_never_restarts_the_master(
     assert len(events(kube, "MasterRestart")) == 1  # the rollout's; none for the deletion
     released = events(kube, "Released")
     assert released and "the spec is invalid" in released[-1]["message"]
+
+
+async def test_an_operator_away_longer_than_the_stage_timeout_verifies_what_finished(
+        kube: LocalApiServer) -> None:
+    """Stopped mid-stage for longer than stageTimeoutSeconds (30 s): the stage that finished
+    meanwhile is verified and succeeds; nothing is failed or rolled back."""
+    await create_fleet(kube)
+    kube.simulator.stall("Deployment", NS, "llama-prefill", when=configured)
+    clock = ManualClock()
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.create(policy())
+        await kube.wait_for(lambda: stage_phases(kube).get("prefill") == "Progressing"
+                            and configured(workload(kube, "llama-prefill")["spec"]["template"]),
+                            timeout=WAIT, what="the prefill stage to start")
+    kube.simulator.heal("Deployment", NS, "llama-prefill")
+    await kube.wait_for(lambda: is_rollout_complete(workload(kube, "llama-prefill")), what="prefill to finish")
+    clock.advance(120)  # the outage: four times the stage timeout
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
+    assert not {"StageFailed", "StageRollingBack", "RolledBack"} & set(reasons(kube))
+    assert configured(workload(kube, "llama-prefill")["spec"]["template"])

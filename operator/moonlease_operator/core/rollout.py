@@ -950,8 +950,10 @@ class _Planner:
             refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
-            started = stage.started_at or self.now
-            if refused or failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+            # Completion first: a stage whose workloads are done is verified and succeeds however
+            # late it is looked at (an operator away longer than the timeout never fails, nor rolls
+            # back, work that finished meanwhile); the deadline fails only what is still waiting.
+            if refused or failed or (waiting and self._past_deadline(stage)):
                 why = (_join(refused) if refused else _describe_health(failed) if failed else
                        f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
                 self.failed_stage = name
@@ -1017,9 +1019,7 @@ class _Planner:
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
                 refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
                 waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
-                started = stage.started_at or self.now
-                timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
-                if refused or broken or self.now - started > timeout:
+                if refused or broken or ((changes or waiting) and self._past_deadline(stage)):
                     self.changes = [c for c in self.changes if not refused or c.ref not in {m.key for m in members}]
                     self._set_stage(name, StagePhase.ROLLBACK_FAILED,
                                     self._rolled_back_message(name, "rollback did not complete: "
@@ -1044,6 +1044,12 @@ class _Planner:
                             f" {', '.join(incomplete)}")
         return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
                         f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _past_deadline(self, stage: StageStatus) -> bool:
+        """Whether `stage` (Progressing or Rolling back) has run past `stageTimeoutSeconds`;
+        asked only about a stage that still waits for something."""
+        started = stage.started_at or self.now
+        return self.now - started > datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
 
     def _with_excluded(self, outcome: _Outcome) -> _Outcome:
         """Targets left out are reported on themselves and announced once; the rest carried on.

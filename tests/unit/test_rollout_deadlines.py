@@ -1,0 +1,63 @@
+"""Deadlines from observed progress (issue 27): completion is checked before the deadline, so an
+operator that was away longer than `stageTimeoutSeconds` verifies the work that finished
+meanwhile instead of failing it and rolling it back."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from moonlease_operator.api import Phase, StageName
+from tests.unit.test_rollout_plan import SPEC, fleet
+
+pytestmark = pytest.mark.unit
+
+AWAY = datetime.timedelta(seconds=3600)  # far past stageTimeoutSeconds (60)
+
+
+def test_a_stage_that_finished_while_the_operator_was_away_succeeds() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["decode"] == "Progressing"
+    # The operator is down; decode finishes; the operator comes back an hour later.
+    cluster.settle("decode")
+    cluster.now += AWAY
+    cluster.reconcile(SPEC)
+    status = cluster.status
+    assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
+    assert status.phase is Phase.READY and status.failed_stage is None
+    assert "StageFailed" not in cluster.reasons() and "StageRollingBack" not in cluster.reasons()
+
+
+def test_a_stage_still_waiting_past_its_deadline_fails_naming_what_waits() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    cluster.observe_only("prefill")
+    cluster.now += AWAY
+    cluster.reconcile(SPEC)
+    stage = cluster.status.stage(StageName.PREFILL)
+    assert stage is not None and stage.phase.value in ("RollingBack", "Failed")
+    assert "not ready within 60s: Deployment/prefill" in stage.message  # never an empty list
+
+
+def test_a_rollback_that_finished_while_the_operator_was_away_is_rolled_back_not_failed() -> None:
+    cluster = fleet()
+    cluster.reconcile(SPEC)
+    cluster.settle("mooncake-master")
+    cluster.reconcile(SPEC)
+    cluster.observe_only("prefill")
+    cluster.now += datetime.timedelta(seconds=61)
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["prefill"] == "RollingBack"
+    cluster.settle("prefill")  # the restore completes while nobody watches
+    cluster.now += AWAY
+    cluster.reconcile(SPEC)
+    assert cluster.stage_phases()["prefill"] == "RolledBack"
+    assert "StageRollbackFailed" not in cluster.reasons()
