@@ -7,16 +7,20 @@ goes back, and the pods report the old settings again — no pod restarted on th
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 
 from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
+    DECODE,
     NS,
     WORKLOADS,
     ManualClock,
@@ -131,3 +135,38 @@ async def test_a_rollback_is_rolled_back_only_once_the_connectors_run_the_restor
 
 def prefill_target(kube: LocalApiServer) -> dict:
     return next((t for t in status(kube).get("targets", []) if t["name"] == "llama-prefill"), {})
+
+
+def reported_hashes(kube: LocalApiServer, owner: str) -> set[str]:
+    """The settings hashes the running connectors of a workload's pods report."""
+    hashes = set()
+    for pod in kube.list(PODS, NS):
+        port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
+        if port is not None and pod["metadata"]["ownerReferences"][0]["name"] == owner:
+            hashes.add(read_settings_endpoint(int(port)).settings_hash)
+    return hashes
+
+
+async def test_turning_retention_pin_off_reaches_pods_whose_start_up_settings_pin(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    """A chart-installed decode starts with `mooncake_retention_pin: true`; the policy turns pin
+    on, then off: the settings file says `false`, and the connectors run without pinning (a key
+    left out would fall back to the start-up `true`: Ready while every pod still pins)."""
+    decode = copy.deepcopy(DECODE)
+    container = decode["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = [*container["args"], "--kv-transfer-config",
+                         json.dumps({"kv_connector_extra_config": {"mooncake_retention_pin": True}})]
+    startup = MoonleaseConnectorConfig(mooncake_retention_pin=True)
+    await create_fleet(kube, decode=decode)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(policy(**{"connector.retentionPin": True}))
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready, pin on")
+        first = status(kube)["desiredConfigHash"]
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"retentionPin": False}}})
+        await kube.wait_for(lambda: phase(kube) == "Ready" and status(kube)["desiredConfigHash"] != first,
+                            timeout=WAIT, what="phase Ready, pin off")
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode"))["data"][SETTINGS_FILE_NAME]
+        running = parse_settings_file(text, startup)
+        assert json.loads(text)["mooncake_retention_pin"] is False and running.mooncake_retention_pin is False
+        await kube.wait_for(lambda: reported_hashes(kube, "llama-decode") == {settings_hash(running)},
+                            timeout=WAIT, what="decode's connectors running without pinning")

@@ -899,7 +899,8 @@ def test_compatibility_gate_knows_evict_needs_the_masters_watermark() -> None:
     settings = build_connector_settings(spec.connector, spec.master.eviction_high_watermark_ratio)
     assert settings.file["mooncake_retention_evict"] is True
     assert settings.file["mooncake_retention_evict_watermark"] == 0.8
-    assert "mooncake_retention_evict" not in build_connector_settings(parse_spec(SPEC).connector).file
+    off = build_connector_settings(parse_spec(SPEC).connector).file  # off is written, as off
+    assert off["mooncake_retention_evict"] is False and "mooncake_retention_evict_watermark" not in off
     bad = spec.model_copy(update={"master": spec.master.model_copy(
         update={"eviction_high_watermark_ratio": None})})
     assert "evictionHighWatermarkRatio" in evaluate_compatibility(bad, [])[0]
