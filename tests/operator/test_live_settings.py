@@ -15,7 +15,7 @@ import pytest
 from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
@@ -170,3 +170,28 @@ async def test_turning_retention_pin_off_reaches_pods_whose_start_up_settings_pi
         assert json.loads(text)["mooncake_retention_pin"] is False and running.mooncake_retention_pin is False
         await kube.wait_for(lambda: reported_hashes(kube, "llama-decode") == {settings_hash(running)},
                             timeout=WAIT, what="decode's connectors running without pinning")
+
+
+async def test_a_script_passing_an_extra_key_is_verified_on_what_it_passes(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    """A decode started by `sh -c` whose vLLM command loads our connector with one extra
+    Moonlease key: the connector starts on that key, so the operator expects it too and the
+    rollout verifies (it used to expect the default start-up settings, fail and roll back)."""
+    kv = {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
+          "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH,
+                                                              "mooncake_max_lease_rounds": 7}}
+    decode = copy.deepcopy(DECODE)
+    decode["spec"]["template"]["spec"]["containers"][0].update(
+        command=["/bin/sh", "-c"],
+        args=[f"huggingface-cli download /models/llama && exec vllm serve /models/llama"
+              f" --kv-transfer-config '{json.dumps(kv)}'"])
+    await create_fleet(kube, decode=decode)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) in ("Ready", "Degraded"), timeout=WAIT, what="the rollout to end")
+        assert phase(kube) == "Ready", condition(kube, "Ready")
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode"))["data"][SETTINGS_FILE_NAME]
+        running = parse_settings_file(text, MoonleaseConnectorConfig(mooncake_max_lease_rounds=7))
+        assert reported_hashes(kube, "llama-decode") == {settings_hash(running)}
+    assert decode["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        workload(kube, "llama-decode")["spec"]["template"]["spec"]["containers"][0]["args"]  # the script untouched

@@ -21,7 +21,7 @@ from typing import Any
 from moonlease_operator.api import PolicySpec, PolicySpecError, PolicyStatus, StageName
 from moonlease_operator.core.connector_delivery import SETTINGS_CONFIG_MAP_LABEL
 from moonlease_operator.core.slots import ORIGINAL_ANNOTATION, load_snapshot
-from moonlease_operator.core.workload_args import runs_mooncake_master
+from moonlease_operator.core.command_line import runs_mooncake_master
 
 ObjectRef = tuple[str, str]  # (kind, name)
 

@@ -21,9 +21,14 @@ from moonlease_operator.api.policy import MASTER_FLAGS
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.connector_delivery import build_adoption_desired, script_loads_settings
-from moonlease_operator.core.workload_args import CONNECTOR_MODULE, find_container, is_our_module, kv_doc
+from moonlease_operator.core.workload_args import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    find_container,
+    is_our_module,
+    kv_doc,
+)
 
-CONNECTOR_CLASS = "MooncakeStoreConnector"
 #: The connector switches `spec.connector` decides, written whether on or off.
 MANAGED_SWITCHES = frozenset({"mooncake_selective_lease", "mooncake_kda_last_hit_only", "mooncake_junction_retention",
                               "mooncake_retention_pin", "mooncake_retention_skip", "mooncake_retention_retry",
