@@ -1,17 +1,21 @@
 """No master restart nobody approved and no rollback of finished work (issue 27), with kopf
 against the local API server: a renamed `spec.master.name` leaves the old master as it is (or
 restores it only once approved), deleting a policy whose spec the operator refuses never
-restarts the master, and an operator away longer than the stage timeout verifies what finished."""
+restarts the master, an operator away longer than the stage timeout verifies what finished, and a
+finished stage that drifts while a later one runs is caught on the watch event."""
 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer, is_rollout_complete
+from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, is_rollout_complete
+from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
+from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
@@ -148,3 +152,31 @@ async def test_an_operator_away_longer_than_the_stage_timeout_verifies_what_fini
     assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
     assert not {"StageFailed", "StageRollingBack", "RolledBack"} & set(reasons(kube))
     assert configured(workload(kube, "llama-prefill")["spec"]["template"])
+
+
+async def test_a_hand_edit_of_a_finished_stage_while_a_later_one_runs_is_caught_at_once(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Prefill done, decode still rolling: someone edits prefill's settings file. The watch event
+    reopens the prefill stage (a StageDrifted warning naming it), the file is put back, and the
+    policy is Ready only once both stages run the policy's settings (it used to end Ready over
+    the edit, repaired only by a new attempt after the next resync)."""
+    await create_fleet(kube)
+    kube.simulator.stall("StatefulSet", NS, "llama-decode", when=configured)
+    await kube.create(policy())
+    await kube.wait_for(lambda: stage_phases(kube).get("decode") == "Progressing"
+                        and configured(workload(kube, "llama-decode")["spec"]["template"]),
+                        timeout=WAIT, what="the decode stage to start")
+    name = settings_config_map_name("llama-prefill")
+    applied = kube.get(CONFIGMAPS, NS, name)["data"][SETTINGS_FILE_NAME]
+    edited = json.dumps({**json.loads(applied), "mooncake_selective_lease": False})
+    await kube.patch(CONFIGMAPS, NS, name, {"data": {SETTINGS_FILE_NAME: edited}})
+    await kube.wait_for(lambda: bool(events(kube, "StageDrifted")), timeout=WAIT,
+                        what="the drift noticed while decode still runs")
+    assert "Stage prefill drifted after it succeeded: Deployment/llama-prefill" in \
+        events(kube, "StageDrifted")[0]["message"]
+    await kube.wait_for(lambda: json.loads(kube.get(CONFIGMAPS, NS, name)["data"][SETTINGS_FILE_NAME])
+                        == json.loads(applied), timeout=WAIT, what="prefill's file put back")
+    assert phase(kube) == "Progressing" and condition(kube, "Ready")["status"] == "False"
+    kube.simulator.heal("StatefulSet", NS, "llama-decode")
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}

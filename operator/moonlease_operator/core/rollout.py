@@ -793,6 +793,14 @@ class _Planner:
         master = self.fleet.master
         return build_master_restart(f"{master.kind}/{master.name}", direction, self.revision, settings_hash, lines)
 
+    def _forward_key(self, lines: Sequence[str]) -> str:
+        """What a forward master restart's approval is keyed to: the settings, the flag changes
+        from what the master runs now and its generation — so an approval given for the rollout
+        never lets a later repair of the same attempt through (a stage reopened by drift)."""
+        master = self.fleet.master.obj or {}
+        return build_config_hash({"settings": self.master.config_hash, "changes": sorted(lines),
+                                  "generation": (master.get("metadata") or {}).get("generation")})
+
     def _describe(self, changes: Sequence[WorkloadChange]) -> list[str]:
         """Human lines for what `changes` alter (`--eviction_ratio: 0.05 -> 0.1`)."""
         return [line for c in changes for line in describe_update(self._object(c), c)]
@@ -904,10 +912,18 @@ class _Planner:
         for name in self.order:
             stage = self.stages[name]
             members = self.fleet.in_stage(name)
+            drifted: list[Member] = []
             if stage.phase in _DONE:
-                if stage.phase is StagePhase.SUCCEEDED:
-                    last_finished = stage.finished_at
-                continue
+                # A finished stage is verified again on every reconcile (each watch event of its
+                # workloads and settings ConfigMaps wakes one): a `kubectl rollout undo` or a hand
+                # edit while a later stage runs reopens it, never a Ready over old settings.
+                drifted = [m for m in members if not self._in_sync(m)]
+                if not drifted:
+                    if stage.phase is StagePhase.SUCCEEDED:
+                        last_finished = stage.finished_at
+                    continue
+                self._reopen(name, drifted)
+                stage = self.stages[name]
             if stage.phase in (StagePhase.PENDING, StagePhase.AWAITING_APPROVAL):
                 pending = [m for m in members if not self._in_sync(m)]
                 if not pending:
@@ -924,7 +940,7 @@ class _Planner:
                 lines = self._describe([c for m in pending for c in self._pending(self._apply_changes(m))])
                 restart = None
                 if name is StageName.MASTER:
-                    restart = self._master_restart(RestartDirection.FORWARD, self.master.config_hash, lines)
+                    restart = self._master_restart(RestartDirection.FORWARD, self._forward_key(lines), lines)
                     if self.spec.master.require_approval_for_restart and not restart.approved_by(
                             self.policy.annotations):
                         self.pending_approval = restart.approval_key
@@ -935,7 +951,9 @@ class _Planner:
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
                 # The status says what is about to happen (a master restart in so many words).
-                doing = restart.describe() if restart is not None else f"updating {len(pending)} workload(s)"
+                doing = (restart.describe() if restart is not None else
+                         f"re-applying to {_join([f'{m.kind}/{m.name}' for m in drifted])}, which drifted"
+                         if drifted else f"updating {len(pending)} workload(s)")
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify. A master
@@ -971,6 +989,16 @@ class _Planner:
             last_finished = self.now
         return _Outcome(Phase.READY, self.order[-1], Reason.ROLLOUT_COMPLETE,
                         f"Every stage runs configuration {self.desired_hash}")
+
+    def _reopen(self, name: StageName, drifted: Sequence[Member]) -> None:
+        """A finished stage whose workloads no longer hold the configuration goes back to
+        Pending, announced with what changed (`StageDrifted`), and is applied again in order."""
+        what = _join([f"{m.kind}/{m.name}" + (f" ({'; '.join(lines)})" if (lines := self._describe(
+            self._pending(self._apply_changes(m)))) else "") for m in drifted])
+        message = f"drifted after it {self.stages[name].phase.value.lower()}: {what}"
+        self.notes.append(EventNote("Warning", Reason.STAGE_DRIFTED.value, f"Stage {name.value} {message}"))
+        self.stages[name] = self.stages[name].model_copy(update={
+            "phase": StagePhase.PENDING, "message": message[:32768], "finished_at": None})
 
     # ---- backward -----------------------------------------------------------------------------
 
