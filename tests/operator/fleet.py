@@ -105,6 +105,14 @@ def reasons(kube: LocalApiServer, name: str = "fleet", *, transient: bool = Fals
     return [e["reason"] for e in events if transient or e["reason"] not in TRANSIENT_REASONS]
 
 
+async def wait_for_stage_start(kube: LocalApiServer, stage: str, name: str, timeout: float = 15.0) -> None:
+    """Until `stage` is Progressing and its workload `name` carries our configuration (the
+    status announces a stage before the operator patches it: both)."""
+    await kube.wait_for(lambda: stage_phases(kube).get(stage) == "Progressing"
+                        and configured(workload(kube, name)["spec"]["template"]),
+                        timeout=timeout, what=f"the {stage} stage to start")
+
+
 def configured(obj: dict[str, Any]) -> bool:
     """Whether a workload's pod template carries the operator's configuration hash."""
     return CONFIG_HASH_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})

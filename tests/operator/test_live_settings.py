@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 
@@ -40,14 +41,16 @@ pytestmark = pytest.mark.operator
 WAIT = 15.0
 
 
+def endpoint_reports(kube: LocalApiServer, owner: str) -> list[Any]:
+    """What the running connectors of a workload's pods report on their settings endpoints."""
+    return [read_settings_endpoint(int(port)) for pod in kube.list(PODS, NS)
+            if (port := pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)) is not None
+            and pod["metadata"]["ownerReferences"][0]["name"] == owner]
+
+
 def lease_modes(kube: LocalApiServer, owner: str) -> set[str]:
     """The lease modes the running connectors of a workload's pods report."""
-    modes = set()
-    for pod in kube.list(PODS, NS):
-        port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
-        if port is not None and pod["metadata"]["ownerReferences"][0]["name"] == owner:
-            modes.add(read_settings_endpoint(int(port)).lease_mode)
-    return modes
+    return {report.lease_mode for report in endpoint_reports(kube, owner)}
 
 
 def file_mode(kube: LocalApiServer, owner: str) -> str:
@@ -139,12 +142,7 @@ def prefill_target(kube: LocalApiServer) -> dict:
 
 def reported_hashes(kube: LocalApiServer, owner: str) -> set[str]:
     """The settings hashes the running connectors of a workload's pods report."""
-    hashes = set()
-    for pod in kube.list(PODS, NS):
-        port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
-        if port is not None and pod["metadata"]["ownerReferences"][0]["name"] == owner:
-            hashes.add(read_settings_endpoint(int(port)).settings_hash)
-    return hashes
+    return {report.settings_hash for report in endpoint_reports(kube, owner)}
 
 
 async def test_turning_retention_pin_off_reaches_pods_whose_start_up_settings_pin(

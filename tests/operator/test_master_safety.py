@@ -32,6 +32,7 @@ from tests.operator.fleet import (
     reasons,
     stage_phases,
     status,
+    wait_for_stage_start,
     workload,
 )
 
@@ -141,9 +142,7 @@ async def test_an_operator_away_longer_than_the_stage_timeout_verifies_what_fini
     clock = ManualClock()
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
         await kube.create(policy())
-        await kube.wait_for(lambda: stage_phases(kube).get("prefill") == "Progressing"
-                            and configured(workload(kube, "llama-prefill")["spec"]["template"]),
-                            timeout=WAIT, what="the prefill stage to start")
+        await wait_for_stage_start(kube, "prefill", "llama-prefill")
     kube.simulator.heal("Deployment", NS, "llama-prefill")
     await kube.wait_for(lambda: is_rollout_complete(workload(kube, "llama-prefill")), what="prefill to finish")
     clock.advance(120)  # the outage: four times the stage timeout
@@ -163,9 +162,7 @@ async def test_a_hand_edit_of_a_finished_stage_while_a_later_one_runs_is_caught_
     await create_fleet(kube)
     kube.simulator.stall("StatefulSet", NS, "llama-decode", when=configured)
     await kube.create(policy())
-    await kube.wait_for(lambda: stage_phases(kube).get("decode") == "Progressing"
-                        and configured(workload(kube, "llama-decode")["spec"]["template"]),
-                        timeout=WAIT, what="the decode stage to start")
+    await wait_for_stage_start(kube, "decode", "llama-decode")
     name = settings_config_map_name("llama-prefill")
     applied = kube.get(CONFIGMAPS, NS, name)["data"][SETTINGS_FILE_NAME]
     edited = json.dumps({**json.loads(applied), "mooncake_selective_lease": False})

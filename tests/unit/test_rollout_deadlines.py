@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from moonlease_operator.api import Phase, StageName
-from tests.unit.test_rollout_plan import SPEC, fleet
+from tests.unit.test_rollout_plan import SPEC, rolled_to
 
 pytestmark = pytest.mark.unit
 
@@ -17,13 +17,7 @@ AWAY = datetime.timedelta(seconds=3600)  # far past stageTimeoutSeconds (60)
 
 
 def test_a_stage_that_finished_while_the_operator_was_away_succeeds() -> None:
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
-    cluster.settle("prefill")
-    cluster.reconcile(SPEC)
-    assert cluster.stage_phases()["decode"] == "Progressing"
+    cluster = rolled_to("decode")
     # The operator is down; decode finishes; the operator comes back an hour later.
     cluster.settle("decode")
     cluster.now += AWAY
@@ -35,10 +29,7 @@ def test_a_stage_that_finished_while_the_operator_was_away_succeeds() -> None:
 
 
 def test_a_stage_still_waiting_past_its_deadline_fails_naming_what_waits() -> None:
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
+    cluster = rolled_to("prefill")
     cluster.observe_only("prefill")
     cluster.now += AWAY
     cluster.reconcile(SPEC)
@@ -48,10 +39,7 @@ def test_a_stage_still_waiting_past_its_deadline_fails_naming_what_waits() -> No
 
 
 def test_a_rollback_that_finished_while_the_operator_was_away_is_rolled_back_not_failed() -> None:
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
+    cluster = rolled_to("prefill")
     cluster.observe_only("prefill")
     cluster.now += datetime.timedelta(seconds=61)
     cluster.reconcile(SPEC)

@@ -12,25 +12,13 @@ import pytest
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase
 from moonlease_operator.core.connector_delivery import settings_config_map_name
-from tests.unit.test_rollout_plan import SPEC, Cluster, fleet, spec_with, template
+from tests.unit.test_rollout_plan import SPEC, fleet, rolled_to, spec_with, template
 
 pytestmark = pytest.mark.unit
 
 
-def decode_running() -> Cluster:
-    """Master and prefill done; decode Progressing (its controller has not finished)."""
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
-    cluster.settle("prefill")
-    cluster.reconcile(SPEC)
-    assert cluster.stage_phases() == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Progressing"}
-    return cluster
-
-
 def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
-    cluster = decode_running()
+    cluster = rolled_to("decode")
     name = settings_config_map_name("prefill")
     applied = copy.deepcopy(cluster.config_maps[name]["data"][SETTINGS_FILE_NAME])
     edited = {**json.loads(applied), "mooncake_selective_lease": False}
@@ -52,7 +40,7 @@ def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
 
 
 def test_a_rollout_undo_of_a_finished_stage_reopens_it() -> None:
-    cluster = decode_running()
+    cluster = rolled_to("decode")
     adopted = copy.deepcopy(template(cluster, "prefill"))
     obj = cluster.obj("prefill")
     obj["spec"]["template"]["spec"]["containers"][0].pop("volumeMounts", None)  # `kubectl rollout undo`
@@ -74,7 +62,7 @@ def test_a_drifted_master_waits_for_approval_before_it_restarts() -> None:
     cluster.reconcile(spec)
     cluster.settle("mooncake-master")
     cluster.reconcile(spec)
-    assert cluster.stage_phases()["prefill"] == "Progressing"
+    assert cluster.stage_phases()["prefill"] == "Progressing"  # the rollout's approval given and used
     args = cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"]
     args[:] = [a for a in args if not a.startswith("--eviction_ratio")] + ["--eviction_ratio=0.3"]
     cluster.obj("mooncake-master")["metadata"]["generation"] += 1

@@ -225,6 +225,21 @@ def fleet() -> Cluster:
     return Cluster(master_deployment(), deployment("prefill"), deployment("decode"))
 
 
+STAGE_WORKLOADS = {"master": "mooncake-master", "prefill": "prefill", "decode": "decode"}
+
+
+def rolled_to(stage: str, spec: Mapping[str, Any] = SPEC) -> Cluster:
+    """A fleet whose rollout of `spec` has reached `stage` (Progressing; its controller not
+    finished), every stage before it settled."""
+    cluster = fleet()
+    cluster.reconcile(spec)
+    while cluster.stage_phases()[stage] != "Progressing":
+        running = next(n for n, p in cluster.stage_phases().items() if p == "Progressing")
+        cluster.settle(STAGE_WORKLOADS[running])
+        cluster.reconcile(spec)
+    return cluster
+
+
 def template(cluster: Cluster, name: str) -> dict[str, Any]:
     return cluster.obj(name)["spec"]["template"]
 
@@ -985,12 +1000,7 @@ def test_a_deleted_target_is_reported_on_itself_and_the_rest_carries_on() -> Non
 
 
 def test_a_rollback_half_way_continues_when_a_target_vanishes() -> None:
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
-    cluster.settle("prefill")
-    cluster.reconcile(SPEC)
+    cluster = rolled_to("decode")
     cluster.observe_only("decode")
     cluster.now += datetime.timedelta(seconds=61)
     cluster.reconcile(SPEC)

@@ -69,7 +69,6 @@ from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import (
-    SETTINGS_CONFIG_MAP_LABEL,
     SettingsReport,
     adoption_hash,
     build_settings_file_desired,
