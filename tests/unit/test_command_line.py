@@ -113,3 +113,8 @@ def test_vllm_images_run_without_a_command_are_vllm_by_their_exact_name() -> Non
     assert not runs_vllm({"image": "ghcr.io/vllm-project/vllm-router:0.1", "args": ["--port", "8000"]})
     assert not runs_vllm({"image": "vllm/vllm-openai:v0.9.1", "command": ["redis-server"]})
     assert len(vllm_invocations({"image": "vllm/vllm-openai:v0.9.1", "args": ["m"]})) == 1
+
+
+def test_moonleases_own_connector_image_runs_vllm_without_a_command() -> None:
+    """The Dockerfile's connector stage has ENTRYPOINT ["vllm"]: args `serve MODEL` start vLLM."""
+    assert runs_vllm({"image": "registry.local/moonlease/vllm-connector:0.1.0", "args": ["serve", "/models/m"]})

@@ -8,8 +8,8 @@ operator sees the commands a shell would run, not words that happen to appear in
 A container runs vLLM only when a command it runs *starts* vLLM: `vllm serve ...`, or
 `python -m vllm...` (the API server module or vLLM's CLI) — never because some token ends in
 `vllm` (`redis-server --dir /data/vllm`) or an image name contains it (`vllm-router`). Without a
-command of its own, only the vLLM images themselves (`vllm`, `vllm-openai`: entrypoint vLLM)
-count. The manageability checks, the settings delivery and the test bed's simulated pods all ask
+command of its own, only the images whose entrypoint is vLLM count (`VLLM_IMAGES`, by exact
+name). The manageability checks, the settings delivery and the test bed's simulated pods all ask
 here (`vllm_invocations`), so they agree on what a pod runs.
 """
 
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
-#: Images whose entrypoint starts vLLM (last path component, without tag or digest).
-VLLM_IMAGES = frozenset({"vllm", "vllm-openai"})
+#: Images whose entrypoint starts vLLM (last path component, without tag or digest): vLLM's
+#: own and Moonlease's connector image (`ENTRYPOINT ["vllm"]`, see the Dockerfile).
+VLLM_IMAGES = frozenset({"vllm", "vllm-openai", "vllm-connector"})
 KV_TRANSFER_CONFIG_OPTIONS = ("--kv-transfer-config", "--kv_transfer_config")
 _SEPARATORS = frozenset({";", "&", "&&", "|", "||", "\n", "(", ")", ";;", "|&"})
 _PREFIXES = frozenset({"exec", "nohup", "time", "command"})
