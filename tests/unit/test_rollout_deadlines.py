@@ -1,6 +1,7 @@
 """Deadlines from observed progress (issue 27): completion is checked before the deadline, so an
 operator that was away longer than `stageTimeoutSeconds` verifies the work that finished
-meanwhile instead of failing it and rolling it back."""
+meanwhile instead of failing it and rolling it back; after a rollback that did not complete, the
+members it did restore are reported restored."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import datetime
 import pytest
 
 from moonlease_operator.api import Phase, StageName
-from tests.unit.test_rollout_plan import SPEC, rolled_to
+from tests.unit.test_rollout_plan import (
+    SPEC,
+    STAGE_WORKLOADS,
+    Cluster,
+    deployment,
+    master_deployment,
+    rolled_to,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -49,3 +57,28 @@ def test_a_rollback_that_finished_while_the_operator_was_away_is_rolled_back_not
     cluster.reconcile(SPEC)
     assert cluster.stage_phases()["prefill"] == "RolledBack"
     assert "StageRollbackFailed" not in cluster.reasons()
+
+
+def test_after_a_failed_rollback_the_members_that_were_restored_are_reported_restored() -> None:
+    """Two decode workloads; the rollback restores one, the other never finishes: the stage is
+    RollbackFailed, and its targets say which is back (RolledBack) and which is not (Failed)."""
+    spec = {**SPEC, "targets": [*SPEC["targets"], {"name": "decode-b", "role": "decode", "mooncakeVersion": "0.3.14"}]}
+    cluster = Cluster(master_deployment(), deployment("prefill"), deployment("decode"), deployment("decode-b"))
+    cluster.reconcile(spec)
+    while cluster.stage_phases()["decode"] != "Progressing":
+        running = next(n for n, p in cluster.stage_phases().items() if p == "Progressing")
+        cluster.settle(STAGE_WORKLOADS[running])
+        cluster.reconcile(spec)
+    cluster.settle("decode")
+    cluster.observe_only("decode-b")  # decode-b never rolls out ...
+    cluster.now += datetime.timedelta(seconds=61)
+    cluster.reconcile(spec)
+    assert cluster.stage_phases()["decode"] == "RollingBack"
+    cluster.settle("decode")  # ... decode is restored, decode-b never finishes its restore either
+    cluster.observe_only("decode-b")
+    cluster.now += datetime.timedelta(seconds=61)
+    for _ in range(3):
+        cluster.reconcile(spec)
+    assert cluster.stage_phases()["decode"] == "RollbackFailed"
+    phases = {t.name: t.phase.value for t in cluster.status.targets}
+    assert phases["decode"] == "RolledBack" and phases["decode-b"] == "Failed"

@@ -1235,10 +1235,16 @@ class _Planner:
         if stage_phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED):
             if not self._changed_in_attempt(member):
                 return TargetPhase.READY if health.health is Health.COMPLETE else TargetPhase.UPDATING
-            restored = not self._rollback_pending(member)
+            restored = not self._rollback_pending(member) and health.health is Health.COMPLETE
             if stage_phase is StagePhase.ROLLBACK_FAILED:
-                return TargetPhase.FAILED
-            return TargetPhase.ROLLED_BACK if restored and health.health is Health.COMPLETE else TargetPhase.ROLLING_BACK
+                # Its stage's rollback failed, but this member may be back: verified in the
+                # reconcile that ended the rollback (its pods were read), or reported so since.
+                previous = self.previous.stage(member.stage)
+                verified = previous is not None and previous.phase is StagePhase.ROLLING_BACK
+                was = next((t.phase for t in self.previous.targets if (t.kind.value, t.name) == member.key), None)
+                return TargetPhase.ROLLED_BACK if restored and (verified or was is TargetPhase.ROLLED_BACK) \
+                    else TargetPhase.FAILED
+            return TargetPhase.ROLLED_BACK if restored else TargetPhase.ROLLING_BACK
         if health.health is Health.FAILED:
             return TargetPhase.FAILED
         if not self._in_sync(member):
