@@ -12,7 +12,6 @@ import pytest
 from moonlease_operator.api import Phase, StageName
 from tests.unit.test_rollout_plan import (
     SPEC,
-    STAGE_WORKLOADS,
     Cluster,
     deployment,
     master_deployment,
@@ -63,12 +62,8 @@ def test_after_a_failed_rollback_the_members_that_were_restored_are_reported_res
     """Two decode workloads; the rollback restores one, the other never finishes: the stage is
     RollbackFailed, and its targets say which is back (RolledBack) and which is not (Failed)."""
     spec = {**SPEC, "targets": [*SPEC["targets"], {"name": "decode-b", "role": "decode", "mooncakeVersion": "0.3.14"}]}
-    cluster = Cluster(master_deployment(), deployment("prefill"), deployment("decode"), deployment("decode-b"))
-    cluster.reconcile(spec)
-    while cluster.stage_phases()["decode"] != "Progressing":
-        running = next(n for n, p in cluster.stage_phases().items() if p == "Progressing")
-        cluster.settle(STAGE_WORKLOADS[running])
-        cluster.reconcile(spec)
+    cluster = rolled_to("decode", spec, Cluster(master_deployment(), deployment("prefill"), deployment("decode"),
+                                                deployment("decode-b")))
     cluster.settle("decode")
     cluster.observe_only("decode-b")  # decode-b never rolls out ...
     cluster.now += datetime.timedelta(seconds=61)

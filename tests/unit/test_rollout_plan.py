@@ -228,10 +228,10 @@ def fleet() -> Cluster:
 STAGE_WORKLOADS = {"master": "mooncake-master", "prefill": "prefill", "decode": "decode"}
 
 
-def rolled_to(stage: str, spec: Mapping[str, Any] = SPEC) -> Cluster:
-    """A fleet whose rollout of `spec` has reached `stage` (Progressing; its controller not
-    finished), every stage before it settled."""
-    cluster = fleet()
+def rolled_to(stage: str, spec: Mapping[str, Any] = SPEC, cluster: Cluster | None = None) -> Cluster:
+    """A fleet (`cluster`, else `fleet()`) whose rollout of `spec` has reached `stage`
+    (Progressing; its controller not finished), every stage before it settled."""
+    cluster = cluster if cluster is not None else fleet()
     cluster.reconcile(spec)
     while cluster.stage_phases()[stage] != "Progressing":
         running = next(n for n, p in cluster.stage_phases().items() if p == "Progressing")
