@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit lint crds chart-docs images clean-setup
+.PHONY: setup demo test test-fast test-unit lint crds chart-docs docs images release clean-setup
 
 ## setup: Debian packages, the virtualenvs, the CPU libcuda stub (quick when already done)
 setup:
@@ -14,13 +14,16 @@ setup:
 demo: setup
 	@$(VENV)/bin/moonlease demo
 
-## test: every tier (unit, store, vllm, operator, chart, prometheus, images)
+## test: every tier (unit, compat, store, vllm, operator, chart, prometheus, images, conformance)
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
-## test-unit: pure logic only, no servers
-test-unit: setup
+## test-fast: the inner loop: pure logic only, no servers, no engines, no upstream suites
+test-fast: setup
 	@$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+## test-unit: the same as test-fast (kept for existing habits)
+test-unit: test-fast
 
 ## lint: import layering contracts
 lint: setup
@@ -36,9 +39,19 @@ crds: setup
 images:
 	@bash tools/images.sh
 
-## chart-docs: regenerate the chart's values reference (README.md, charts/moonlease/README.md) from values.schema.json
+## release: package the chart into dist/ (moonlease-<version>.tgz and its .sha256) after checking
+## the versions, the CHANGELOG and that its default images name a registry; REGISTRY is where you
+## pushed `make images` (it becomes the chart's global.imageRegistry): make release REGISTRY=host/path
+release: setup
+	@$(PY) tools/release.py --registry "$(REGISTRY)" --out dist
+
+## docs: build the documentation site (docs/, mkdocs.yml) into site/, failing on any warning (a broken link or anchor)
+docs: setup
+	@$(VENV)/bin/mkdocs build --strict
+
+## chart-docs: regenerate the chart's values reference (docs/helm.md, charts/moonlease/README.md) from values.schema.json
 chart-docs: setup
-	@$(PY) tools/chart_values_doc.py --write README.md
+	@$(PY) tools/chart_values_doc.py --write docs/helm.md
 	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:

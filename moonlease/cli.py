@@ -17,12 +17,11 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-    import logging
-
+    from moonlease_operator.adapters.logs import configure_logging
     from moonlease_operator.options import OperatorOptions
     from moonlease_operator.runner import run_operator
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, args.log_level)
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, peering=args.peering, liveness_endpoint=args.liveness,
                  metrics_port=args.metrics_port,
@@ -30,6 +29,15 @@ def _cmd_operator(args: argparse.Namespace) -> int:
                                          resync_interval=args.resync_interval, listed_targets=args.listed_targets,
                                          prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
+
+
+def _add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """--log-format and --log-level (the choices are moonlease_operator.adapters.logs')."""
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="text (default; lines about a policy start with [namespace/name]) or json (one "
+                             "object per line; lines about a policy carry namespace and policy)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                        help="least severe level logged (default info)")
 
 
 def _drive(args: argparse.Namespace, work: Callable[..., Any]) -> int:
@@ -274,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                           help="a Prometheus server A/B tests may read (repeatable; also "
                                "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
+    _add_log_flags(operator)
     operator.set_defaults(func=_cmd_operator)
 
     _add_drive_parsers(commands)

@@ -32,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -238,10 +240,33 @@ def container_settings(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict
     return config, env
 
 
+class Kubectl:
+    """The machine's real `kubectl` against the local API server: every `$ kubectl` line the demo
+    prints is run, and what it printed is shown. Without kubectl on PATH the demo says so and
+    shows nothing in its place."""
+
+    def __init__(self, api: Any, workdir: Path) -> None:
+        self.binary = shutil.which("kubectl")
+        self.config = api.write_kubeconfig(workdir / "kubeconfig", namespace=NAMESPACE)
+        self.cache = workdir / "kubectl-cache"
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str] | None:
+        """Print the command, run it, print its output (indented); None without kubectl."""
+        print(f"    $ kubectl {shlex.join(args)}")
+        if self.binary is None:
+            print("    (kubectl is not on PATH: not run)")
+            return None
+        done = subprocess.run([self.binary, f"--kubeconfig={self.config}", f"--cache-dir={self.cache}", *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+        for line in (done.stdout + done.stderr).splitlines():
+            print(f"    {line}")
+        return done
+
+
 class Cluster:
     """The local API server with the chart's workloads, and the operator running against it."""
 
-    def __init__(self, stack: contextlib.ExitStack, deployments: list[dict[str, Any]]) -> None:
+    def __init__(self, stack: contextlib.ExitStack, deployments: list[dict[str, Any]], workdir: Path) -> None:
         from moonlease.testbed.kube import LocalApiServerThread
         from moonlease_operator.runner import OperatorThread
 
@@ -252,12 +277,12 @@ class Cluster:
             for obj in deployments:
                 self.server.call(self.api.create(obj))
             detail(f"API server at {self.api.url}")
+            self.kubectl = Kubectl(self.api, workdir)
             print()
-            print(f"    $ kubectl get deploy -n {NAMESPACE} -L moonlease.io/arm")
-            print(f"    {'NAME':<32}{'READY':<8}{'ARM':<10}")
             for obj in (d for d in deployments if d["kind"] == "Deployment"):
-                arm = obj["metadata"].get("labels", {}).get("moonlease.io/arm", "")
-                print(f"    {obj['metadata']['name']:<32}{'1/1':<8}{arm:<10}")
+                self.kubectl.run("rollout", "status", "-n", NAMESPACE, f"deploy/{obj['metadata']['name']}",
+                                 "--timeout=60s")
+            self.kubectl.run("get", "deploy", "-n", NAMESPACE, "-L", "moonlease.io/arm")
             print()
         with step("Running the Moonlease operator (kopf) against it", "the operator's log lines above"):
             self.operator = stack.enter_context(OperatorThread(connection=self.api.connection_info(),
@@ -266,9 +291,30 @@ class Cluster:
     def create(self, obj: dict[str, Any]) -> None:
         self.server.call(self.api.create(obj))
 
+    def apply(self, obj: dict[str, Any], path: Path) -> None:
+        """`kubectl apply -f PATH` of `obj` written there (created in process where kubectl is
+        missing)."""
+        path.write_text(yaml.safe_dump(obj, sort_keys=False), encoding="utf-8")
+        print()
+        done = self.kubectl.run("apply", "-f", str(path))
+        print()
+        if done is None:
+            detail("creating it in process instead")
+            self.create(obj)
+        elif done.returncode != 0:
+            raise DemoFailure(f"kubectl apply -f {path} failed: {done.stderr.strip()}")
+
     def patch_policy(self, name: str, patch: dict[str, Any]) -> None:
-        """`kubectl patch mlp NAME --type merge -p PATCH`."""
-        self.server.call(self.api.patch("mooncakeleasepolicies", NAMESPACE, name, patch))
+        """`kubectl patch mlp NAME --type merge -p PATCH` (in process where kubectl is missing)."""
+        print()
+        done = self.kubectl.run("patch", "mlp", name, "-n", NAMESPACE, "--type", "merge", "-p",
+                                json.dumps(patch, separators=(",", ":")))
+        print()
+        if done is None:
+            detail("patching in process instead")
+            self.server.call(self.api.patch("mooncakeleasepolicies", NAMESPACE, name, patch))
+        elif done.returncode != 0:
+            raise DemoFailure(f"kubectl patch mlp {name} failed: {done.stderr.strip()}")
 
     def deployment(self, name: str) -> dict[str, Any]:
         return self.api.get("deployments", NAMESPACE, name) or {}
@@ -533,10 +579,7 @@ def check_engines(engines: dict[str, ArmEngine]) -> None:
 def print_outcome(cluster: Cluster, name: str, status: dict[str, Any], modes: dict[str, str]) -> None:
     ab = status.get("abTest") or {}
     print()
-    print(f"    $ kubectl get mlp -n {NAMESPACE}")
-    print(f"    {'NAME':<15}{'PHASE':<18}{'STAGE':<9}{'A/B':<18}{'VERDICT':<14}")
-    print(f"    {name:<15}{status.get('phase', '-'):<18}"
-          f"{status.get('currentStage') or '-':<9}{ab.get('phase', '-'):<18}{ab.get('finalVerdict') or '-':<14}")
+    cluster.kubectl.run("get", "mlp", "-n", NAMESPACE)
     print()
     print(f"    {'arm':<10} {'connector':<30} {'store hit rate':>14} {'TTFT p90':>9}   ({ab.get('samples', 0)} intervals)")
     for arm in ARMS:
@@ -718,7 +761,7 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
               "helm-python-sdk installed (`make setup`); `make test` renders the chart too"):
         deployments = render_chart(options, ports, settings_ports)
         detail(", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in deployments))
-    cluster = Cluster(stack, deployments)
+    cluster = Cluster(stack, deployments, workdir)
     # The engines run before the policy: the operator switches the treatment's live, and
     # verifies each stage on what the engines' connectors report.
     engines = start_engines(options, cluster, master, ports, settings_ports, workdir, stack)
@@ -730,7 +773,7 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
     with step(f"Act 1: applying {SAMPLE_POLICY.relative_to(REPO_ROOT)}: {modes['treatment']} for the treatment, "
               f"measured every {options.interval_seconds} s against the control",
               "`moonlease crd` matches crds/; the policy validates against it"):
-        cluster.create(policy)
+        cluster.apply(policy, workdir / f"{name}.yaml")
         wait_for(lambda: cluster.policy_status(name).get("phase") == "Analyzing", 120,
                  "the treatment's rollout", watch=lambda: _rollout_view(cluster.policy_status(name)),
                  on_change=lambda view: view and detail(view))
@@ -805,8 +848,9 @@ def summarize(outcome: StoryOutcome, treatment: str) -> tuple[str, str]:
     else:
         happened += "."
     if outcome.ab_phase == "Promoted":
-        then = ("Next: `moonlease bench replay` to choose a mode for your own trace, then `helm install moonlease "
-                "charts/moonlease -n inference` and an A/B policy like examples/policies/ab-junction-retention.yaml.")
+        then = ("Next: `moonlease bench replay` to choose a mode for your own trace; then `make images`, push them, "
+                "`make release REGISTRY=<your registry>`, `helm install moonlease dist/moonlease-*.tgz -n inference` "
+                "and an A/B policy like examples/policies/ab-junction-retention.yaml.")
     else:
         then = ("Next: `moonlease demo --max-samples 60` to measure longer, or `moonlease bench replay` to see "
                 "the modes' effect on a trace without engines.")

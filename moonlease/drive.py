@@ -2,7 +2,8 @@
 terminal or a script (also `kubectl moonlease ...`). Not pure: this is the commands' I/O.
 
 Cluster access is the operator's own: its API client (`adapters.kube.KubeClient`) over a
-`kopf.ConnectionInfo`, logged in as kubectl logs in — the kubeconfig (`--kubeconfig`,
+`ClusterConnection` (no kopf: `pip install moonlease` without the operator extra runs these
+commands), logged in as kubectl logs in — the kubeconfig (`--kubeconfig`,
 `$KUBECONFIG`, `~/.kube/config`; `--context`, its namespace by default), else the in-cluster
 service account. What the commands say is decided elsewhere: the status screen by
 `moonlease.status_view`, the dry run by the operator's `plan_preview`, what a verb does by the
@@ -20,9 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import kopf
-
-from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.adapters.kube import ApiError, ClusterConnection, KubeClient
 from moonlease_operator.adapters.workloads import WORKLOAD_KINDS, fetch_observed, object_path
 from moonlease_operator.api import (
     APPROVE_MASTER_RESTART_ANNOTATION,
@@ -41,7 +40,7 @@ from moonlease_operator.core.slots import POLICY_LABEL, policy_label_value
 from moonlease_operator.core.status import read_status
 from moonlease_operator.core.verbs import build_verb_value
 
-#: Exit codes shared by the commands (the README's "Driving a rollout" lists them).
+#: Exit codes shared by the commands (docs/cli.md, "Driving a rollout", lists them).
 EXIT_OK = 0            # status: Ready; a verb: applied; plan: nothing would change
 EXIT_WORKING = 1       # status: the operator is working on it, or it failed (see the message)
 EXIT_WAITING = 2       # status: it waits for a person (the screen says which command); plan: changes
@@ -56,7 +55,7 @@ class CommandError(Exception):
     """A failure the command reports in one line, with EXIT_UNREADABLE."""
 
 
-def login(kubeconfig: str | None, context: str | None) -> tuple[kopf.ConnectionInfo, str]:
+def login(kubeconfig: str | None, context: str | None) -> tuple[ClusterConnection, str]:
     """The connection and default namespace, found as kubectl finds them."""
     import kubernetes
 
@@ -81,10 +80,10 @@ def login(kubeconfig: str | None, context: str | None) -> tuple[kopf.ConnectionI
     header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
     parts = header.split(" ", 1) if header else []
     scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
-    info = kopf.ConnectionInfo(server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
-                               username=config.username or None, password=config.password or None,
-                               scheme=scheme, token=token, certificate_path=config.cert_file,
-                               private_key_path=config.key_file, default_namespace=namespace)
+    info = ClusterConnection(server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+                             username=config.username or None, password=config.password or None,
+                             scheme=scheme, token=token, certificate_path=config.cert_file,
+                             private_key_path=config.key_file, default_namespace=namespace)
     return info, namespace
 
 
@@ -254,7 +253,7 @@ def _say(out: TextIO, output: str, verb: Verb, annotation: str | None, value: st
     return code
 
 
-async def with_client(connection: kopf.ConnectionInfo, work: Callable[[KubeClient], Any]) -> int:
+async def with_client(connection: ClusterConnection, work: Callable[[KubeClient], Any]) -> int:
     """Run `work` with the operator's client, closed afterwards; a CommandError is one line."""
     client = KubeClient(connection, user_agent="moonlease-cli", retries=2, timeout=15.0)
     try:

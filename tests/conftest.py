@@ -25,7 +25,7 @@ pytest_plugins = [
     "tests.fixtures.prometheus",
 ]
 
-TIERS = ("unit", "store", "vllm", "operator", "chart", "prometheus", "images")
+TIERS = ("unit", "compat", "store", "vllm", "operator", "chart", "prometheus", "images", "conformance")
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
@@ -35,3 +35,36 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     if untiered:
         raise ValueError("tests without a tier marker (" + ", ".join(TIERS) + "): "
                          + ", ".join(untiered[:10]))
+
+#: A test with several tier markers is timed under the heaviest real part it starts.
+_TIMING_ORDER = ("images", "vllm", "operator", "conformance", "prometheus", "chart", "store", "compat", "unit")
+_tier_of: dict[str, str] = {}
+_tier_seconds: dict[str, float] = {}
+_tier_tests: dict[str, int] = {}
+
+
+def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
+    for item in session.items:
+        _tier_of[item.nodeid] = next(
+            (tier for tier in _TIMING_ORDER if item.get_closest_marker(tier)), "unit")
+
+
+def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
+    """Wall time per tier (set-up, call and tear-down), so the docs' tier times come from runs."""
+    tier = _tier_of.get(report.nodeid)
+    if tier is None:
+        return
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    if report.when == "call":
+        _tier_tests[tier] = _tier_tests.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):  # type: ignore[no-untyped-def]
+    if not _tier_seconds:
+        return
+    terminalreporter.section("time per tier (each test under its heaviest tier)")
+    for tier in _TIMING_ORDER:
+        if tier in _tier_seconds:
+            seconds = _tier_seconds[tier]
+            terminalreporter.write_line(
+                f"{tier:>10}: {_tier_tests.get(tier, 0):5d} tests {seconds / 60:6.1f} min")

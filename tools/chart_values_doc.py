@@ -1,10 +1,11 @@
 """The Helm chart's values reference, generated from charts/moonlease/values.schema.json (the
-descriptions) and values.yaml (the defaults), so the README cannot drift from the chart.
+descriptions) and values.yaml (the defaults), so the documentation cannot drift from the chart.
 
-    python tools/chart_values_doc.py              # print the table
-    python tools/chart_values_doc.py --write README.md   # replace it between the markers
+    python tools/chart_values_doc.py                      # print the table
+    python tools/chart_values_doc.py --write docs/helm.md # replace it between the markers
 
-tests/chart/test_values_schema.py checks that README.md holds exactly this table.
+`make chart-docs` writes it into docs/helm.md (the site's "Values reference") and the chart's own
+README; tests/chart/test_values_schema.py checks that both hold exactly this table.
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import kopf
-
+from moonlease_operator.adapters.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from moonlease_operator.core.url_allowlist import parse_allowlist
 from moonlease_operator.options import OperatorOptions
 from moonlease_operator.runner import run_operator
@@ -33,9 +32,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="a Prometheus server A/B tests may read (repeatable; also "
                              "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     parser.add_argument("--benchmark-polling", action="store_true", help=argparse.SUPPRESS)  # OperatorOptions.polling
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                        help="text (lines about a policy start with [namespace/name]) or json (one object "
+                             "per line, with namespace and policy)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="least severe level logged")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (--log-level debug)")
     args = parser.parse_args(argv)
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    configure_logging(args.log_format, "debug" if args.verbose else args.log_level)
     try:
         options = OperatorOptions(
             reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,

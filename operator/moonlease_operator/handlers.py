@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 from moonlease_operator.adapters.ab_metrics import build_metric_source, measure_arms
 from moonlease_operator.adapters.fleet_view import FleetView
 from moonlease_operator.adapters.kube import ApiError, KubeClient
+from moonlease_operator.adapters.logs import about_policy
 from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.adapters.settings_scrape import fetch_settings_reports
 from moonlease_operator.adapters.workloads import (
@@ -147,20 +148,20 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         key = (meta["namespace"], meta["name"])
         context.wakers[key] = wake
         baselines: dict[str, Snapshot] = memo.setdefault("moonlease_ab_baselines", {})
-        try:
-            while not stopped:
-                wake.clear()
-                try:
-                    async with _lock(memo):
-                        delay = await reconcile_policy(context, meta["namespace"], meta["name"], logger,
-                                                       baselines=baselines)
-                    delay = max(0.2, delay)
-                except Exception as exc:  # an API outage must not end the daemon; try again later
-                    delay = await _failed(exc, logger)
-                await _rest(wake, stopped, delay)
-        finally:
-            if context.wakers.get(key) is wake:
-                del context.wakers[key]
+        with about_policy(*key):  # every line this daemon's task logs names the policy
+            try:
+                while not stopped:
+                    wake.clear()
+                    try:
+                        async with _lock(memo):
+                            delay = await reconcile_policy(context, *key, logger, baselines=baselines)
+                        delay = max(0.2, delay)
+                    except Exception as exc:  # an API outage must not end the daemon; try again later
+                        delay = await _failed(exc, logger)
+                    await _rest(wake, stopped, delay)
+            finally:
+                if context.wakers.get(key) is wake:
+                    del context.wakers[key]
 
     async def _failed(exc: Exception, logger: logging.Logger) -> float:
         """Count a failed reconcile (log in again after a 401); the seconds to wait."""
@@ -193,43 +194,48 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                              logger: logging.Logger, **_: Any) -> None:
         """Restore every workload the policy changed, then let kopf remove the finalizer."""
         namespace, name = meta["namespace"], meta["name"]
-        client = context.client()
-        async with _lock(memo):
-            try:
-                managed = (await fetch_managed(client, namespace, name, read_spec(spec)) if context.options.polling
-                           else await context.fleet().managed(namespace, name, read_spec(spec)))
-                policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
-                plan = plan_release(policy=_ref(policy), spec=read_spec(spec), previous=read_status(body.get("status")),
-                                    managed=managed, now=context.clock())
-                if plan.status is not None:
-                    await apply_status(client, namespace, name, plan.status, policy["metadata"].get("resourceVersion"))
-                for note in plan.events:
-                    await post_event(client, body, note, component=COMPONENT, now=context.clock())
-                by_ref = {(o.get("kind"), o["metadata"]["name"]): o for o in managed}
-                report = await apply_changes(client, namespace, plan.changes, lambda c: by_ref.get(c.ref),
-                                             concurrency=context.options.write_concurrency)
-                for failure in report.failures:  # the others were given back; keep the finalizer for these
-                    await post_event(client, body, EventNote("Warning", Reason.WRITE_REFUSED.value, failure.describe()),
-                                     component=COMPONENT, now=context.clock())
-            except ApiError as exc:
-                context.metrics.observe_error(f"api_{exc.status}")
-                if exc.status == 401:
-                    await context.refresh_credentials()
-                raise kopf.TemporaryError(f"restoring the workloads failed: {exc}",
-                                          delay=context.options.error_delay) from exc
-        if report.failures:
-            raise kopf.TemporaryError("giving back the workloads was refused: "
-                                      + "; ".join(f.describe() for f in report.failures),
-                                      delay=context.options.error_delay)
-        if plan.pending_approval is not None:
-            raise kopf.TemporaryError(f"restoring the master waits for approval: annotate the policy with"
-                                      f" {APPROVE_MASTER_RESTART_ANNOTATION}={plan.pending_approval}",
-                                      delay=context.options.reconcile_interval)
-        context.metrics.forget(namespace, name)
-        if plan.changes:
-            logger.info("Released %d object(s) changed by the policy.", len(plan.changes))
-        else:  # an earlier pass restored them (and was retried for an approval or a refusal)
-            logger.info("Released: every object the policy changed has its original back.")
+        with about_policy(namespace, name):  # every line logged meanwhile names the policy
+            client = context.client()
+            async with _lock(memo):
+                try:
+                    managed = (await fetch_managed(client, namespace, name, read_spec(spec))
+                               if context.options.polling
+                               else await context.fleet().managed(namespace, name, read_spec(spec)))
+                    policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
+                    plan = plan_release(policy=_ref(policy), spec=read_spec(spec),
+                                        previous=read_status(body.get("status")), managed=managed,
+                                        now=context.clock())
+                    if plan.status is not None:
+                        await apply_status(client, namespace, name, plan.status,
+                                           policy["metadata"].get("resourceVersion"))
+                    for note in plan.events:
+                        await post_event(client, body, note, component=COMPONENT, now=context.clock())
+                    by_ref = {(o.get("kind"), o["metadata"]["name"]): o for o in managed}
+                    report = await apply_changes(client, namespace, plan.changes, lambda c: by_ref.get(c.ref),
+                                                 concurrency=context.options.write_concurrency)
+                    for failure in report.failures:  # the others were given back; keep the finalizer for these
+                        await post_event(client, body,
+                                         EventNote("Warning", Reason.WRITE_REFUSED.value, failure.describe()),
+                                         component=COMPONENT, now=context.clock())
+                except ApiError as exc:
+                    context.metrics.observe_error(f"api_{exc.status}")
+                    if exc.status == 401:
+                        await context.refresh_credentials()
+                    raise kopf.TemporaryError(f"restoring the workloads failed: {exc}",
+                                              delay=context.options.error_delay) from exc
+            if report.failures:
+                raise kopf.TemporaryError("giving back the workloads was refused: "
+                                          + "; ".join(f.describe() for f in report.failures),
+                                          delay=context.options.error_delay)
+            if plan.pending_approval is not None:
+                raise kopf.TemporaryError(f"restoring the master waits for approval: annotate the policy with"
+                                          f" {APPROVE_MASTER_RESTART_ANNOTATION}={plan.pending_approval}",
+                                          delay=context.options.reconcile_interval)
+            context.metrics.forget(namespace, name)
+            if plan.changes:
+                logger.info("Released %d object(s) changed by the policy.", len(plan.changes))
+            else:  # an earlier pass restored them (and was retried for an approval or a refusal)
+                logger.info("Released: every object the policy changed has its original back.")
 
     async def close_client(**_: Any) -> None:
         await context.close()

@@ -42,10 +42,32 @@ def render(chart: helm.Chart, values: Mapping[str, Any] | None = None, *, name: 
     return chart.render(copy.deepcopy(dict(values or {})), name=name, namespace=namespace, is_install=True)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping. PyYAML (like `helm lint`)
+    keeps the last one silently, and so does the API server's apply: a template that renders
+    two `env:` keys loses the first list without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_all_strict(text: str) -> list[Any]:
+    """Every document of a YAML stream, refusing duplicate keys (see _UniqueKeyLoader)."""
+    return list(yaml.load_all(text, Loader=_UniqueKeyLoader))
+
+
 def manifests(rendered: Mapping[str, str]) -> list[JsonObj]:
-    """Every object the rendering holds, in template order (NOTES.txt is not a manifest)."""
+    """Every object the rendering holds, in template order (NOTES.txt is not a manifest); a
+    mapping with a key given twice fails (the apply would drop one silently)."""
     return [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]
+            for doc in load_all_strict(text) if doc]
 
 
 def render_objects(chart: helm.Chart, values: Mapping[str, Any] | None = None, **kwargs: Any) -> list[JsonObj]:

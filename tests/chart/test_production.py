@@ -177,6 +177,12 @@ def test_each_component_is_scheduled_by_its_own_values(chart: helm.Chart) -> Non
 
 
 def test_extra_env_volumes_and_mounts_reach_each_component(chart: helm.Chart) -> None:
+    """Extra variables join each container's own `env:` list: a second `env:` key (which YAML
+    and the apply resolve by keeping the last) would drop the chart's, e.g. the operator's
+    POD_ID, and kopf would then crash naming its peer (`getpwuid(): uid not found`)."""
+    own = {workload: set(env(one(render_objects(chart, {}), "Deployment", workload)))
+           for workload in COMPONENT_VALUES}
+    assert "POD_ID" in own["moonlease-operator"]
     values: JsonObj = {}
     for workload, path in COMPONENT_VALUES.items():
         if path[0] == "vllm":
@@ -190,6 +196,7 @@ def test_extra_env_volumes_and_mounts_reach_each_component(chart: helm.Chart) ->
     for workload in COMPONENT_VALUES:
         obj = one(objects, "Deployment", workload)
         assert env(obj)["EXTRA"] == "1", workload
+        assert set(env(obj)) == own[workload] | {"EXTRA"}, workload
         volumes = {v["name"]: v for v in obj["spec"]["template"]["spec"]["volumes"]}
         assert volumes["certs"]["secret"] == {"secretName": "ca"}, workload
         assert {"name": "certs", "mountPath": "/etc/extra", "readOnly": True} in container(obj)["volumeMounts"]
@@ -260,6 +267,8 @@ def test_monitors_validate_and_scrape_every_metrics_port(chart: helm.Chart, name
         service = one(objects, "Service", "moonlease-operator-metrics")
         assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
         assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+        # The operator's series name the policy's namespace; the target's would replace it.
+        assert all(e.get("honorLabels") is True for e in monitor["spec"]["endpoints"])
 
 
 def _validate_against_crd_types(obj: JsonObj) -> None:
@@ -305,12 +314,15 @@ def test_alert_rules_pass_promtool_and_cover_what_the_issue_names(chart: helm.Ch
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"MoonleasePolicyDegraded", "MoonleasePolicyAwaitingApproval",
                            "MoonleasePolicyAwaitingDecision", "MoonleaseABTestMeasurementErrors",
-                           "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors"}
+                           "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors",
+                           "MoonleaseStoreNearlyFull"}  # MoonleaseOperatorDown needs the ServiceMonitor
     assert alerts["MoonleasePolicyAwaitingApproval"]["for"] == "2h"
-    # Each alert reads a metric the project exports (operator or connector).
-    exported = _exported_metric_names()
+    # Each alert reads a metric the project exports (operator or connector; the connector's in
+    # either spelling, tests/chart/test_alert_rules.py) or the master's.
+    exported = _exported_metric_names() | {"master_allocated_bytes", "master_total_capacity_bytes"}
     for name, alert in alerts.items():
-        used = set(re.findall(r"\b(?:vllm:)?moonlease_[a-z_]+", alert["expr"]))
+        used = set(re.findall(r"\bmoonlease_operator_[a-z_]+|\bmaster_[a-z_]+", alert["expr"])) | \
+            {f"vllm:{m}" for m in re.findall(r"vllm\[:_\]([a-z_]+)", alert["expr"])}
         assert used and used <= exported, (name, used - exported)
 
 
@@ -373,3 +385,23 @@ def test_the_grafana_dashboard_is_opt_in_and_every_query_parses(chart: helm.Char
                    "master_put_start_alloc_failures_total", "moonlease_operator_policy_phase",
                    "moonlease_operator_ab_test_effect"):
         assert metric in text, metric
+
+
+# ---- documentation matches the grants ----------------------------------------------------------
+
+
+def test_both_readmes_name_the_configmap_verbs_the_role_grants(chart: helm.Chart) -> None:
+    """A reviewer approves the install from the docs: the Helm and operator pages and the chart's
+    README must name every verb the Role gives on ConfigMaps (named namespaces) and the
+    ClusterRole (`watchNamespaces: ["*"]`)."""
+    for values in ({}, {"operator": {"watchNamespaces": ["*"]}}):
+        objects = render_objects(chart, values)
+        roles = find(objects, "Role") + find(objects, "ClusterRole")
+        verbs = {tuple(rule["verbs"]) for role in roles for rule in role["rules"] if "configmaps" in rule["resources"]}
+        assert len(verbs) == 1, verbs
+    granted = ", ".join(f"`{v}`" for v in verbs.pop())
+    root = CHART_DIR.parents[1]
+    for readme in (root / "docs" / "helm.md", root / "docs" / "operator.md", CHART_DIR / "README.md"):
+        text = " ".join(readme.read_text().split())  # one line: the sentence may wrap anywhere
+        assert granted in text, (readme, granted)
+        assert "by name only" not in text and "never `list`" not in text and "no `list`" not in text, readme

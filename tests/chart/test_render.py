@@ -502,3 +502,29 @@ def test_notes_tell_the_user_what_to_do_next(chart: helm.Chart, name: str) -> No
         assert "moonlease.io/ab-decision=promote:" in notes and "Analyzing" in notes
     else:
         assert "ab-decision" not in notes
+
+
+def test_every_annotate_command_in_the_notes_works_a_second_time(chart: helm.Chart) -> None:
+    """An approval or a decision is an annotation the policy keeps: without `--overwrite` the
+    second approval (the next master restart) fails with `already has a value`."""
+    values = {"policy": {"requireApprovalForRestart": True}}
+    for notes in (render(chart, values)["moonlease/templates/NOTES.txt"],
+                  render(chart, SETS["ab-test"])["moonlease/templates/NOTES.txt"]):
+        commands = " ".join(notes.split("\\\n")).splitlines()  # continuation lines joined
+        annotating = [c for c in commands if " annotate " in c]
+        assert annotating
+        for command in annotating:
+            assert "--overwrite" in command.split(), command
+
+
+def test_operator_log_format_and_level_reach_its_command_line(chart: helm.Chart) -> None:
+    def parsed(values: dict[str, Any]) -> Any:
+        operator = one(render_objects(chart, values), "Deployment", "moonlease-operator")
+        return build_parser().parse_args(container(operator)["args"])
+
+    assert (parsed({}).log_format, parsed({}).log_level) == ("text", "info")
+    chosen = parsed({"operator": {"logFormat": "json", "logLevel": "debug"}})
+    assert (chosen.log_format, chosen.log_level) == ("json", "debug")
+    for wrong in ({"logFormat": "yaml"}, {"logLevel": "trace"}):
+        with pytest.raises(helm.HelmError, match="log(Format|Level)"):
+            render(chart, {"operator": wrong})

@@ -1,6 +1,6 @@
 """values.schema.json describes every value and refuses bad ones with a message that names the
 value and the rule; what the schema cannot express fails the render with a message saying
-what to change; the README's values reference is the one generated from the schema."""
+what to change; the documentation's values reference is the one generated from the schema."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_the_schema_describes_every_value(name: str) -> None:
 
 def test_every_object_in_the_schema_is_closed_and_every_value_explained() -> None:
     """No typo slips through (`additionalProperties: false` unless a map is free-form on
-    purpose), and every value has the description the README table shows."""
+    purpose), and every value has the description the docs' values table shows."""
     for path, node in walk_schema(SCHEMA):
         if node.get("type") == "object" and "properties" in node and path != ".global":
             # (Helm's `global` is shared with parent charts: it stays open.)
@@ -239,13 +239,13 @@ def test_inconsistent_values_fail_the_render_with_what_to_change(chart: helm.Cha
     assert message in str(failed.value)
 
 
-@pytest.mark.parametrize("readme_path", ["README.md", "charts/moonlease/README.md"])
+@pytest.mark.parametrize("readme_path", ["docs/helm.md", "charts/moonlease/README.md"])
 def test_the_readme_values_reference_is_generated_from_the_schema(readme_path: str) -> None:
-    """The project's README and the chart's own (`helm show readme`) hold the generated table."""
+    """The docs site's Helm page and the chart's own README (`helm show readme`) hold the generated table."""
     readme = (REPO / readme_path).read_text()
     assert START in readme and END in readme
     section = readme.split(START, 1)[1].split(END, 1)[0]
-    assert section == "\n" + table(), "README's values reference is stale: run `make chart-docs`"
+    assert section == "\n" + table(), f"{readme_path}'s values reference is stale: run `make chart-docs`"
     documented = {line.split("`")[1] for line in table().splitlines()[2:]}
     values_in_defaults = {".".join(str(p) for p in path) for path, _ in leaves(DEFAULTS)}
     # Every default value has its row (map-valued ones under their map's row).

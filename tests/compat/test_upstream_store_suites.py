@@ -26,7 +26,7 @@ from moonlease.devenv.upstream_suites import (
     suite_paths,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 REPO = Path(__file__).resolve().parents[2]
 VLLM_033 = REPO / ".venv-vllm-0.33"
 #: Tests in the six suites of each release; all pass here with upstream's own classes too

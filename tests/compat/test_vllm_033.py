@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 REPO = Path(__file__).resolve().parents[2]
 VLLM_033 = REPO / ".venv-vllm-0.33"
 PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",

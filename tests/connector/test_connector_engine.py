@@ -10,6 +10,7 @@ from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import ConnectorConfigError
 from tests.support.engines import error_chain, moonlease_transfer_config
+from tests.support.numerics import assert_same_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
@@ -48,7 +49,7 @@ def test_a_fresh_engine_loads_what_the_first_stored(vllm_engine, mooncake_master
     assert [c.token_ids for c in warm] == [c.token_ids for c in cold]
     for loaded, stored in zip(warm, cold, strict=True):
         assert loaded.num_cached_tokens > 0
-        assert loaded.logprobs == pytest.approx(stored.logprobs, abs=1e-3)
+        assert_same_logprobs(loaded.logprobs, stored.logprobs)
     # Our lookup telemetry reached vLLM's Prometheus registry through the stats path.
     metrics = ve.metrics_snapshot(second)
     assert metrics.get("vllm:moonlease_lookups", 0) >= len(prompts), sorted(metrics)

@@ -22,6 +22,7 @@ from moonlease.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.settings import render_settings_file, settings_hash
 from tests.support.engines import engine_counter, moonlease_transfer_config
+from tests.support.numerics import assert_same_logprobs
 from tests.support.settings_volume import ConfigMapVolume, free_port, wait_for_endpoint
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
@@ -67,7 +68,7 @@ def serve(engine: Any, prompts: list[list[int]], *, reset: bool = True) -> tuple
 def assert_same_output(completions: list[Any], cold: list[Any]) -> None:
     for mine, reference in zip(completions, cold, strict=True):
         assert mine.token_ids == reference.token_ids
-        assert mine.logprobs == pytest.approx(reference.logprobs, abs=1e-3)
+        assert_same_logprobs(mine.logprobs, reference.logprobs)
 
 
 def switch(volume: ConfigMapVolume, port: int, config: MoonleaseConnectorConfig) -> None:

@@ -36,6 +36,7 @@ import pytest
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import connect_store_client, write_engine_store_config
 from tests.support.engines import moonlease_transfer_config
+from tests.support.numerics import assert_same_logprobs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
@@ -63,7 +64,7 @@ def cold_outputs(vllm_engine, model: str, prompts: dict[str, list[int]], **kwarg
 
 def assert_same(completion, cold, label) -> None:
     assert completion.token_ids == cold.token_ids, label
-    assert completion.logprobs == pytest.approx(cold.logprobs, abs=1e-3), label
+    assert_same_logprobs(completion.logprobs, cold.logprobs, label)
 
 
 def write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model: str,

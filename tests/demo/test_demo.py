@@ -34,8 +34,14 @@ def test_quick_demo_promotes_junction_retention_and_rolls_a_bad_change_back(tmp_
     intervals = re.findall(r"interval +\d+: control store hits +([\d.]+)%, TTFT p90 (\d+) ms; "
                            r"treatment store hits +([\d.]+)%, TTFT p90 (\d+) ms", out)
     assert len(intervals) >= 3, out
-    # The verdict: a promotion on a significant store-hit-rate gain, as `kubectl get mlp` shows it.
-    assert re.search(r"junction-ab +Ready +\S+ +Promoted +Success", out), out
+    # The verdict: a promotion on a significant store-hit-rate gain, as the real `kubectl get mlp`
+    # shows it: the CRD's printer columns come only from kubectl and the server's Table response.
+    assert re.search(r"\$ kubectl get mlp -n \S+\n +NAME +MODE +PHASE +STAGE +READY +A/B +VERDICT +AGE\n", out), out
+    assert re.search(r"junction-ab +\S+ +Ready +(?:\S+ +)?True +Promoted +Success +\d+[smh]", out), out
+    assert re.search(r"\$ kubectl get deploy -n \S+ -L moonlease.io/arm\n +NAME +READY +UP-TO-DATE +AVAILABLE +AGE +ARM\n",
+                     out), out
+    assert re.search(r"\$ kubectl apply -f \S+junction-ab.yaml\n +mooncakeleasepolicy.moonlease.io/junction-ab created",
+                     out), out
     rates = {arm: float(rate) for arm, rate in re.findall(
         r"^\s+(control|treatment) +leaseAll(?: \+ junction retention)? +([\d.]+)% +\d+ ms", out, flags=re.M)}
     assert rates["treatment"] >= rates["control"] + 2, rates
@@ -43,6 +49,8 @@ def test_quick_demo_promotes_junction_retention_and_rolls_a_bad_change_back(tmp_
     assert (tmp_path / "ab-test.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Act 2: the bad change was refused by the treatment's connector and rolled back by the
     # operator; the store kept every key and its master process.
+    assert re.search(r"\$ kubectl patch mlp junction-ab -n \S+ --type merge -p '\{.*\}'\n +mooncakeleasepolicy.moonlease.io/"
+                     r"junction-ab patched", out), out
     assert "treatment's connector refused the new settings (model_unsupported)" in out, out
     assert re.search(r"policy Degraded \(RolledBack\): Stage prefill failed", out), out
     store = re.search(r"store: (\d+) keys before the change, (\d+) after the rollback; master the same process", out)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tests.support.numerics import assert_same_logprobs
+
 
 def moonlease_transfer_config(**extra_config: Any) -> dict[str, Any]:
     """`--kv-transfer-config` loading our connector, with Moonlease keys in the extra config."""
@@ -56,13 +58,12 @@ def serve_fresh(vllm_engine: Any, model: str, transfer_config: dict[str, Any], s
 
 
 def assert_same_service(ours: FreshEngineRun, theirs: FreshEngineRun) -> None:
-    """Same store hits per prompt and the same output (tokens exact, logprobs within 1e-3)."""
-    import pytest
-
+    """Same store hits per prompt and the same output (tokens exact, logprobs within the test
+    dtype's bound: `tests.support.numerics`)."""
     assert ours.external_hits == theirs.external_hits and ours.cached == theirs.cached
     assert ours.tokens == theirs.tokens
     for mine, other in zip(ours.logprobs, theirs.logprobs, strict=True):
-        assert mine == pytest.approx(other, abs=1e-3)
+        assert_same_logprobs(mine, other)
 
 
 def error_chain(error: BaseException | None) -> list[BaseException]:

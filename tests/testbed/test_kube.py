@@ -444,8 +444,9 @@ async def test_operator_accepts_a_valid_policy(kube: LocalApiServer, running_ope
 
 async def test_operator_refuses_an_invalid_policy_with_status_and_event(
         kube: LocalApiServer, running_operator: OperatorThread) -> None:
-    # Passes the schema (so the API server stores it) but breaks a CEL rule the emulator does
-    # not evaluate: only the operator's mirror catches it.
+    # Passes the schema but breaks a CEL rule; with the CRD's rules off (as if installed without
+    # them) the server stores it, and only the operator's mirror catches it.
+    kube.emulator.cel_rules = False
     bad = policy(targets=[{"name": "llama-decode", "selector": {"matchLabels": {"a": "b"}}, "role": "decode"}])
     await kube.create(bad)
     await kube.wait_for(lambda: phase_of(kube, "fleet") == "Invalid", what="phase Invalid")
@@ -465,6 +466,7 @@ async def test_operator_refuses_an_invalid_policy_with_status_and_event(
 
 async def test_restarted_operator_resumes_without_repeating_itself(kube: LocalApiServer) -> None:
     bad = policy(rollout={"stages": ["master", "decode"]})  # no stage for the prefill target
+    kube.emulator.cel_rules = False  # a CEL rule: stored only by a server without the CRD's rules
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
         await kube.create(bad)
         await kube.wait_for(lambda: phase_of(kube, "fleet") == "Invalid", what="phase Invalid")

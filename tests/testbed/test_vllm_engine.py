@@ -10,6 +10,7 @@ import pytest
 
 from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
+from tests.support.numerics import assert_same_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -109,4 +110,4 @@ def test_mooncake_store_connector_serves_a_fresh_engine(vllm_engine, mooncake_ma
     assert counters.external_hits > 0
     assert loaded.num_cached_tokens == counters.external_hits
     assert loaded.token_ids == stored.token_ids
-    assert loaded.logprobs == pytest.approx(stored.logprobs, abs=1e-3)
+    assert_same_logprobs(loaded.logprobs, stored.logprobs)

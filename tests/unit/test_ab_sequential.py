@@ -3,7 +3,7 @@
 Known values for the home-made distributions (no SciPy in the operator); A/A simulations that
 look after every interval from minSamples to maxSamples through the real `fold_interval` and
 `decide`, on data shaped like the real metrics (token hit rates from whole-request hits with
-varying query counts, TTFT histograms); and a power test of the README's minimum detectable
+varying query counts, TTFT histograms); and a power test of the docs' minimum detectable
 effects. Seeded: the same runs every time.
 """
 
@@ -45,7 +45,7 @@ from moonlease_operator.core.sequential import (
 
 pytestmark = pytest.mark.unit
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+AB_DOCS = Path(__file__).resolve().parents[2] / "docs" / "ab-testing.md"
 
 
 # ---- the distributions, against tabulated values ----------------------------------------------------
@@ -208,5 +208,5 @@ def test_the_minimum_detectable_effect_is_detected_in_80_percent_of_runs(n: int,
     assert detected / runs >= 0.8, (effect, detected)
 
 
-def test_the_readme_states_the_minimum_detectable_effects_this_code_computes() -> None:
-    assert render_mde_table() in README.read_text()
+def test_the_docs_state_the_minimum_detectable_effects_this_code_computes() -> None:
+    assert render_mde_table() in AB_DOCS.read_text()

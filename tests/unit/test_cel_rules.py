@@ -1,15 +1,15 @@
 """The CRD's CEL rules, evaluated by cel-python, agree with their pydantic mirrors.
 
-The API server evaluates `x-kubernetes-validations`; the local server and jsonschema do not, so
-the operator mirrors each rule in a validator. Here every rule is compiled and run as the API
-server would (on the defaulted object, `self` bound to the node that declares the rule, once per
-list item), against the hand-made violations of test_policy_api and against generated specs.
+The API server evaluates `x-kubernetes-validations` (the local one too: moonlease.testbed.kube.cel);
+jsonschema does not, and a CRD may be installed without its rules, so the operator mirrors each
+rule in a validator. Here every rule is compiled and run as the API server would (on the defaulted
+object, `self` bound to the node that declares the rule, once per list item), against the
+hand-made violations of test_policy_api and against generated specs.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import celpy
@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moonlease.testbed.kube import apply_schema_defaults
+from moonlease.testbed.kube.cel import rule_errors
 from moonlease_operator.api import PolicySpecError, parse_spec
 from moonlease_operator.crd import build_crd, validation_schema
 from tests.unit.test_policy_api import AB_ROLLOUT, CEL_VIOLATIONS, VALID, doc, with_changes
@@ -38,31 +39,11 @@ def _program(rule: str) -> Any:
     return _PROGRAMS[rule]
 
 
-def _rules_on(node: Any, schema: dict[str, Any]) -> Iterator[tuple[dict[str, str], Any]]:
-    """Every (rule, self) pair the API server evaluates for `node` under `schema`."""
-    for rule in schema.get("x-kubernetes-validations", []):
-        yield rule, node
-    if isinstance(node, dict):
-        for name, sub in schema.get("properties", {}).items():
-            if name in node:
-                yield from _rules_on(node[name], sub)
-    if isinstance(node, list) and isinstance(schema.get("items"), dict):
-        for item in node:
-            yield from _rules_on(item, schema["items"])
-
-
 def failed_rules(spec: dict[str, Any]) -> list[str]:
-    """Messages of the rules that do not evaluate to true (an evaluation error fails too)."""
+    """Messages of the rules that do not evaluate to true (an evaluation error fails too), as the
+    local API server evaluates them at admission."""
     defaulted = apply_schema_defaults(copy.deepcopy(spec), SPEC_SCHEMA)
-    failed = []
-    for rule, value in _rules_on(defaulted, SPEC_SCHEMA):
-        try:
-            result = _program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)})
-        except celpy.CELEvalError:
-            result = None
-        if not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
-            failed.append(rule["message"])
-    return failed
+    return [error.detail for error in rule_errors(defaulted, SPEC_SCHEMA)]
 
 
 def mirror_accepts(spec: dict[str, Any]) -> bool:

@@ -17,7 +17,7 @@ from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
 from tests.support.lookup_workers import HASH_BLOCK, full_attention, mamba_align, sliding_window
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 
 def coordinator(*specs, scheduler_block: int, eagle: bool = False,

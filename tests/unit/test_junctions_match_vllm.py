@@ -35,7 +35,7 @@ from tests.support.lookup_workers import (
     sliding_window,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 HYBRID = [layout for layout in LAYOUTS if len(layout.specs) > 1] + [
     Layout("full+swa+mamba", (full_attention(), sliding_window(40), mamba_align(64)), 64, (1, 1, 1)),

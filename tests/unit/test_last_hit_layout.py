@@ -24,7 +24,7 @@ from moonlease_connector.core.last_hit_layout import (
     last_hit_only_layout_problems,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 ATTENTION = dict(block_size=16, num_kv_heads=1, head_size=32, dtype=torch.float16)
 EXTRA = {"SlidingWindowSpec": dict(sliding_window=64), "SlidingWindowMLASpec": dict(sliding_window=64),

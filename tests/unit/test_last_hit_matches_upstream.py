@@ -34,7 +34,7 @@ from tests.support.lookup_workers import (
     mamba_align,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 LAST_HIT = MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY)
 HYBRID_LAYOUTS = [

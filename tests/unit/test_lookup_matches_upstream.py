@@ -26,7 +26,7 @@ from tests.support.lookup_workers import (
     every_possible_key,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 
 @st.composite

@@ -29,7 +29,7 @@ from tests.support.lookup_workers import (
     keys_the_load_reads,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.compat
 
 SELECTIVE = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE)
 

@@ -42,7 +42,7 @@ UNDER_WAY = {Phase.PROGRESSING, Phase.AWAITING_APPROVAL, Phase.PAUSED, Phase.ANA
 
 
 def expected_applied(verb: Verb, phase: Phase | None, ab: ABTestPhase | None, paused: bool) -> bool:
-    """The verb table of the README's "Driving a rollout", written out independently."""
+    """The verb table of docs/cli.md ("Driving a rollout"), written out independently."""
     if verb is Verb.PROMOTE:
         return ab in (ABTestPhase.DEPLOYING, ABTestPhase.MEASURING, ABTestPhase.AWAITING_DECISION,
                       ABTestPhase.ROLLED_BACK) and phase not in (None, Phase.INVALID, Phase.PENDING)

@@ -268,3 +268,34 @@ needs cluster-wide rules on Deployments and ConfigMaps).
 {{- dict "all" false "names" ($asked | default (list .Release.Namespace)) | toJson -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+An alert's labels (its severity from monitoring.prometheusRule.severities, plus any given) and the
+start of its annotations: runbook_url, the alert's section under "Runbooks" in the chart README
+(monitoring.prometheusRule.runbookBaseUrl + "#" + the alert's name in lower case, GitHub's anchor
+for a heading). The caller continues the annotations. Input: dict "r" (the prometheusRule values),
+"alert", optional "labels".
+*/}}
+{{- define "moonlease.alertMeta" -}}
+labels:
+  severity: {{ index .r.severities .alert | default "warning" }}
+  {{- with .labels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+annotations:
+  runbook_url: {{ printf "%s#%s" (.r.runbookBaseUrl | default "README.md") (lower .alert) | quote }}
+{{- end -}}
+
+{{/*
+The store usage above which MoonleaseStoreNearlyFull fires: monitoring.prometheusRule.storeFullRatio,
+or halfway between the master's eviction watermark (Mooncake's default 0.9) and a full store.
+*/}}
+{{- define "moonlease.storeFullRatio" -}}
+{{- $given := .Values.monitoring.prometheusRule.storeFullRatio -}}
+{{- if kindIs "invalid" $given -}}
+{{- $watermark := index .Values.mooncake.master.settings "eviction_high_watermark_ratio" | default 0.9 | float64 -}}
+{{- printf "%g" (addf $watermark (divf (subf 1.0 $watermark) 2.0)) -}}
+{{- else -}}
+{{- printf "%g" (float64 $given) -}}
+{{- end -}}
+{{- end -}}

@@ -37,6 +37,11 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and $evict (kindIs "invalid" (index $m.master.settings "eviction_high_watermark_ratio")) -}}
 {{- fail "vllm.connector.retention.evict keeps the store under the master's eviction watermark: set mooncake.master.settings.eviction_high_watermark_ratio (Mooncake's default is 0.9)" -}}
 {{- end -}}
+{{- $watermark := index $m.master.settings "eviction_high_watermark_ratio" -}}
+{{- $storeFull := .Values.monitoring.prometheusRule.storeFullRatio -}}
+{{- if and .Values.monitoring.prometheusRule.enabled (not (kindIs "invalid" $watermark)) (not (kindIs "invalid" $storeFull)) (le (float64 $storeFull) (float64 $watermark)) -}}
+{{- fail (printf "monitoring.prometheusRule.storeFullRatio (%v) must be above mooncake.master.settings.eviction_high_watermark_ratio (%v): the master keeps the store at its watermark, so the alert would fire on a healthy store" .Values.monitoring.prometheusRule.storeFullRatio $watermark) -}}
+{{- end -}}
 {{- $names := list -}}
 {{- range .Values.vllm.arms -}}
 {{- if has .name $names -}}

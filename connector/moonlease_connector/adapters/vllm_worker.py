@@ -128,7 +128,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             self.kv_connector_stats.record_capability(self.capabilities, config.lease_mode.value)
         refuse_unsupported_mode(config, self.capabilities, release=self.close)
         #: The store's LastHitOnly response contract, detected from its answers and kept across
-        #: lookup objects (README: Last-hit-only).
+        #: lookup objects (docs/connector.md: Last-hit-only).
         self.probe_contract = ProbeContractDetector(self.store)
         #: Lookups served through the lookup server (rank 0) have the scheduler's bounded client
         #: in front and run inline; any other in-process caller gets one deadline for every

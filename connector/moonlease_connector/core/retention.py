@@ -23,7 +23,7 @@ sibling will resume); everything else a save writes — window blocks and recurr
 checkpoints inside the prompt, kept by dense retention — is only read by a request that
 diverges exactly there.
 
-Pieces (each a connector setting, off by default; README "Choosing a retention policy"):
+Pieces (each a connector setting, off by default; docs/benchmarks.md "Choosing a retention policy"):
 - ``pin``: put the prompt's *shared* prefix soft-pinned — the deepest prefix four different
   continuations have followed (`core.shared_prefix`: a system prompt, a branch point), with
   what a hit there loads — and everything else unpinned, so eviction takes the rest first.

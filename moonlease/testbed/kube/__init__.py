@@ -14,7 +14,8 @@ fixtures (`tests/fixtures/kube.py`), `moonlease demo` and the benchmarks. Outsid
 Synchronous programs use `LocalApiServerThread` instead (the server in a thread of its own).
 
 Modules, one concept each: `resources` (the served types), `patches`, `selectors`, `schemas`,
-`validation`, `pagination`, `store_index` (pure helpers; none touches kmock's internals), `errors` (Status
+`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `cel`
+(pure helpers; none touches kmock's internals), `errors` (Status
 bodies), `watches` (the watch cache), `calls` (request log, traffic), `faults` (injected
 failures), `emulator` (the API server: what it emulates is listed there), `simulator` (the
 workload controllers), `manifests`, `server` (the façade). Everything is re-exported here.

@@ -17,7 +17,7 @@ against a real cluster and right here otherwise:
   (qualified names, values of at most 63 characters), annotation keys and their 256 KiB total,
   finalizer names — on the object and on a workload's pod template and selector; ConfigMap and
   Secret data keys and their 1 MiB total; CRD schemas (pruning, defaulting, openAPIV3Schema
-  validation; CEL rules are not evaluated).
+  validation, then the CRD's CEL rules: see `cel`).
 - Size: a request body over 3 MiB, or an object over 1.5 MiB as stored (etcd's limit,
   measured as compact JSON), answers 413 RequestEntityTooLarge.
 - LIST: label selectors (syntax checked: 400 BadRequest), field selectors limited to the fields
@@ -33,6 +33,13 @@ against a real cluster and right here otherwise:
   everything else); JSON merge, JSON and strategic-merge patches; namespaces that must exist;
   CRDs that take effect when created; ownerReference cascade on deletion; 201 on create; list
   kinds; errors as `kind: Status` bodies.
+
+- What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
+  server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
+  v2/v3 (`openapi`), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
+  a CRD's CEL rules (`cel`), `/version` 1.32. Not emulated: server-side apply (415), Helm's
+  release kinds beyond those served.
 
 Every HTTP request is recorded as an `ApiCall` (with its RBAC verb) and counted in `traffic`
 (requests and response bytes per verb and resource). `inject_failures` makes the next N requests
@@ -60,13 +67,27 @@ from kmock._internal import parsing as kmock_parsing
 
 from moonlease.testbed.kube import errors
 from moonlease.testbed.kube.calls import ApiCall, Traffic, rbac_verb
+from moonlease.testbed.kube.cel import rule_errors
 from moonlease.testbed.kube.faults import FAULT_REASONS, InjectedFault
+from moonlease.testbed.kube.openapi import openapi_v2, openapi_v3, openapi_v3_index
 from moonlease.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
-from moonlease.testbed.kube.resources import BUILTIN_RESOURCES, CONFIGMAPS, CRDS, NAMESPACES, SECRETS, VERBS, ResourceType
+from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
+from moonlease.testbed.kube.resources import (
+    BUILTIN_RESOURCES,
+    CONFIGMAPS,
+    CRDS,
+    DEPLOYMENTS,
+    NAMESPACES,
+    SECRETS,
+    STATEFULSETS,
+    VERBS,
+    ResourceType,
+)
 from moonlease.testbed.kube.schemas import apply_schema_defaults, prune_unknown_fields, schema_errors
 from moonlease.testbed.kube.selectors import parse_field_selector, parse_label_selector
 from moonlease.testbed.kube.store_index import StoreIndex
+from moonlease.testbed.kube.tables import Column, columns_for, table, wants_table
 from moonlease.testbed.kube.timestamps import now_rfc3339
 from moonlease.testbed.kube.validation import (
     MAX_OBJECT_BYTES,
@@ -80,6 +101,7 @@ from moonlease.testbed.kube.validation import (
     stored_size,
 )
 from moonlease.testbed.kube.watches import DEFAULT_WATCH_HISTORY, Change, WatchCache, WatchFilter
+from moonlease.testbed.kube.workloads import default_workload, scale_view, scaled, workload_errors
 
 JsonObj = dict[str, Any]
 
@@ -88,6 +110,15 @@ JsonObj = dict[str, Any]
 WriteListener = Callable[[ResourceType, str, JsonObj], None]
 
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Request bodies that are not JSON: protobuf is read for some kinds (`protobuf`), the rest and
+#: CBOR are answered 415.
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+_UNREADABLE_BODIES = frozenset({PROTOBUF, "application/cbor", "application/apply-patch+cbor"})
+#: What /version answers: a release the chart supports (kubectl warns beyond one minor of skew).
+SERVER_VERSION: JsonObj = {
+    "major": "1", "minor": "32", "gitVersion": "v1.32.0+moonlease", "gitCommit": "", "gitTreeState": "clean",
+    "buildDate": "2024-12-11T00:00:00Z", "goVersion": "go1.23.3", "compiler": "gc", "platform": "linux/amd64",
+}
 
 
 def _namespace_aware_parse_path(path: str) -> kmock_parsing.ParsedPath:
@@ -128,6 +159,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     #: Seconds between BOOKMARK events on watches that allow them (the real server: a minute).
     bookmark_interval: float = 60.0
     max_object_bytes: int = MAX_OBJECT_BYTES
+    #: Whether a CRD's CEL rules are evaluated at admission, as every supported API server does.
+    #: Off: a server that stores what passes the schema alone (a CRD installed without its
+    #: rules) — how tests reach the operator's own mirror of the rules.
+    cel_rules: bool = True
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     #: Requests and bytes served, per (RBAC verb, resource).
     traffic: Traffic = attrs.field(factory=Traffic, init=False)
@@ -135,6 +170,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _types: dict[kmock.resource, ResourceType] = attrs.field(factory=dict, init=False)
     _kinds: dict[tuple[str, str], ResourceType] = attrs.field(factory=dict, init=False)
     _schemas: dict[kmock.resource, JsonObj] = attrs.field(factory=dict, init=False)
+    #: A CRD version's additionalPrinterColumns, per custom resource type (Table responses).
+    _printer_columns: dict[kmock.resource, list[JsonObj]] = attrs.field(factory=dict, init=False)
     _revision: int = attrs.field(default=0, init=False)
     _faults: list[InjectedFault] = attrs.field(factory=list, init=False)
     _watches: WatchCache = attrs.field(init=False)
@@ -158,12 +195,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     # ---- resource registry ---------------------------------------------------------------
 
-    def register(self, rtype: ResourceType, schema: JsonObj | None = None) -> None:
-        """Serve a resource type (discovery, CRUD); a schema applies to its objects' writes."""
+    def register(self, rtype: ResourceType, schema: JsonObj | None = None,
+                 printer_columns: list[JsonObj] | None = None) -> None:
+        """Serve a resource type (discovery, CRUD); a schema applies to its objects' writes;
+        `printer_columns` (a CRD's additionalPrinterColumns) shape its Table responses."""
         self._types[rtype.ref] = rtype
         self._kinds[(rtype.api_version, rtype.kind)] = rtype
         if schema is not None:
             self._schemas[rtype.ref] = schema
+        if printer_columns is not None:
+            self._printer_columns[rtype.ref] = printer_columns
         self.resources[rtype.ref] = kmock.ResourceInfo(
             kind=rtype.kind, singular=rtype.singular or rtype.kind.lower(), namespaced=rtype.namespaced,
             verbs=set(VERBS), shortnames=set(rtype.short_names), subresources=set(rtype.subresources),
@@ -173,6 +214,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._types.pop(rtype.ref, None)
         self._kinds.pop((rtype.api_version, rtype.kind), None)
         self._schemas.pop(rtype.ref, None)
+        self._printer_columns.pop(rtype.ref, None)
         if rtype.ref in self.resources:
             del self.resources[rtype.ref]
 
@@ -366,8 +408,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # ---- writes -----------------------------------------------------------------------------
 
     async def create_object(self, what: Any, body: Mapping[str, Any], *, namespace: str | None = None,
-                            strict_fields: bool = False) -> JsonObj:
-        """POST semantics: generated name, uid, resourceVersion, generation; 409 if it exists."""
+                            strict_fields: bool = False, dry_run: bool = False) -> JsonObj:
+        """POST semantics: generated name, uid, resourceVersion, generation; 409 if it exists.
+        `dry_run`: admitted and answered as if created, but nothing is stored or watched."""
         rtype = self.resource_type(what if what is not None else body)
         async with self._lock:
             obj = copy.deepcopy(dict(body))
@@ -399,8 +442,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             meta["creationTimestamp"] = now_rfc3339()
             meta["generation"] = 1
             if rtype == CRDS:
-                obj = self._establish_crd(obj)
+                obj = self._establish_crd(obj, serve=not dry_run)
             self._check_size(obj)
+            if dry_run:
+                return copy.deepcopy(obj)  # no resourceVersion: nothing was written
             meta = obj["metadata"]
             meta["resourceVersion"] = self._next_revision()
             if key in self.objects:
@@ -412,7 +457,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def patch_object(self, what: Any, namespace: str | None, name: str, patch: Any, *,
                            patch_type: str = "merge", subresource: str | None = None,
-                           strict_fields: bool = False) -> JsonObj:
+                           strict_fields: bool = False, dry_run: bool = False) -> JsonObj:
         """PATCH semantics. `patch_type`: "merge", "json" or "strategic"."""
         rtype = self.resource_type(what)
         if patch_type == "strategic" and rtype.custom:
@@ -420,18 +465,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                                "strategic merge patch is not supported for custom resources")
         async with self._lock:
             current = self._live(rtype, namespace, name)
+            target = self._scale_of(rtype, current) if subresource == "scale" else current
             try:
                 match patch_type:
                     case "merge":
                         if not isinstance(patch, Mapping):
                             raise errors.bad_request("a merge patch must be a JSON object")
-                        patched = merge_patch(current, patch)
+                        patched = merge_patch(target, patch)
                     case "strategic":
                         if not isinstance(patch, Mapping):
                             raise errors.bad_request("a strategic merge patch must be a JSON object")
-                        patched = strategic_merge_patch(current, patch)
+                        patched = strategic_merge_patch(target, patch)
                     case "json":
-                        patched = jsonpatch.apply_patch(current, list(patch), in_place=False)
+                        patched = jsonpatch.apply_patch(target, list(patch), in_place=False)
                     case _:
                         raise errors.error(415, "UnsupportedMediaType", f"unsupported patch type {patch_type!r}")
             except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
@@ -439,10 +485,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if not isinstance(patched, Mapping):
                 raise errors.bad_request("the patched object is not a JSON object")
             self._check_precondition(rtype, name, current, patched)
-            return self._store_update(rtype, current, dict(patched), subresource, strict_fields)
+            if subresource == "scale":
+                return self._write_scale(rtype, current, patched, strict_fields, dry_run)
+            return self._store_update(rtype, current, dict(patched), subresource, strict_fields, dry_run)
 
     async def replace_object(self, what: Any, namespace: str | None, name: str, body: Mapping[str, Any], *,
-                             subresource: str | None = None, strict_fields: bool = False) -> JsonObj:
+                             subresource: str | None = None, strict_fields: bool = False,
+                             dry_run: bool = False) -> JsonObj:
         """PUT semantics: a full replacement, refused with 409 if resourceVersion is stale (and
         with 422 if a custom resource's is missing)."""
         rtype = self.resource_type(what)
@@ -453,12 +502,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 raise errors.invalid(rtype, name, [FieldError("metadata.resourceVersion", ErrorType.INVALID,
                                                               "must be specified for an update", 0)])
             self._check_precondition(rtype, name, current, new)
-            return self._store_update(rtype, current, new, subresource, strict_fields)
+            if subresource == "scale":
+                return self._write_scale(rtype, current, new, strict_fields, dry_run)
+            return self._store_update(rtype, current, new, subresource, strict_fields, dry_run)
 
     async def delete_object(self, what: Any, namespace: str | None, name: str, *,
-                            preconditions: Mapping[str, Any] | None = None) -> JsonObj:
+                            preconditions: Mapping[str, Any] | None = None, dry_run: bool = False) -> JsonObj:
         """DELETE semantics: preconditions (resourceVersion, uid) must hold; finalizers defer
-        deletion (deletionTimestamp); owned objects follow."""
+        deletion (deletionTimestamp); owned objects follow. `dry_run`: checked and answered,
+        nothing removed."""
         rtype = self.resource_type(what)
         async with self._lock:
             current = self._live(rtype, namespace, name)
@@ -470,6 +522,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                     raise errors.conflict(rtype, name, f"the {label} in the precondition ({wanted}) does not"
                                                        f" match the {label} in record ({meta.get(field)})."
                                                        f" The object might have been {hint}")
+            if dry_run:
+                if meta.get("finalizers") and not meta.get("deletionTimestamp"):
+                    meta["deletionTimestamp"] = now_rfc3339()
+                return current  # `_live` made it a copy
             if meta.get("finalizers"):
                 if not meta.get("deletionTimestamp"):
                     previous = copy.deepcopy(current)
@@ -488,6 +544,20 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if sent not in (None, "") and sent != current["metadata"]["resourceVersion"]:
             raise errors.conflict(rtype, name, errors.STALE_OBJECT)
 
+    def _scale_of(self, rtype: ResourceType, obj: Mapping[str, Any]) -> JsonObj:
+        if "scale" not in rtype.subresources:
+            raise errors.error(404, "NotFound", "the server could not find the requested resource")
+        return scale_view(obj)
+
+    def _write_scale(self, rtype: ResourceType, current: JsonObj, scale: Mapping[str, Any], strict_fields: bool,
+                     dry_run: bool) -> JsonObj:
+        """A write to `/scale`: only the replicas change; the answer is the new Scale."""
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise errors.invalid(rtype, current["metadata"]["name"], [FieldError(
+                "spec.replicas", ErrorType.INVALID, "must be greater than or equal to 0", replicas)])
+        return scale_view(self._store_update(rtype, current, scaled(current, scale), None, strict_fields, dry_run))
+
     def _live(self, rtype: ResourceType, namespace: str | None, name: str) -> JsonObj:
         key = self._key(rtype, namespace, name)
         if key not in self.objects or self.objects[key].deleted:
@@ -500,7 +570,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise errors.not_found(NAMESPACES, namespace)
 
     def _store_update(self, rtype: ResourceType, current: JsonObj, new: JsonObj,
-                      subresource: str | None, strict_fields: bool) -> JsonObj:
+                      subresource: str | None, strict_fields: bool, dry_run: bool = False) -> JsonObj:
         meta_now = current["metadata"]
         has_status = "status" in rtype.subresources
         if subresource == "status":
@@ -527,17 +597,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 meta[fixed] = meta_now[fixed]
             else:
                 meta.pop(fixed, None)
-        new = self._admit(rtype, new, strict_fields=strict_fields)
+        new = self._admit(rtype, new, strict_fields=strict_fields, old=current)
         meta = new["metadata"]
         if _spec_of(new) != _spec_of(current):
             meta["generation"] = int(meta_now.get("generation", 1)) + 1
         if rtype == CRDS:
-            new = self._establish_crd(new)
+            new = self._establish_crd(new, serve=not dry_run)
             meta = new["metadata"]
         meta["resourceVersion"] = meta_now["resourceVersion"]
         if new == current:
             return copy.deepcopy(current)  # a no-op write: no new version, no event (as etcd)
         self._check_size(new)
+        if dry_run:
+            return copy.deepcopy(new)  # the current resourceVersion: nothing was written
         meta["resourceVersion"] = self._next_revision()
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             self._remove(rtype, new)
@@ -563,13 +635,18 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if dtype is not None and not other.deleted:
                 self._remove(dtype, copy.deepcopy(other.raw))
 
-    def _admit(self, rtype: ResourceType, obj: JsonObj, *, strict_fields: bool) -> JsonObj:
+    def _admit(self, rtype: ResourceType, obj: JsonObj, *, strict_fields: bool,
+               old: JsonObj | None = None) -> JsonObj:
         """Validate metadata (and ConfigMap/Secret data); prune, default and validate custom
-        resources against their CRD's schema."""
+        resources against their CRD's schema, then its CEL rules (`old`: the stored version on
+        an update, for transition rules and ratcheting)."""
         name = obj.get("metadata", {}).get("name")
         problems: list[FieldError | str] = list(object_meta_errors(obj, rtype.name_rule))
         if rtype in (CONFIGMAPS, SECRETS):
             problems += config_data_errors(obj)
+        if rtype in (DEPLOYMENTS, STATEFULSETS):
+            obj = default_workload(obj)
+            problems += workload_errors(obj)
         if problems:
             raise errors.invalid(rtype, name, problems)
         schema = self._schemas.get(rtype.ref)
@@ -582,6 +659,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         problems = list(schema_errors(defaulted, schema))
         if problems:
             raise errors.invalid(rtype, name, problems)
+        cel_problems = rule_errors(defaulted, schema, old) if self.cel_rules else []
+        if cel_problems:
+            raise errors.invalid(rtype, name, cel_problems)
         return defaulted
 
     def _check_size(self, obj: JsonObj) -> None:
@@ -599,11 +679,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise errors.invalid(CRDS, name, [FieldError("metadata.name", ErrorType.INVALID,
                                                          f'must be spec.names.plural+"."+spec.group', name)])
 
-    def _establish_crd(self, crd: JsonObj) -> JsonObj:
+    def _establish_crd(self, crd: JsonObj, *, serve: bool = True) -> JsonObj:
+        """The CRD with its status as the API server sets it; `serve`: its types are served
+        from now on (not for a dry run)."""
         spec = crd.get("spec", {})
         names = spec.get("names", {})
         for version in spec.get("versions", []):
-            if not version.get("served", True):
+            if not serve or not version.get("served", True):
                 continue
             rtype = ResourceType(
                 group=spec["group"], version=version["name"], plural=names["plural"], kind=names["kind"],
@@ -614,7 +696,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 field_labels=frozenset(f.get("jsonPath", "").lstrip(".")
                                        for f in version.get("selectableFields", []) or []),
             )
-            self.register(rtype, (version.get("schema") or {}).get("openAPIV3Schema"))
+            self.register(rtype, (version.get("schema") or {}).get("openAPIV3Schema"),
+                          list(version.get("additionalPrinterColumns") or []))
         crd = copy.deepcopy(crd)
         crd["status"] = {
             "acceptedNames": copy.deepcopy(names),
@@ -637,18 +720,56 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     # ---- HTTP -----------------------------------------------------------------------------------
 
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # A protobuf body is not text: kmock would fail decoding it (a 500) before any handler
+        # ran. The kinds kubectl's typed commands send are read into JSON (the request goes on
+        # as if sent as JSON); anything else gets the real server's answer to a body type it
+        # cannot decode, a 415 Status.
+        content_type = (raw_request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if raw_request.method.upper() in _WRITE_METHODS and content_type in _UNREADABLE_BODIES:
+            # A clone that claims JSON (cloned before the body is read: aiohttp's rule).
+            as_json = raw_request.clone(headers={**raw_request.headers, "Content-Type": JSON})
+            body = await as_json.read()
+            try:
+                if content_type != PROTOBUF:
+                    raise UnreadableBody(content_type)
+                decoded = json.dumps(decode_object(body)).encode()
+            except UnreadableBody as why:
+                exc = _unreadable_body(str(why))
+                return aiohttp.web.json_response(
+                    errors.status_body(exc.status, exc.reason or "", exc.message or "", exc.details), status=415)
+            as_json._read_bytes = decoded  # what read(), text() and json() answer from now on
+            raw_request = as_json
+        return await super().__call__(raw_request)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # Skip KubernetesEmulator._handle: its write interception (no resourceVersion, merge-only
         # patches) is replaced by the _serve_* fallbacks below, which write only when no user
         # reaction intercepted the request first.
         verb, resource = _call_verb(request), _call_resource(request)
         self.traffic.count_request(verb, resource)
+        if request.url.path.startswith("/openapi/") and str(request.method.value).upper() == "GET":
+            return self._serve_openapi(request.url.path)
         if str(request.method.value).upper() in _WRITE_METHODS and len(request.body) > self.max_request_body_bytes:
             raise errors.too_large(f"Request entity too large: limit is {self.max_request_body_bytes}")
         response = await kmock_apps.RawHandler._handle(self, request)
         if isinstance(response, aiohttp.web.Response) and isinstance(response.body, bytes | bytearray):
             self.traffic.count_bytes(verb, resource, len(response.body))
         return response
+
+    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+        """/openapi/v2, /openapi/v3 and /openapi/v3/<group-version>, built from the served types
+        and the schemas held now (a CRD created later shows up in the next request)."""
+        types = [(rtype, self._schemas.get(ref)) for ref, rtype in self._types.items()]
+        if path == "/openapi/v2":
+            return aiohttp.web.json_response(openapi_v2(types))
+        documents = openapi_v3(types)
+        if path == "/openapi/v3":
+            return aiohttp.web.json_response(openapi_v3_index(documents))
+        document = documents.get(path.removeprefix("/openapi/v3/"))
+        if document is None:
+            raise errors.error(404, "NotFound", "the server could not find the requested resource")
+        return aiohttp.web.json_response(document)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, kmock.KubernetesNotFoundError):
@@ -666,10 +787,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         else:
             await super()._stream_error(exc, raw_response)
 
+    async def _serve_server_version(self, request: kmock.Request) -> kmock.Payload:
+        return dict(SERVER_VERSION)
+
     async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
         payload = await super()._serve_version(request)
         if isinstance(payload, dict) and payload.get("groupVersion", "").startswith("/"):
             payload["groupVersion"] = payload["groupVersion"][1:]  # the core group is "v1", not "/v1"
+        for entry in payload.get("resources", []) if isinstance(payload, dict) else []:
+            if "/" in entry["name"]:
+                # Subresources have no short names or categories (kmock copies the resource's,
+                # and kubectl then warns that `deploy` could mean deployments/scale).
+                entry["shortNames"], entry["categories"] = [], []
+                entry["singularName"] = ""
         return payload
 
     def _request_type(self, request: kmock.Request) -> ResourceType:
@@ -744,12 +874,23 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if chosen.next_token is not None:
             metadata["continue"] = chosen.next_token
             metadata["remainingItemCount"] = chosen.remaining
-        return {"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List", "metadata": metadata,
-                "items": shown}
+        if wants_table(request.headers.get("Accept")):
+            return _json(table(self._columns(rtype), shown, list_meta=metadata,
+                               include_object=_include_object(request)), TABLE_CONTENT_TYPE)
+        return _json({"apiVersion": rtype.api_version, "kind": f"{rtype.kind}List", "metadata": metadata,
+                      "items": shown})
 
-    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
+    def _columns(self, rtype: ResourceType) -> tuple[Column, ...]:
+        return columns_for(rtype.group, rtype.kind, self._printer_columns.get(rtype.ref))
+
+    async def _serve_watch(self, request: kmock.Request) -> kmock.Payload:
+        """A watch stream as Go clients read it: `application/json`, one event per line (the
+        objects Tables when the client asked for them, as `kubectl get -w` does)."""
         rtype = self._request_type(request)
         self._check_faults(rtype, request, "watch")
+        return kmock.Response(payload=self._watch_stream(rtype, request), headers={"Content-Type": JSON})
+
+    async def _watch_stream(self, rtype: ResourceType, request: kmock.Request) -> AsyncIterator[kmock.Payload]:
         selection = self._selection(rtype, request, name=request.name)
         since = self._requested_revision(request)
         params = request.params
@@ -766,7 +907,17 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             watch = self._watches.open(rtype.ref, selection) if first is not None else None
             horizon = self._watches.horizon(rtype.ref)
 
+        as_table = wants_table(request.headers.get("Accept"))
+        columns, include, columns_sent = self._columns(rtype), _include_object(request), False
+
         def encode(event: JsonObj) -> bytes:
+            nonlocal columns_sent
+            if as_table and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                # The first Table carries the column definitions, later ones only their row.
+                shown = table(columns, [event["object"]], list_meta={}, include_object=include)
+                if columns_sent:
+                    shown["columnDefinitions"] = []
+                event, columns_sent = {"type": event["type"], "object": shown}, True
             data = json.dumps(event).encode() + b"\n"
             self.traffic.count_bytes(verb, resource, len(data))
             return data
@@ -815,7 +966,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         obj = self.read_object(rtype, request.namespace, request.name)
         if obj is None:
             raise errors.not_found(rtype, request.name)
-        return obj
+        if request.subresource == "scale":
+            return _json(self._scale_of(rtype, obj))
+        if wants_table(request.headers.get("Accept")):
+            return _json(table(self._columns(rtype), [obj], list_meta={"resourceVersion": obj["metadata"].get(
+                "resourceVersion", "")}, include_object=_include_object(request)), TABLE_CONTENT_TYPE)
+        return _json(obj)
 
     async def _serve_create(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
@@ -831,8 +987,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if request.data.get("metadata", {}).get("resourceVersion"):
             raise errors.bad_request("resourceVersion should not be set on objects to be created")
         obj = await self.create_object(rtype, request.data, namespace=request.namespace,
-                                       strict_fields=_strict(request))
-        return kmock.Response(status=201, payload=obj)
+                                       strict_fields=_strict(request), dry_run=_dry_run(request))
+        return _json(obj, status=201)
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
@@ -848,9 +1004,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise errors.error(415, "UnsupportedMediaType",
                                f"the body of the request was in an unknown format ({content_type or 'none'});"
                                f" server-side apply is not emulated")
-        return await self.patch_object(rtype, request.namespace, request.name, request.data,
-                                       patch_type=patch_type, subresource=request.subresource,
-                                       strict_fields=_strict(request))
+        return _json(await self.patch_object(rtype, request.namespace, request.name, request.data,
+                                             patch_type=patch_type, subresource=request.subresource,
+                                             strict_fields=_strict(request), dry_run=_dry_run(request)))
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         if request.name is None:
@@ -859,16 +1015,18 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._check_faults(rtype, request, "update")
         if not isinstance(request.data, Mapping):
             raise errors.bad_request("the request body must be a JSON object")
-        return await self.replace_object(rtype, request.namespace, request.name, request.data,
-                                         subresource=request.subresource, strict_fields=_strict(request))
+        return _json(await self.replace_object(rtype, request.namespace, request.name, request.data,
+                                               subresource=request.subresource, strict_fields=_strict(request),
+                                               dry_run=_dry_run(request)))
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
         self._check_faults(rtype, request, "delete")
         assert request.name is not None
         options = request.data if isinstance(request.data, Mapping) else {}
-        return await self.delete_object(rtype, request.namespace, request.name,
-                                        preconditions=options.get("preconditions"))
+        dry_run = _dry_run(request) or options.get("dryRun") == ["All"]
+        return _json(await self.delete_object(rtype, request.namespace, request.name,
+                                              preconditions=options.get("preconditions"), dry_run=dry_run))
 
     # ---- the request log ------------------------------------------------------------------------
 
@@ -894,6 +1052,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return calls
 
 
+def _unreadable_body(why: str) -> kmock.KubernetesError:
+    return errors.error(415, "UnsupportedMediaType",
+                        f"the body of the request was in an unknown format ({why}) - accepted media types include:"
+                        f" application/json, application/json-patch+json, application/merge-patch+json,"
+                        f" application/strategic-merge-patch+json, {PROTOBUF} (some kinds)")
+
+
 def _call_verb(request: kmock.Request) -> str | None:
     res = request.resource
     if res is None or res.plural is None:
@@ -906,6 +1071,34 @@ def _call_resource(request: kmock.Request) -> str | None:
     if res is None or res.plural is None:
         return None
     return f"{res.plural}/{request.subresource}" if request.subresource else res.plural
+
+
+JSON = "application/json"
+TABLE_CONTENT_TYPE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def _json(payload: JsonObj, content_type: str = JSON, status: int | None = None) -> kmock.Response:
+    """A JSON response with its content type named every time (kmock keeps a reaction's last
+    headers, so a Table's content type must not outlive its request)."""
+    return kmock.Response(status=status, payload=payload, headers={"Content-Type": content_type})
+
+
+def _include_object(request: kmock.Request) -> str:
+    value = request.params.get("includeObject") or "Metadata"
+    if value not in ("None", "Metadata", "Object"):
+        raise errors.bad_request(f'includeObject: Unsupported value: "{value}": supported values: "None",'
+                                 f' "Metadata", "Object"')
+    return value
+
+
+def _dry_run(request: kmock.Request) -> bool:
+    """`dryRun=All`: admit and answer, write nothing (any other value is a 400, as the real
+    server answers it)."""
+    values = request.url.query.getall("dryRun", [])
+    for value in values:
+        if value != "All":
+            raise errors.bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
+    return bool(values)
 
 
 def _strict(request: kmock.Request) -> bool:

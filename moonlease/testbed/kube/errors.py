@@ -63,13 +63,14 @@ def invalid(rtype: ResourceType, name: str | None, problems: Sequence[FieldError
     causes = []
     lines = []
     for problem in problems:
+        # A cause's message leaves out the field (clients print `field: message`).
         if isinstance(problem, FieldError):
             lines.append(problem.message)
-            causes.append({"reason": problem.type.value, "message": problem.message, "field": problem.field})
+            causes.append({"reason": problem.type.value, "message": problem.body, "field": problem.field})
         else:
-            field, _, _ = problem.partition(": ")
+            field, _, body = problem.partition(": ")
             lines.append(problem)
-            causes.append({"reason": "FieldValueInvalid", "message": problem, "field": field})
+            causes.append({"reason": "FieldValueInvalid", "message": body, "field": field})
     details = {**_object_details(rtype, name), "kind": rtype.kind, "causes": causes}
     listed = lines[0] if len(lines) == 1 else "[" + ", ".join(lines) + "]"
     return error(422, "Invalid", f'{rtype.qualified_kind} "{name}" is invalid: {listed}', details)

@@ -50,6 +50,8 @@ class ErrorType(str, enum.Enum):
     INVALID = "FieldValueInvalid"
     TOO_LONG = "FieldValueTooLong"
     REQUIRED = "FieldValueRequired"
+    FORBIDDEN = "FieldValueForbidden"
+    DUPLICATE = "FieldValueDuplicate"
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,23 @@ class FieldError:
     @property
     def message(self) -> str:
         """The line the API server prints, e.g. `metadata.name: Invalid value: "A": ...`."""
+        return f"{self.field}: {self.body}"
+
+    @property
+    def body(self) -> str:
+        """The line without the field: a Status cause's message (its `field` says where)."""
         match self.type:
             case ErrorType.REQUIRED:
-                return f"{self.field}: Required value: {self.detail}"
+                text = "Required value"
             case ErrorType.TOO_LONG:
-                return f"{self.field}: Too long: {self.detail}"
+                text = "Too long"
+            case ErrorType.FORBIDDEN:
+                text = "Forbidden"
+            case ErrorType.DUPLICATE:
+                text = f"Duplicate value: {json.dumps(self.value)}"
             case _:
-                return f"{self.field}: Invalid value: {json.dumps(self.value)}: {self.detail}"
+                text = f"Invalid value: {json.dumps(self.value)}"
+        return f"{text}: {self.detail}" if self.detail else text
 
 
 def _regex_detail(what: str, example: str, regex: str) -> str:

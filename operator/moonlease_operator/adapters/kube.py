@@ -3,7 +3,8 @@
 Why not the `kubernetes` package: it is synchronous (a thread per call inside kopf's loop) and
 its pydantic models refuse partial objects. kopf's own API helpers are private. This client
 speaks plain JSON over the same `kopf.ConnectionInfo` that kopf's login produced (server, CA,
-client certificate, token), so it works against a real cluster and against the local API
+client certificate, token), or over a `ClusterConnection` with the same fields (the command line's
+login: `moonlease status` needs no kopf, which only the operator installs), so it works against a real cluster and against the local API
 server alike, where every request it makes is recorded (`LocalApiServer.api_calls()`) under the
 User-Agent `moonlease-operator/<version>`.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -33,6 +35,34 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree
 USER_AGENT = f"moonlease-operator/{_VERSION}"
 RETRIABLE = frozenset({429, 500, 502, 503, 504})
 LIST_PAGE_SIZE = 500  # items per LIST page: a 5,000-workload namespace arrives in 10 answers, not one
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConnection:
+    """Where and how to reach an API server: the fields of `kopf.ConnectionInfo` this client
+    reads, for programs that log in without kopf (the `moonlease` command line)."""
+
+    server: str
+    ca_path: str | None = None
+    ca_data: str | bytes | None = None
+    insecure: bool = False
+    username: str | None = None
+    password: str | None = None
+    scheme: str | None = None  # e.g. Bearer
+    token: str | None = None
+    certificate_path: str | None = None
+    certificate_data: str | bytes | None = None
+    private_key_path: str | None = None
+    private_key_data: str | bytes | None = None
+    default_namespace: str | None = None
+
+    def as_http_headers(self) -> dict[str, str]:
+        """The Authorization header, as kopf builds it: basic auth, else scheme and token."""
+        if self.username and self.password:
+            return {"Authorization": aiohttp.BasicAuth(self.username, self.password).encode()}
+        if self.token:
+            return {"Authorization": f"{self.scheme or 'Bearer'} {self.token}"}
+        return {"Authorization": self.scheme} if self.scheme else {}
 
 
 class ApiError(Exception):

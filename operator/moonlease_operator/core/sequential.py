@@ -267,9 +267,9 @@ MDE_CONDITIONS = (1, 2, 3)
 
 
 def render_mde_table(*, confidence: float = 0.95, min_samples: int = 5, max_samples: int = 30) -> str:
-    """The README's table of minimum detectable effects (markdown), for the default test
+    """The docs' table of minimum detectable effects (markdown; docs/ab-testing.md), for the default test
     (`minSamples` 5, `maxSamples` 30, `confidence` 0.95, so the boundary is tuned at look 12);
-    a unit test checks that the README holds exactly this."""
+    a unit test checks that the page holds exactly this."""
     tuned_at = max(min_samples, round(math.sqrt(min_samples * max_samples)))
     header = "| intervals n | " + " | ".join(f"{m} condition{'s' if m > 1 else ''}" for m in MDE_CONDITIONS) + " |"
     rule = "| ---: | " + " | ".join("---:" for _ in MDE_CONDITIONS) + " |"

@@ -1,0 +1,53 @@
+"""Real kubectl (the machine image's /usr/bin/kubectl) against the local API server: `kubectl`
+runs it with a kubeconfig and a discovery cache of the test's own, without blocking the event
+loop the server answers from."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from moonlease.testbed.kube import LocalApiServer
+
+Kubectl = Callable[..., Awaitable[subprocess.CompletedProcess[str]]]
+
+
+def kubectl_binary() -> str:
+    found = shutil.which("kubectl")
+    assert found, "kubectl is not on PATH: the conformance tier runs the real client"
+    return found
+
+
+@pytest.fixture
+def kubectl(kube: LocalApiServer, tmp_path: Path) -> Kubectl:
+    """`await kubectl("get", "deploy", input=..., timeout=...)`: the finished process (text);
+    `plugin=True` for a plugin's command (`kubectl moonlease ...`)."""
+    config = kube.write_kubeconfig(tmp_path / "kubeconfig")
+    binary = kubectl_binary()
+
+    # Plugins (kubectl-moonlease, installed beside this interpreter) are found on PATH and take no
+    # global flags before their name: they read the kubeconfig from $KUBECONFIG.
+    env = {**os.environ, "KUBECONFIG": str(config),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    async def run(*args: str, input: str | None = None, timeout: float = 20.0,
+                  plugin: bool = False) -> subprocess.CompletedProcess[str]:
+        flags = [] if plugin else [f"--cache-dir={tmp_path / 'cache'}"]
+        process = await asyncio.create_subprocess_exec(
+            binary, *flags, *args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(process.communicate(input.encode() if input else None), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise
+        return subprocess.CompletedProcess(list(args), process.returncode or 0, out.decode(), err.decode())
+
+    return run
