@@ -1,7 +1,9 @@
 """Running connectors for the pods of the local API server: what the operator verifies.
 
-Test-bed component (real parts, no vLLM): for every pod that mounts a connector-settings
-ConfigMap, `ConnectorPods` plays the kubelet — it keeps a ConfigMap-shaped directory
+Test-bed component (real parts, no vLLM): for every pod whose container mounts a
+connector-settings ConfigMap *and* whose command line, read as the kubelet runs it (`sh -c`
+scripts included, `core.command_line`), starts vLLM with our connector and names the settings
+file, `ConnectorPods` plays the kubelet — it keeps a ConfigMap-shaped directory
 (`ConfigMapVolume`: timestamped directory, atomic `..data` symlink swap) in step with the
 ConfigMap's data — and runs the connector's own `SettingsWatcher` and `SettingsExporter` on that
 file, serving the settings endpoint on `host` (loopback unless an operator in a container must
@@ -32,11 +34,22 @@ from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorC
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource
 from moonlease_connector.settings import SETTINGS_FILE_NAME
-from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, SETTINGS_VOLUME
-from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, kv_doc
+from moonlease_operator.core.connector_delivery import (
+    SETTINGS_PORT_ANNOTATION,
+    SETTINGS_VOLUME,
+    loads_our_settings,
+    startup_sources,
+)
+from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY
 
 #: The Mooncake client the simulated pods run: 0.3.14, every lease mode available.
 POD_CLIENT = StoreCapabilities("0.3.14", True, ("none", "LastHitOnly"))
+
+
+def _connector_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container that mounts the settings volume (empty: none does)."""
+    return next((c for c in (pod.get("spec") or {}).get("containers") or []
+                 if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
 
 
 class ConfigMapVolume:
@@ -141,7 +154,7 @@ class ConnectorPods:
         pod = self.kube.emulator.stored_object(PODS, namespace, name)  # read-only: most pods mount nothing
         volume = next((v for v in ((pod or {}).get("spec") or {}).get("volumes") or []
                        if v.get("name") == SETTINGS_VOLUME), None)
-        if pod is None or volume is None:
+        if pod is None or volume is None or not loads_our_settings(_connector_container(pod)):
             state = self._pods.get(name)
             if state is not None and state.namespace == namespace:
                 self._stop(self._pods.pop(name))
@@ -177,10 +190,8 @@ class ConnectorPods:
         """Start a pod's connector; `text`, the settings file its ConfigMap holds now, is in its
         volume before the connector starts (a kubelet mounts the volume before the container
         runs), so the connector starts on it rather than switching to it a poll later."""
-        container = next((c for c in (pod.get("spec") or {}).get("containers") or []
-                          if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
-        extra = (kv_doc(container) or {}).get(EXTRA_CONFIG_KEY) or {}
-        env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}
+        doc, env = startup_sources(_connector_container(pod))
+        extra = doc.get(EXTRA_CONFIG_KEY) or {}
         try:
             defaults = MoonleaseConnectorConfig.from_sources(extra, env)
         except ConnectorConfigError:

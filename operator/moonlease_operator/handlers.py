@@ -203,7 +203,8 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                                else await context.fleet().managed(namespace, name, read_spec(spec)))
                     policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
                     plan = plan_release(policy=_ref(policy), spec=read_spec(spec),
-                                        previous=read_status(body.get("status")), managed=managed)
+                                        previous=read_status(body.get("status")), managed=managed,
+                                        now=context.clock())
                     if plan.status is not None:
                         await apply_status(client, namespace, name, plan.status,
                                            policy["metadata"].get("resourceVersion"))

@@ -65,9 +65,10 @@ def policy(name: str = "fleet", spec: dict[str, Any] | None = None, **changes: A
             "metadata": {"name": name, "namespace": NS}, "spec": body}
 
 
-async def create_fleet(kube: LocalApiServer) -> dict[str, dict[str, Any]]:
-    """Create the three workloads, wait until their controllers settle, return them as stored."""
-    for manifest in (MASTER, PREFILL, DECODE):
+async def create_fleet(kube: LocalApiServer, *, decode: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Create the three workloads (`decode`: another decode StatefulSet of the same name), wait
+    until their controllers settle, return them as stored."""
+    for manifest in (MASTER, PREFILL, decode if decode is not None else DECODE):
         await kube.create(copy.deepcopy(manifest))
     await kube.wait_for(lambda: all(is_rollout_complete(workload(kube, n)) for n in WORKLOADS),
                         timeout=10, what="the fleet to settle")
@@ -102,6 +103,14 @@ TRANSIENT_REASONS = ("SettingsNotVerified",)
 def reasons(kube: LocalApiServer, name: str = "fleet", *, transient: bool = False) -> list[str]:
     events = sorted(kube.events(NS, involved_name=name), key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [e["reason"] for e in events if transient or e["reason"] not in TRANSIENT_REASONS]
+
+
+async def wait_for_stage_start(kube: LocalApiServer, stage: str, name: str, timeout: float = 15.0) -> None:
+    """Until `stage` is Progressing and its workload `name` carries our configuration (the
+    status announces a stage before the operator patches it: both)."""
+    await kube.wait_for(lambda: stage_phases(kube).get(stage) == "Progressing"
+                        and configured(workload(kube, name)["spec"]["template"]),
+                        timeout=timeout, what=f"the {stage} stage to start")
 
 
 def configured(obj: dict[str, Any]) -> bool:

@@ -7,16 +7,21 @@ goes back, and the pods report the old settings again — no pod restarted on th
 
 from __future__ import annotations
 
+import copy
+import json
+from typing import Any
+
 import pytest
 
 from moonlease.testbed.connector_pods import ConnectorPods
 from moonlease.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
+    DECODE,
     NS,
     WORKLOADS,
     ManualClock,
@@ -36,14 +41,16 @@ pytestmark = pytest.mark.operator
 WAIT = 15.0
 
 
+def endpoint_reports(kube: LocalApiServer, owner: str) -> list[Any]:
+    """What the running connectors of a workload's pods report on their settings endpoints."""
+    return [read_settings_endpoint(int(port)) for pod in kube.list(PODS, NS)
+            if (port := pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)) is not None
+            and pod["metadata"]["ownerReferences"][0]["name"] == owner]
+
+
 def lease_modes(kube: LocalApiServer, owner: str) -> set[str]:
     """The lease modes the running connectors of a workload's pods report."""
-    modes = set()
-    for pod in kube.list(PODS, NS):
-        port = pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)
-        if port is not None and pod["metadata"]["ownerReferences"][0]["name"] == owner:
-            modes.add(read_settings_endpoint(int(port)).lease_mode)
-    return modes
+    return {report.lease_mode for report in endpoint_reports(kube, owner)}
 
 
 def file_mode(kube: LocalApiServer, owner: str) -> str:
@@ -131,3 +138,58 @@ async def test_a_rollback_is_rolled_back_only_once_the_connectors_run_the_restor
 
 def prefill_target(kube: LocalApiServer) -> dict:
     return next((t for t in status(kube).get("targets", []) if t["name"] == "llama-prefill"), {})
+
+
+def reported_hashes(kube: LocalApiServer, owner: str) -> set[str]:
+    """The settings hashes the running connectors of a workload's pods report."""
+    return {report.settings_hash for report in endpoint_reports(kube, owner)}
+
+
+async def test_turning_retention_pin_off_reaches_pods_whose_start_up_settings_pin(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    """A chart-installed decode starts with `mooncake_retention_pin: true`; the policy turns pin
+    on, then off: the settings file says `false`, and the connectors run without pinning (a key
+    left out would fall back to the start-up `true`: Ready while every pod still pins)."""
+    decode = copy.deepcopy(DECODE)
+    container = decode["spec"]["template"]["spec"]["containers"][0]
+    container["args"] = [*container["args"], "--kv-transfer-config",
+                         json.dumps({"kv_connector_extra_config": {"mooncake_retention_pin": True}})]
+    startup = MoonleaseConnectorConfig(mooncake_retention_pin=True)
+    await create_fleet(kube, decode=decode)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(policy(**{"connector.retentionPin": True}))
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready, pin on")
+        first = status(kube)["desiredConfigHash"]
+        await kube.patch("mlp", NS, "fleet", {"spec": {"connector": {"retentionPin": False}}})
+        await kube.wait_for(lambda: phase(kube) == "Ready" and status(kube)["desiredConfigHash"] != first,
+                            timeout=WAIT, what="phase Ready, pin off")
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode"))["data"][SETTINGS_FILE_NAME]
+        running = parse_settings_file(text, startup)
+        assert json.loads(text)["mooncake_retention_pin"] is False and running.mooncake_retention_pin is False
+        await kube.wait_for(lambda: reported_hashes(kube, "llama-decode") == {settings_hash(running)},
+                            timeout=WAIT, what="decode's connectors running without pinning")
+
+
+async def test_a_script_passing_an_extra_key_is_verified_on_what_it_passes(
+        kube: LocalApiServer, connector_pods: ConnectorPods) -> None:
+    """A decode started by `sh -c` whose vLLM command loads our connector with one extra
+    Moonlease key: the connector starts on that key, so the operator expects it too and the
+    rollout verifies (it used to expect the default start-up settings, fail and roll back)."""
+    kv = {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
+          "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH,
+                                                              "mooncake_max_lease_rounds": 7}}
+    decode = copy.deepcopy(DECODE)
+    decode["spec"]["template"]["spec"]["containers"][0].update(
+        command=["/bin/sh", "-c"],
+        args=[f"huggingface-cli download /models/llama && exec vllm serve /models/llama"
+              f" --kv-transfer-config '{json.dumps(kv)}'"])
+    await create_fleet(kube, decode=decode)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(policy())
+        await kube.wait_for(lambda: phase(kube) in ("Ready", "Degraded"), timeout=WAIT, what="the rollout to end")
+        assert phase(kube) == "Ready", condition(kube, "Ready")
+        text = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-decode"))["data"][SETTINGS_FILE_NAME]
+        running = parse_settings_file(text, MoonleaseConnectorConfig(mooncake_max_lease_rounds=7))
+        assert reported_hashes(kube, "llama-decode") == {settings_hash(running)}
+    assert decode["spec"]["template"]["spec"]["containers"][0]["args"] == \
+        workload(kube, "llama-decode")["spec"]["template"]["spec"]["containers"][0]["args"]  # the script untouched

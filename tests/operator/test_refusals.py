@@ -68,6 +68,8 @@ SCHEMA_REFUSES = {
     "negative pause": {"rollout.pauseBetweenStagesSeconds": -1},
     "on failure": {"rollout.onFailure": "retry"},
     "config map key": {"master.configMap": {"name": "cfg", "key": "a/b"}},
+    "non-ASCII label value": {"targets": [{"kind": "StatefulSet", "role": "decode",
+                                           "selector": {"matchLabels": {"moonlease.io/role": "decodé"}}}]},
 }
 
 CEL_REFUSES = {
@@ -80,6 +82,10 @@ CEL_REFUSES = {
                           "rollout.stages": ["master", "prefill"]}, "the master workload cannot also be a target"),
     "empty selector": ({"targets": [{"role": "decode", "selector": {"matchLabels": {}}}]},
                        "a selector must match on at least one label"),
+    "non-ASCII label key": ({"targets": [{"kind": "StatefulSet", "role": "decode",
+                                          "selector": {"matchLabels": {"moonlease.io/røle": "decode"}}}],
+                             "rollout.stages": ["master", "decode"]},
+                            "matchLabels keys must be Kubernetes label keys"),
 }
 
 
@@ -154,6 +160,12 @@ SHELL_VLLM = {"name": "vllm", "image": "registry.local/vllm:0.9.1", "command": [
 SIDECAR = {"name": "istio-proxy", "image": "istio/proxyv2:1.22", "args": ["proxy", "sidecar"]}
 VLLM = {"name": "vllm", "image": "registry.local/vllm:0.9.1", "args": ["serve", "/models/llama"]}
 REDIS = {"name": "redis", "image": "redis:7", "args": ["--appendonly", "yes"]}
+# Issue 27: a token ending in vllm, an image name containing it, a script that only mentions us.
+REDIS_ON_VLLM_DIR = {"name": "redis", "image": "redis:7", "args": ["--dir", "/data/vllm"]}
+ROUTER = {"name": "router", "image": "ghcr.io/vllm-project/vllm-router:0.1", "args": ["--port", "8000"]}
+MENTION_ONLY = {"name": "vllm", "image": "registry.local/vllm:0.9.1", "command": ["sh", "-c"],
+                "args": ["pip install moonlease_connector && echo /etc/moonlease/connector/connector-settings.json"
+                         " && vllm serve /models/llama"]}
 
 
 def _containers(kube: LocalApiServer, name: str) -> list[dict[str, Any]]:
@@ -164,6 +176,10 @@ def _containers(kube: LocalApiServer, name: str) -> list[dict[str, Any]]:
     ("shell-wrapped vLLM", "runs its command through a shell script"),
     ("sidecar first, no container", "has 2 containers (istio-proxy, vllm): set spec.targets[1].container"),
     ("selector matches Redis", "container 'redis' does not run vLLM"),
+    ("selector matches Redis on /data/vllm", "container 'redis' does not run vLLM"),
+    ("selector matches a vllm-router", "container 'router' does not run vLLM"),
+    ("a sidecar named as the vLLM container", "container 'metrics-proxy' does not run vLLM"),
+    ("a script that only mentions the connector", "runs its command through a shell script"),
     ("master.name at a vLLM workload", "does not run mooncake_master"),
     ("multi-container master, no container", "set spec.master.container"),
 ])
@@ -172,18 +188,23 @@ async def test_workloads_the_operator_cannot_manage_end_invalid_never_ready(
     """Issue 15: each shape used to end Ready while the pods ran the old settings."""
     await create_fleet(kube)
     body = policy()
-    if case == "shell-wrapped vLLM":
+    cache = {"selector matches Redis": REDIS, "selector matches Redis on /data/vllm": REDIS_ON_VLLM_DIR,
+             "selector matches a vllm-router": ROUTER}.get(case)
+    if case in ("shell-wrapped vLLM", "a script that only mentions the connector"):
+        script = SHELL_VLLM if case == "shell-wrapped vLLM" else MENTION_ONLY
         await kube.patch("statefulsets", NS, "llama-decode",
-                         {"spec": {"template": {"spec": {"containers": [{**SHELL_VLLM, "args": SHELL_VLLM["args"]}]}}}})
+                         {"spec": {"template": {"spec": {"containers": [{**script, "args": script["args"]}]}}}})
+    elif case == "a sidecar named as the vLLM container":
+        body["spec"]["targets"][0]["container"] = "metrics-proxy"  # a mistake: must never get vLLM's flags
     elif case == "sidecar first, no container":
         await kube.patch("statefulsets", NS, "llama-decode",
                          {"spec": {"template": {"spec": {"containers": [SIDECAR, VLLM]}}}})
-    elif case == "selector matches Redis":
+    elif cache is not None:
         await kube.create({"apiVersion": "apps/v1", "kind": "StatefulSet",
                            "metadata": {"name": "cache", "namespace": NS, "labels": {"moonlease.io/role": "decode"}},
                            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cache"}},
                                     "template": {"metadata": {"labels": {"app": "cache"}},
-                                                 "spec": {"containers": [REDIS]}}}})
+                                                 "spec": {"containers": [cache]}}}})
     elif case == "master.name at a vLLM workload":
         body["spec"]["master"].update(name="llama-prefill", container="vllm")  # named: still refused
         body["spec"]["targets"] = body["spec"]["targets"][1:]

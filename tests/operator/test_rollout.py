@@ -49,6 +49,7 @@ from tests.operator.fleet import (
     let_reconcile,
     stage_phases,
     status,
+    wait_for_stage_start,
     workload,
 )
 
@@ -203,9 +204,7 @@ async def test_a_stalled_stage_rolls_back_every_changed_stage(kube: LocalApiServ
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
         await kube.create(policy())
         # The status announces the stage before the operator patches it: wait for both.
-        await kube.wait_for(lambda: stage_phases(kube).get("decode") == "Progressing"
-                            and configured(workload(kube, "llama-decode")["spec"]["template"]),
-                            timeout=WAIT, what="the decode stage to start")
+        await wait_for_stage_start(kube, "decode", "llama-decode")
         assert not is_rollout_complete(workload(kube, "llama-decode"))
         clock.advance(31)  # past stageTimeoutSeconds
         await kube.wait_for(lambda: phase(kube) == "Degraded", timeout=WAIT, what="phase Degraded")
@@ -278,9 +277,7 @@ async def test_a_restarted_operator_resumes_mid_rollout(kube: LocalApiServer) ->
     kube.simulator.stall("Deployment", NS, "llama-prefill", when=configured)
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
         await kube.create(policy())
-        await kube.wait_for(lambda: stage_phases(kube).get("prefill") == "Progressing"
-                            and configured(workload(kube, "llama-prefill")["spec"]["template"]),
-                            timeout=WAIT, what="the prefill stage to start")
+        await wait_for_stage_start(kube, "prefill", "llama-prefill")
     # The operator is gone mid-stage; the stall clears while nobody watches.
     before = status(kube)
     kube.simulator.heal("Deployment", NS, "llama-prefill")
@@ -395,6 +392,8 @@ async def test_deleting_with_restore_restarts_the_master_only_once_approved(
                             timeout=WAIT, what=f"{name} restored")
     assert configured(workload(kube, "mooncake-master")["spec"]["template"])
     assert kube.get("mlp", NS, "fleet") is not None and status(kube)["phase"] == "AwaitingApproval"
+    ready = condition(kube, "Ready")  # the targets were given back: no false Ready meanwhile
+    assert (ready["status"], ready["reason"]) == ("False", "AwaitingApproval") and pending in ready["message"]
     asked = [e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "AwaitingApproval"]
     assert len(asked) == 1 and pending in asked[0]["message"] and "--eviction_ratio: 0.1 -> 0.05" in asked[0]["message"]
 

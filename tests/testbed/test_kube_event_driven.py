@@ -4,12 +4,15 @@ with the same results as before."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from moonlease.testbed.connector_pods import ConnectorPods
+from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, SETTINGS_MOUNT_DIR
+from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, SETTINGS_VOLUME
 from moonlease.testbed.kube import DEPLOYMENTS, PODS, ApiServerEmulator, LocalApiServer, deployment_manifest, is_rollout_complete
 
 pytestmark = pytest.mark.operator
@@ -108,15 +111,9 @@ async def test_a_pod_deleted_and_created_again_between_passes_gets_a_new_connect
     """The simulated controller may delete a pod and create one of the same name in one step
     (a rollback to an earlier template): that is a new container, whose connector announces
     its endpoint on the new pod object."""
-    from moonlease_connector.settings import SETTINGS_FILE_NAME
-    from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, SETTINGS_VOLUME
-
     await kube_manual.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-moonlease"},
                               "data": {SETTINGS_FILE_NAME: '{"lease_mode": "selective"}'}})
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web-0"},
-            "spec": {"containers": [{"name": "vllm", "image": "vllm:1",
-                                     "volumeMounts": [{"name": SETTINGS_VOLUME, "mountPath": "/etc/moonlease"}]}],
-                     "volumes": [{"name": SETTINGS_VOLUME, "configMap": {"name": "web-moonlease"}}]}}
+    body = connector_pod("web-0")
     pods = ConnectorPods(kube_manual, tmp_path)
     try:
         await kube_manual.create(body)
@@ -129,5 +126,41 @@ async def test_a_pod_deleted_and_created_again_between_passes_gets_a_new_connect
         again = kube_manual.get(PODS, "default", "web-0")
         assert again is not None and again["metadata"]["uid"] != first["metadata"]["uid"]
         assert again["metadata"]["annotations"][SETTINGS_PORT_ANNOTATION] == pods.endpoint("web-0").split(":")[1]
+    finally:
+        await pods.stop()
+
+
+def connector_pod(name: str, args: list[str] | None = None) -> dict[str, Any]:
+    """A pod mounting web-moonlease whose vLLM command loads our connector and names the file
+    (`args` replaces that command line)."""
+    kv = {"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
+          "kv_role": "kv_both", "kv_connector_extra_config": {"mooncake_settings_file": SETTINGS_FILE_PATH}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm:1",
+                                     "args": args if args is not None else
+                                     ["serve", "m", "--kv-transfer-config", json.dumps(kv)],
+                                     "volumeMounts": [{"name": SETTINGS_VOLUME, "mountPath": SETTINGS_MOUNT_DIR}]}],
+                     "volumes": [{"name": SETTINGS_VOLUME, "configMap": {"name": "web-moonlease"}}]}}
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "m"],  # vLLM without our connector: the mounted file is read by nobody
+    # A script that only mentions us (a lone script token for an image whose entrypoint is a shell).
+    [f"pip install moonlease_connector && echo {SETTINGS_FILE_PATH} && vllm serve m"],
+])
+async def test_a_pod_whose_command_does_not_load_our_connector_runs_none(
+        kube_manual: LocalApiServer, tmp_path: Path, args: list[str]) -> None:
+    """The stricter pod model (issue 27): mounting the settings file is not enough; the
+    container's command line must start vLLM with our connector and name the file."""
+    await kube_manual.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web-moonlease"},
+                              "data": {SETTINGS_FILE_NAME: '{"lease_mode": "selective"}'}})
+    pods = ConnectorPods(kube_manual, tmp_path)
+    try:
+        await kube_manual.create(connector_pod("plain-0", args))
+        await kube_manual.create(connector_pod("ours-0"))
+        await pods.sync()
+        plain, ours = kube_manual.get(PODS, "default", "plain-0"), kube_manual.get(PODS, "default", "ours-0")
+        assert plain is not None and SETTINGS_PORT_ANNOTATION not in (plain["metadata"].get("annotations") or {})
+        assert ours is not None and SETTINGS_PORT_ANNOTATION in ours["metadata"]["annotations"]
     finally:
         await pods.stop()

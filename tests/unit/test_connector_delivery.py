@@ -104,6 +104,7 @@ def test_a_shell_script_is_refused_with_exactly_what_to_add_and_adopted_once_it_
                                           "readOnly": True}]
     # The settings file named by the environment instead of the script works too.
     by_env = workload({"name": "vllm", "command": ["bash", "-lc"],
-                       "args": ["vllm serve m --kv-transfer-config '{\"kv_connector_module_path\":\"moonlease_connector\"}'"],
+                       "args": ["vllm serve m --kv-transfer-config '{\"kv_connector\":\"MooncakeStoreConnector\","
+                                "\"kv_connector_module_path\":\"moonlease_connector\"}'"],
                        "env": [{"name": "MOONLEASE_SETTINGS_FILE", "value": SETTINGS_FILE_PATH}]})
     assert evaluate_target(by_env, None) is None

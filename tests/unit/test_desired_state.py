@@ -116,10 +116,24 @@ def test_connector_settings_come_from_the_connector_config(mode: LeaseMode) -> N
     user = MoonleaseConnectorConfig(mooncake_max_lease_rounds=5)
     config = parse_settings_file(json.dumps(settings.file), user)  # what the connector reads
     assert config.lease_mode.value == mode.value and config.mooncake_junction_retention is True
-    # Only the switches the policy decides; mooncake_max_lease_rounds stays the user's.
+    # Only the switches the policy decides (every one, off included); mooncake_max_lease_rounds
+    # stays the user's.
     assert set(settings.file) == {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
-                                  "mooncake_junction_retention"}
+                                  "mooncake_junction_retention", "mooncake_retention_pin",
+                                  "mooncake_retention_skip", "mooncake_retention_retry", "mooncake_retention_evict"}
     assert config.mooncake_max_lease_rounds == 5
+
+
+def test_a_switch_the_policy_leaves_off_overrides_start_up_settings_that_turn_it_on() -> None:
+    """A chart's start-up config pins; the policy says retentionPin: false: the file says so,
+    and the connector runs without pinning (a missing key would keep the start-up `true`)."""
+    startup = MoonleaseConnectorConfig(mooncake_retention_pin=True, mooncake_retention_skip=True)
+    off = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE))
+    assert off.file["mooncake_retention_pin"] is False and off.file["mooncake_retention_skip"] is False
+    config = parse_settings_file(json.dumps(off.file), startup)
+    assert config.mooncake_retention_pin is False and config.mooncake_retention_skip is False
+    on = build_connector_settings(ConnectorSpec(lease_mode=LeaseMode.SELECTIVE, retention_pin=True))
+    assert on.config_hash != off.config_hash
 
 
 def test_each_connector_setting_has_its_own_hash() -> None:

@@ -61,10 +61,37 @@ def test_unmanageable_targets(containers: list[dict[str, Any]], named: str | Non
     assert needle in problem.message, problem.message
 
 
-def test_a_container_named_explicitly_is_trusted_to_run_vllm() -> None:
+def test_a_named_container_is_checked_like_any_other() -> None:
+    """Naming a container says which one to manage, not that it runs vLLM: a sidecar named by
+    mistake (`container: fluent-bit`) is refused, never given vLLM's flags (issue 27)."""
     wrapper = {"name": "engine", "image": "reg/serving:2", "command": ["python3", "/app/serve.py"]}
-    assert evaluate_target(workload(SIDECAR, wrapper), None) is not None
-    assert evaluate_target(workload(SIDECAR, wrapper), "engine") is None
+    fluent = {"name": "fluent-bit", "image": "fluent/fluent-bit:3", "args": ["-c", "/fluent-bit/etc/f.conf"]}
+    for named, containers in (("engine", (SIDECAR, wrapper)), ("fluent-bit", (VLLM, fluent))):
+        problem = evaluate_target(workload(*containers), named, field="spec.targets[0].container")
+        assert problem is not None and f"container {named!r} does not run vLLM" in problem.message
+    assert evaluate_target(workload(SIDECAR, VLLM), "vllm") is None
+
+
+@pytest.mark.parametrize("container", [
+    # A token ending in vllm is not vLLM: Redis keeping its data under /data/vllm.
+    {"name": "redis", "image": "redis:7", "command": ["redis-server"], "args": ["--dir", "/data/vllm"]},
+    {"name": "redis", "image": "redis:7", "args": ["--dir", "/data/vllm"]},
+    # Neither is an image whose name contains it.
+    {"name": "router", "image": "ghcr.io/vllm-project/vllm-router:0.1", "args": ["--port", "8000"]},
+    {"name": "router", "image": "reg/vllm-router:1", "command": ["vllm-router"], "args": ["--backend", "vllm"]},
+    # A script that installs vLLM but runs something else.
+    {"name": "x", "image": "python:3.12", "command": ["sh", "-c"], "args": ["pip install vllm && python /app/x.py"]},
+])
+def test_only_a_command_that_starts_vllm_is_vllm(container: dict[str, Any]) -> None:
+    problem = evaluate_target(workload(container), None)
+    assert problem is not None and "does not run vLLM" in problem.message, problem
+
+
+def test_a_script_that_starts_vllm_twice_is_refused() -> None:
+    twice = {"name": "vllm", "image": "reg/e:1", "command": ["sh", "-c"],
+             "args": ["vllm serve a --port 8000 & vllm serve b --port 8001; wait"]}
+    problem = evaluate_target(workload(twice), None)
+    assert problem is not None and "starts vLLM 2 times" in problem.message
 
 
 @pytest.mark.parametrize(("containers", "settings", "needle"), [

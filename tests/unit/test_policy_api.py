@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from moonlease_operator.api import (
     read_spec,
     parse_spec,
 )
-from moonlease_operator.api.common import ApiModel, LabelSelectorRequirement
+from moonlease_operator.api.abtest import QUERY_TEMPLATE_PATTERN
+from moonlease_operator.api.common import LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN, ApiModel, LabelSelectorRequirement
 from moonlease_operator.api.policy import TargetSpec
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_reconcile
 from moonlease_operator.core.status import dump_status, read_status
@@ -219,6 +221,12 @@ BAD_BY_SCHEMA = {
     "unknown strategy": with_changes(**{"rollout.strategy": "BlueGreen"}),
     "unknown on failure": with_changes(**{"rollout.onFailure": "retry"}),
     "unknown field": with_changes(**{"master.evictionWatermark": 0.9}),
+    "non-ASCII label value": with_changes(**{"targets.0": {"role": "prefill", "selector": {
+        "matchLabels": {"app": "vllmø"}}}}),
+    "non-ASCII expression key": with_changes(**{"targets.0": {"role": "prefill", "selector": {
+        "matchExpressions": [{"key": "røle", "operator": "Exists"}]}}}),
+    "non-ASCII expression value": with_changes(**{"targets.0": {"role": "prefill", "selector": {
+        "matchExpressions": [{"key": "role", "operator": "In", "values": ["decodé"]}]}}}),
 }
 
 
@@ -244,6 +252,9 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
         "name": "x", "role": "prefill", "selector": {"matchLabels": {"a": "b"}}}}),
     "a selector must match on at least one label (an empty selector selects everything)": with_changes(**{
         "targets.0": {"role": "prefill", "selector": {"matchLabels": {}}}}),
+    "matchLabels keys must be Kubernetes label keys: ASCII letters, digits, '-', '_' and '.'"
+    " (an optional DNS prefix and '/' before them)": with_changes(**{
+        "targets.0": {"role": "prefill", "selector": {"matchLabels": {"røle": "prefill"}}}}),
     "values must be non-empty for In and NotIn, and empty for Exists and DoesNotExist": with_changes(**{
         "targets.0": {"role": "prefill", "selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}}),
     "each stage may appear only once": {"master": VALID["master"], "targets": [VALID["targets"][1]],
@@ -272,7 +283,8 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
     "customQueries names start with a letter and hold only letters, digits and underscores (at most 63)":
         with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
             "url": "http://prometheus:9090", "customQueries": {"queue-depth": "sum(q{$selector})"}}}}}),
-    "customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $":
+    "customQueries are ASCII text that may use only the placeholder $selector (or ${selector});"
+    " write $$ for a literal $":
         with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
             "url": "http://prometheus:9090",
             "customQueries": {"ttft": "sum(rate(x{$selector}[$__rate_interval]))"}}}}}),
@@ -483,3 +495,28 @@ def test_dumped_status_matches_the_crd_and_nulls_stale_fields(crd: dict[str, Any
     assert present["conditions"][0]["lastTransitionTime"] == "2026-01-01T12:00:00Z"
     assert read_status(dumped) == plan.status
     assert read_status({"phase": "Nonsense"}) == PolicyStatus()
+
+
+# ---- one validator per rule: the API server's RE2 and the operator's `re` agree ------------------
+
+PATTERN_CORPUS = ["sum(q{$selector})", "sum(q{${selector}})", "x{$selector,a=\"b\"}", "a$$b", "$selectorø",
+                  "$selectorx", "sum(ø{$selector})", "rate(x{$selector}[5m])\n", "$selector_", "$",
+                  "app", "røle", "moonlease.io/role", "a.b/c_d", "-a", "vllmø", "ø", "a\u00e9", "x" * 63]
+
+
+@pytest.mark.parametrize("pattern", [QUERY_TEMPLATE_PATTERN, LABEL_KEY_PATTERN, LABEL_VALUE_PATTERN])
+def test_cel_patterns_read_the_same_in_ascii_and_unicode_engines(pattern: str) -> None:
+    """RE2 (the API server's CEL `matches`) reads `\\b` and classes as ASCII, Python's `re` as
+    Unicode: our patterns admit only ASCII, so both readings agree on every text, `$selectorø`
+    included (refused by both)."""
+    for text in PATTERN_CORPUS:
+        assert bool(re.match(pattern, text)) == bool(re.match(pattern, text, re.ASCII)), (pattern, text)
+    assert not re.match(QUERY_TEMPLATE_PATTERN, "$selectorø", re.ASCII)
+    assert not re.match(LABEL_VALUE_PATTERN, "vllmø") and not re.match(LABEL_KEY_PATTERN, "røle")
+
+
+def test_a_non_ascii_query_is_refused_with_the_rules_message() -> None:
+    spec = with_changes(**{"rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+        "url": "http://prometheus:9090", "customQueries": {"ttft": "sum(x{$selectorø})"}}}}})
+    with pytest.raises(PolicySpecError, match="customQueries are ASCII text"):
+        parse_spec(spec)

@@ -73,7 +73,7 @@ def test_the_operator_renders_retention_retry() -> None:
 
     plain = build_connector_settings(ConnectorSpec())
     retry = build_connector_settings(ConnectorSpec(retention_retry=True))
-    assert "mooncake_retention_retry" not in plain.file
+    assert plain.file["mooncake_retention_retry"] is False  # off is written, as off
     assert retry.file["mooncake_retention_retry"] is True
     assert retry.config_hash != plain.config_hash
     assert ConnectorSpec.model_validate({"retentionRetry": True}).retention_retry

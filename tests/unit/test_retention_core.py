@@ -170,13 +170,13 @@ def test_the_replay_save_without_a_plan_is_upstreams() -> None:
     assert store.calls == [("exist", ("f0",), None), ("put", ("f0",), None)]
 
 
-def test_the_operator_renders_retention_keys_only_when_a_piece_is_on() -> None:
+def test_the_operator_renders_every_retention_key_off_included() -> None:
     from moonlease_operator.api.policy import ConnectorSpec
     from moonlease_operator.core.settings import build_connector_settings
 
     plain = build_connector_settings(ConnectorSpec())
     skip = build_connector_settings(ConnectorSpec(retention_skip=True))
-    assert "mooncake_retention_skip" not in plain.file
+    assert plain.file["mooncake_retention_skip"] is False  # off reaches pods that start with it on
     assert skip.file["mooncake_retention_skip"] is True
     assert skip.file["mooncake_retention_pin"] is False
     assert skip.config_hash != plain.config_hash  # turning it on rolls the targets

@@ -228,6 +228,21 @@ def fleet() -> Cluster:
     return Cluster(master_deployment(), deployment("prefill"), deployment("decode"))
 
 
+STAGE_WORKLOADS = {"master": "mooncake-master", "prefill": "prefill", "decode": "decode"}
+
+
+def rolled_to(stage: str, spec: Mapping[str, Any] = SPEC, cluster: Cluster | None = None) -> Cluster:
+    """A fleet (`cluster`, else `fleet()`) whose rollout of `spec` has reached `stage`
+    (Progressing; its controller not finished), every stage before it settled."""
+    cluster = cluster if cluster is not None else fleet()
+    cluster.reconcile(spec)
+    while cluster.stage_phases()[stage] != "Progressing":
+        running = next(n for n, p in cluster.stage_phases().items() if p == "Progressing")
+        cluster.settle(STAGE_WORKLOADS[running])
+        cluster.reconcile(spec)
+    return cluster
+
+
 def template(cluster: Cluster, name: str) -> dict[str, Any]:
     return cluster.obj(name)["spec"]["template"]
 
@@ -577,7 +592,7 @@ def test_a_failed_master_stage_rolls_the_master_back_after_approval() -> None:
         cluster.reconcile(spec)
     status = cluster.status
     assert status.phase is Phase.AWAITING_APPROVAL and len(cluster.writes) == writes  # the forward approval is not enough
-    assert status.pending_approval == forward.replace("forward:", "rollback:")
+    assert status.pending_approval is not None and status.pending_approval.startswith("rollback:1:")
     assert "rollback waits for approval" in status.stages[0].message and cluster.stage_phases()["master"] == "Failed"
     cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval
     cluster.reconcile(spec)
@@ -668,7 +683,7 @@ def test_release_restores_the_targets_and_keeps_the_master_by_default() -> None:
     cluster.run(SPEC)
     configured_master = copy.deepcopy(cluster.obj("mooncake-master")["spec"])
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=read_spec(SPEC), previous=cluster.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert [e.reason for e in plan.events] == ["Restored", "Released"] and plan.pending_approval is None
     assert len(plan.changes) == 3
     for change in plan.changes:
@@ -690,7 +705,7 @@ def test_release_gives_the_settings_config_maps_back_and_keeps_the_masters_file_
     master_file["metadata"]["labels"].pop(SETTINGS_CONFIG_MAP_LABEL)
     spec = read_spec(spec_with(**{"master.configMap": {"name": "cfg", "key": "m.json"}}))
     plan = plan_release(policy=PolicyRef("fleet", "ns", 1, ""), spec=spec, previous=cluster.status,
-                        managed=[*managed, master_file])
+                        managed=[*managed, master_file], now=T0)
     actions = {c.name: c.action for c in plan.changes if c.kind == "ConfigMap"}
     assert actions == {"prefill-moonlease": ChangeAction.RELEASE, "decode-moonlease": ChangeAction.RELEASE,
                        "cfg": ChangeAction.FORGET}
@@ -718,20 +733,23 @@ def test_release_with_restore_restarts_the_master_only_once_approved() -> None:
     cluster.run(spec)
     policy = PolicyRef("fleet", "ns", 1, "", dict(cluster.annotations))
     plan = plan_release(policy=policy, spec=read_spec(spec), previous=cluster.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert plan.pending_approval == f"restore:1:{plan.pending_approval.split(':')[2]}"
     assert [c.name for c in plan.changes] == ["decode", "prefill"]  # the targets go on; the master waits
     assert [e.reason for e in plan.events] == ["AwaitingApproval", "Restored"]
     assert "--eviction_ratio: 0.1 -> 0.05" in plan.events[0].message
     assert plan.status is not None and plan.status.pending_approval == plan.pending_approval
+    ready = plan.status.condition("Ready")  # the targets are going back: not Ready any more
+    assert ready is not None and ready.status.value == "False" and ready.reason == "AwaitingApproval"
+    assert plan.pending_approval in ready.message
     # Asked again (kopf retries), nothing is announced twice.
     again = plan_release(policy=policy, spec=read_spec(spec), previous=plan.status,
-                         managed=list(cluster.workloads.values()))
+                         managed=list(cluster.workloads.values()), now=T0)
     assert again.status is None and [e.reason for e in again.events] == ["Restored"]
 
     approved = PolicyRef("fleet", "ns", 1, "", {APPROVE_MASTER_RESTART_ANNOTATION: plan.pending_approval})
     plan = plan_release(policy=approved, spec=read_spec(spec), previous=plan.status,
-                        managed=list(cluster.workloads.values()))
+                        managed=list(cluster.workloads.values()), now=T0)
     assert plan.pending_approval is None and [e.reason for e in plan.events] == ["MasterRestart", "Restored"]
     for change in plan.changes:
         new = build_update(cluster.workloads[change.ref], change)
@@ -899,7 +917,8 @@ def test_compatibility_gate_knows_evict_needs_the_masters_watermark() -> None:
     settings = build_connector_settings(spec.connector, spec.master.eviction_high_watermark_ratio)
     assert settings.file["mooncake_retention_evict"] is True
     assert settings.file["mooncake_retention_evict_watermark"] == 0.8
-    assert "mooncake_retention_evict" not in build_connector_settings(parse_spec(SPEC).connector).file
+    off = build_connector_settings(parse_spec(SPEC).connector).file  # off is written, as off
+    assert off["mooncake_retention_evict"] is False and "mooncake_retention_evict_watermark" not in off
     bad = spec.model_copy(update={"master": spec.master.model_copy(
         update={"eviction_high_watermark_ratio": None})})
     assert "evictionHighWatermarkRatio" in evaluate_compatibility(bad, [])[0]
@@ -984,12 +1003,7 @@ def test_a_deleted_target_is_reported_on_itself_and_the_rest_carries_on() -> Non
 
 
 def test_a_rollback_half_way_continues_when_a_target_vanishes() -> None:
-    cluster = fleet()
-    cluster.reconcile(SPEC)
-    cluster.settle("mooncake-master")
-    cluster.reconcile(SPEC)
-    cluster.settle("prefill")
-    cluster.reconcile(SPEC)
+    cluster = rolled_to("decode")
     cluster.observe_only("decode")
     cluster.now += datetime.timedelta(seconds=61)
     cluster.reconcile(SPEC)

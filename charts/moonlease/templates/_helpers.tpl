@@ -137,17 +137,14 @@ running connector re-reads when the operator changes it; the kv-transfer-config 
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
 {{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
-{{- /* Retention keys only when a piece is on, as the operator renders them (same config hash). */ -}}
+{{- /* Every retention switch, off included, as the operator renders them (a switch left out
+would fall back to the engine's start-up settings); the watermark only with evict on. */ -}}
 {{- $retention := .arm.retention | default dict -}}
-{{- if or $retention.pin $retention.skip -}}
 {{- $_ := set $file "mooncake_retention_pin" (eq $retention.pin true) -}}
 {{- $_ := set $file "mooncake_retention_skip" (eq $retention.skip true) -}}
-{{- end -}}
-{{- if $retention.retry -}}
-{{- $_ := set $file "mooncake_retention_retry" true -}}
-{{- end -}}
+{{- $_ := set $file "mooncake_retention_retry" (eq $retention.retry true) -}}
+{{- $_ := set $file "mooncake_retention_evict" (eq $retention.evict true) -}}
 {{- if $retention.evict -}}
-{{- $_ := set $file "mooncake_retention_evict" true -}}
 {{- $_ := set $file "mooncake_retention_evict_watermark" (float64 (index .ctx.Values.mooncake.master.settings "eviction_high_watermark_ratio")) -}}
 {{- end -}}
 {{- $extra := mergeOverwrite (deepCopy ($v.connector.extraConfig | default dict)) (dict "mooncake_settings_file" "/etc/moonlease/connector/connector-settings.json") -}}

@@ -75,8 +75,21 @@ def _with_retries(what: str, attempts: int, delay: float, sleep: Callable[[float
     raise MetricSourceError(f"{what} failed after {max(1, attempts)} attempts: {last}{detail}")
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: the Prometheus URL passed the operator's allowlist, the
+    address a redirect names did not (a 3xx then fails the query, saying where it pointed)."""
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise MetricSourceError(f"HTTP {code} redirect to {newurl} not followed (only the allowlisted"
+                                " URL is queried): set prometheus.url to the address that answers")
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 def _get(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - http(s) URLs we build
+    with _OPENER.open(url, timeout=timeout) as response:  # http(s) URLs we build, never redirected
         body: bytes = response.read()
     return body.decode("utf-8")
 

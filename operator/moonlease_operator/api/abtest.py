@@ -119,13 +119,17 @@ _QUERY_NAMES = CelRule(
 
 # A custom query may hold `$selector` (or `${selector}`) and `$$` (a literal `$`), nothing else
 # after a `$`: PromQL's own `$` (a regex anchor, Grafana's `$__rate_interval`) must be written `$$`.
-QUERY_TEMPLATE_PATTERN = r"^([^$]|[$][$]|[$]selector\b|[$][{]selector[}])*$"
-_QUERY_TEMPLATE = re.compile(QUERY_TEMPLATE_PATTERN)
-_PLACEHOLDER = re.compile(r"[$]([$]|selector\b|[{]selector[}])")
+# ASCII only: the API server's RE2 reads `\b` (and every class) as ASCII where Python's `re` reads
+# Unicode, so `$selectorø` would pass the CRD and be refused here; with ASCII text both engines
+# give the same answer (tests/unit/test_policy_api checks it under both readings).
+QUERY_TEMPLATE_PATTERN = r"^([\t\n\r -#%-~]|[$][$]|[$]selector\b|[$][{]selector[}])*$"
+_QUERY_TEMPLATE = re.compile(QUERY_TEMPLATE_PATTERN, re.ASCII)
+_PLACEHOLDER = re.compile(r"[$]([$]|selector\b|[{]selector[}])", re.ASCII)
 _QUERY_PLACEHOLDERS = CelRule(
     rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
     + json.dumps(QUERY_TEMPLATE_PATTERN) + "))",
-    message="customQueries may use only the placeholder $selector (or ${selector}); write $$ for a literal $",
+    message="customQueries are ASCII text that may use only the placeholder $selector (or ${selector});"
+            " write $$ for a literal $",
     field_path=".customQueries",
 )
 

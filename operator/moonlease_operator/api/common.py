@@ -8,6 +8,8 @@ models (see `moonlease_operator.crd`), so every constraint here reaches the API 
 from __future__ import annotations
 
 import enum
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +23,15 @@ from pydantic_core import PydanticCustomError
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: A DNS-1123 label: the names of containers.
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+#: A label key (optional DNS-subdomain prefix and `/`, then a name) and a label value, as the API
+#: server validates them on every object: ASCII only, so a selector that could never match any
+#: workload (`ø` in a key or value) is refused when the policy is written, not waited on forever.
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 
 ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 ContainerName = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
@@ -102,9 +113,9 @@ _VALUES_RULE = CelRule(
 class LabelSelectorRequirement(ApiModel):
     """A set-based label requirement, as in `metav1.LabelSelectorRequirement`."""
 
-    key: Annotated[str, Field(min_length=1, max_length=317)]
+    key: LabelKey
     operator: SelectorOperator
-    values: Annotated[list[Annotated[str, Field(max_length=63)]], Field(max_length=64)] | None = None
+    values: Annotated[list[LabelValue], Field(max_length=64)] | None = None
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_VALUES_RULE,)
 
@@ -123,18 +134,30 @@ _NON_EMPTY_SELECTOR_RULE = CelRule(
 )
 
 
+# A CRD schema cannot constrain map keys (no patternProperties): a CEL rule does.
+_LABEL_KEYS_RULE = CelRule(
+    rule="!has(self.matchLabels) || self.matchLabels.all(k, size(k) <= 317 && k.matches("
+    + json.dumps(LABEL_KEY_PATTERN) + "))",
+    message="matchLabels keys must be Kubernetes label keys: ASCII letters, digits, '-', '_' and '.'"
+            " (an optional DNS prefix and '/' before them)",
+)
+_LABEL_KEY = re.compile(LABEL_KEY_PATTERN, re.ASCII)
+
+
 class LabelSelector(ApiModel):
     """A Kubernetes label selector. An empty one is refused: it would select every workload."""
 
-    match_labels: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = None
+    match_labels: Annotated[dict[str, LabelValue], Field(max_length=32)] | None = None
     match_expressions: Annotated[list[LabelSelectorRequirement], Field(max_length=16)] | None = None
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_NON_EMPTY_SELECTOR_RULE,)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_NON_EMPTY_SELECTOR_RULE, _LABEL_KEYS_RULE)
 
     @model_validator(mode="after")
     def _check_non_empty(self) -> LabelSelector:
         if not self.match_labels and not self.match_expressions:
             raise _NON_EMPTY_SELECTOR_RULE.violation()
+        if not all(len(k) <= 317 and _LABEL_KEY.match(k) for k in self.match_labels or {}):
+            raise _LABEL_KEYS_RULE.violation()
         return self
 
     def matches(self, labels: Mapping[str, str]) -> bool:

@@ -485,6 +485,7 @@ class Reason(str, enum.Enum):
     STAGE_ROLLED_BACK = "StageRolledBack"
     STAGE_ROLLBACK_FAILED = "StageRollbackFailed"
     STAGE_AWAITING_APPROVAL = "StageAwaitingApproval"
+    STAGE_DRIFTED = "StageDrifted"  # a finished stage's workloads or settings changed under it
     MASTER_RESTART = "MasterRestart"
     AWAITING_APPROVAL = "AwaitingApproval"
     PAUSED = "Paused"

@@ -37,7 +37,14 @@ from moonlease_connector.settings import (
 from moonlease_operator.api import GROUP
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
-from moonlease_operator.core.workload_args import EXTRA_CONFIG_KEY, find_container, kv_doc, shell_script
+from moonlease_operator.core.command_line import Invocation, shell_script, vllm_invocations
+from moonlease_operator.core.workload_args import (
+    CONNECTOR_CLASS,
+    EXTRA_CONFIG_KEY,
+    find_container,
+    is_our_module,
+    kv_doc,
+)
 
 SETTINGS_VOLUME = "moonlease-connector-settings"
 #: Label of every connector-settings ConfigMap, value "true" (for people and GitOps tools: the
@@ -95,26 +102,55 @@ SCRIPT_KV_TRANSFER_CONFIG = ('--kv-transfer-config \'{"kv_connector":"MooncakeSt
                              f'"kv_connector_extra_config":{{"{SETTINGS_FILE_KEY}":"{SETTINGS_FILE_PATH}"}}}}\'')
 
 
+def connector_invocation(container: Mapping[str, Any]) -> Invocation | None:
+    """The container's one vLLM invocation (None: it starts vLLM nowhere, or more than once)."""
+    found = vllm_invocations(container)
+    return found[0] if len(found) == 1 else None
+
+
+def startup_sources(container: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """What the connector starts on: the `--kv-transfer-config` the vLLM command really passes
+    (in a script: the script's own words) and the environment (the container's literal values,
+    then the script's assignments before the command)."""
+    invocation = connector_invocation(container)
+    doc = invocation.kv_doc() if invocation is not None else kv_doc(container)
+    env = {e["name"]: e["value"] for e in container.get("env") or [] if "value" in e and "name" in e}
+    if invocation is not None:
+        env.update(invocation.env)
+    return (doc or {}), env
+
+
+def loads_our_settings(container: Mapping[str, Any]) -> bool:
+    """Whether the container's vLLM command loads our connector (`kv_connector` ours, from our
+    module) and names the settings file (in its extra config, or `MOONLEASE_SETTINGS_FILE`)."""
+    if connector_invocation(container) is None:
+        return False
+    doc, env = startup_sources(container)
+    extra = doc.get(EXTRA_CONFIG_KEY)
+    names_file = (isinstance(extra, dict) and extra.get(SETTINGS_FILE_KEY) == SETTINGS_FILE_PATH) \
+        or env.get(SETTINGS_FILE_ENV) == SETTINGS_FILE_PATH
+    return doc.get("kv_connector") == CONNECTOR_CLASS and is_our_module(doc.get("kv_connector_module_path")) \
+        and names_file
+
+
 def script_loads_settings(container: Mapping[str, Any]) -> bool | None:
-    """None when the container runs no shell script; else whether its script loads our
-    connector and names the settings file (in the script, or by `MOONLEASE_SETTINGS_FILE`)."""
-    script = shell_script(container)
-    if script is None:
+    """None when the container runs no shell script; else whether the script's one vLLM command
+    loads our connector and names the settings file — read from the command's own words, so a
+    script that merely mentions the connector (`pip install moonlease_connector`, an `echo` of
+    the path) does not count."""
+    if shell_script(container) is None:
         return None
-    env = {e.get("name"): e.get("value") for e in container.get("env") or []}
-    names_file = SETTINGS_FILE_PATH in script or env.get(SETTINGS_FILE_ENV) == SETTINGS_FILE_PATH
-    return "moonlease_connector" in script and names_file
+    return loads_our_settings(container)
 
 
 def startup_defaults(obj: Mapping[str, Any], container: str | None) -> MoonleaseConnectorConfig | None:
-    """The connector's start-up settings as the workload's pod template gives them (its
-    `kv_connector_extra_config` and literal env values); None when the connector would refuse
-    them (it would not start)."""
-    found = find_container(obj, container) or {}
-    extra = (kv_doc(found) or {}).get(EXTRA_CONFIG_KEY) or {}
-    env = {e["name"]: e["value"] for e in found.get("env") or [] if "value" in e and "name" in e}
+    """The connector's start-up settings as the workload's pod template gives them (what its
+    vLLM command passes in `kv_connector_extra_config`, and the literal env values); None when
+    the connector would refuse them (it would not start)."""
+    extra_doc, env = startup_sources(find_container(obj, container) or {})
+    extra = extra_doc.get(EXTRA_CONFIG_KEY) or {}
     try:
-        return MoonleaseConnectorConfig.from_sources(extra, env)
+        return MoonleaseConnectorConfig.from_sources(extra if isinstance(extra, dict) else {}, env)
     except ConnectorConfigError:
         return None
 
@@ -160,8 +196,9 @@ def settings_endpoint(pod: Mapping[str, Any]) -> str | None:
         containers = (pod.get("spec") or {}).get("containers") or []
         found = next((c for c in containers
                       if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
-        extra = (kv_doc(found) or {}).get(EXTRA_CONFIG_KEY) or {}
-        env = {e.get("name"): e.get("value") for e in found.get("env") or []}
+        doc, env = startup_sources(found)
+        extra = doc.get(EXTRA_CONFIG_KEY) or {}
+        extra = extra if isinstance(extra, dict) else {}
         port = extra.get(SETTINGS_METRICS_PORT_KEY, env.get(SETTINGS_METRICS_PORT_ENV) or DEFAULT_SETTINGS_METRICS_PORT)
     try:
         return f"{ip}:{int(port)}"

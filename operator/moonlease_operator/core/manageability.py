@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import Reason
+from moonlease_operator.core.command_line import runs_mooncake_master, script_commands, shell_script, vllm_invocations
 from moonlease_operator.core.connector_delivery import SCRIPT_KV_TRANSFER_CONFIG, script_loads_settings
 from moonlease_operator.core.settings import CONNECTOR_CLASS, MasterSettings
 from moonlease_operator.core.workload_args import (
@@ -26,9 +27,6 @@ from moonlease_operator.core.workload_args import (
     is_our_module,
     is_yaml,
     parse_doc,
-    runs_mooncake_master,
-    runs_vllm,
-    shell_script,
 )
 
 
@@ -41,10 +39,12 @@ class WorkloadProblem:
 def evaluate_target(obj: Mapping[str, Any], container: str | None, *,
                     field: str = "spec.targets[].container") -> WorkloadProblem | None:
     """Refuse a vLLM workload the policy cannot manage: the container is ambiguous (several and
-    none named), does not run vLLM (unless named explicitly: a wrapper the operator cannot
-    recognise), runs vLLM through a shell (the settings cannot be delivered into a script), or
-    its connector is not ours, or its `--kv-transfer-config` cannot be edited.
+    none named), does not start vLLM (a named container is checked like any other: naming a
+    sidecar by mistake must not give it vLLM's flags), starts it more than once, runs it through
+    a shell script that does not load our connector with its settings file (the operator cannot
+    edit a script), or its connector is not ours, or its `--kv-transfer-config` cannot be edited.
 
+    What the container runs is read as the kubelet runs it (`core.command_line`).
     `field`: where in the policy the container is named, for the message."""
     name = describe_object(obj)
     found, problem = _pick_container(obj, container, field, "vLLM")
@@ -52,22 +52,35 @@ def evaluate_target(obj: Mapping[str, Any], container: str | None, *,
         return problem
     assert found is not None
     label = f"{name} container {found.get('name')!r}"
-    loads = script_loads_settings(found)
-    if loads is False:
+    script = shell_script(found)
+    if script is not None and script_commands(script) is None:
+        return WorkloadProblem(Reason.UNMANAGEABLE_WORKLOAD,
+                               f"{label} runs a shell script the operator cannot read (an unclosed quote?):"
+                               " fix the script, or run vLLM without a shell")
+    invocations = vllm_invocations(found)
+    if not invocations:
+        return WorkloadProblem(
+            Reason.UNMANAGEABLE_WORKLOAD,
+            f"{label} does not run vLLM (no command it runs starts `vllm serve` or `python -m vllm...`, and"
+            f" it is not a vLLM image run without a command): point the target at a vLLM workload, or set"
+            f" {field} to the container that runs vLLM")
+    if len(invocations) > 1:
+        return WorkloadProblem(Reason.UNMANAGEABLE_WORKLOAD,
+                               f"{label} starts vLLM {len(invocations)} times: the operator manages one vLLM"
+                               " per container")
+    if script is not None:
+        doc = invocations[0].kv_doc() or {}
+        connector = doc.get("kv_connector")
+        if connector is not None and connector != CONNECTOR_CLASS:
+            return _foreign(name, connector)
+        if script_loads_settings(found):
+            return None  # the script loads the connector and names its settings file itself
         return WorkloadProblem(
             Reason.UNMANAGEABLE_WORKLOAD,
             f"{label} runs its command through a shell script, which the operator cannot edit: add"
             f" {SCRIPT_KV_TRANSFER_CONFIG} to the vllm serve command in the script (the operator then adds"
             f" only the settings volume and mount), or run vLLM without a shell"
             f" (command: [\"vllm\", \"serve\"], args: [MODEL, ...]; setup steps in an initContainer)")
-    if loads:
-        return None  # the script loads the connector and names its settings file itself
-    if container is None and not runs_vllm(found):
-        return WorkloadProblem(
-            Reason.UNMANAGEABLE_WORKLOAD,
-            f"{label} does not run vLLM (neither command, args nor image show `vllm serve`,"
-            f" vllm.entrypoints.openai.api_server or the vllm entrypoint): point the target at a vLLM"
-            f" workload, or set {field} to the container that runs vLLM")
     hit = find_option(found, KV_TRANSFER_CONFIG_OPTIONS)
     if hit is None:
         return None
@@ -82,14 +95,18 @@ def evaluate_target(obj: Mapping[str, Any], container: str | None, *,
                                f"{name}: {hit.spelled} must be a JSON object with an object {EXTRA_CONFIG_KEY}")
     connector, module = doc.get("kv_connector"), doc.get("kv_connector_module_path")
     if connector is not None and connector != CONNECTOR_CLASS:
-        return WorkloadProblem(Reason.FOREIGN_CONNECTOR,
-                               f"{name} uses kv_connector {connector!r}; the policy manages only Moonlease's"
-                               f" {CONNECTOR_CLASS} and will not replace another connector")
+        return _foreign(name, connector)
     if (connector is not None or module is not None) and not is_our_module(module):
         return WorkloadProblem(Reason.FOREIGN_CONNECTOR,
                                f"{name} uses {CONNECTOR_CLASS} from {module or 'vLLM itself'!r}, which ignores"
                                f" lease modes: set kv_connector_module_path to {CONNECTOR_MODULE!r}")
     return None
+
+
+def _foreign(name: str, connector: Any) -> WorkloadProblem:
+    return WorkloadProblem(Reason.FOREIGN_CONNECTOR,
+                           f"{name} uses kv_connector {connector!r}; the policy manages only Moonlease's"
+                           f" {CONNECTOR_CLASS} and will not replace another connector")
 
 
 def evaluate_master(obj: Mapping[str, Any], container: str | None, settings: MasterSettings) -> WorkloadProblem | None:

@@ -6,9 +6,10 @@ back, restoring them when the policy is deleted — is announced the same way, b
 nowhere else: a `MasterRestart` warning event and a stage message naming the flags that change.
 
 Approval (`spec.master.requireApprovalForRestart`) is keyed to the direction, the rollout
-revision and the master settings hash (`forward:3:ab12cd34`), so approving one restart never
-approves another: not a later drift repair (a new revision), not a rollback of the same attempt
-(another direction).
+revision and a hash (`forward:3:ab12cd34`): of the master settings, and for a forward restart of
+the flag changes and the master's generation too, so approving one restart never approves
+another: not a later drift repair (a new revision at rest, a new generation while a later stage
+runs), not a rollback of the same attempt (another direction).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class MasterRestart:
     revision: int
     """The rollout attempt (`status.revision`) the restart belongs to."""
     settings_hash: str
-    """Hash of the master settings being applied (forward) or left (rollback, restore)."""
+    """Hash of the master settings being applied (forward: with the change and the master's
+    generation) or left (rollback, restore)."""
     changes: tuple[str, ...] = ()
     """Human lines such as `--eviction_ratio: 0.05 -> 0.1` (sorted, unique)."""
 

@@ -70,7 +70,6 @@ from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import (
-    SETTINGS_CONFIG_MAP_LABEL,
     SettingsReport,
     adoption_hash,
     build_settings_file_desired,
@@ -83,6 +82,7 @@ from moonlease_operator.core.connector_delivery import (
     settings_file_text,
     template_reads_settings_file,
 )
+from moonlease_operator.core.master_identity import declared_master, is_master_object
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
 from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
 from moonlease_operator.core.settings import (
@@ -472,6 +472,7 @@ class _Planner:
     approval: VerbDecision | None = None  # an approval annotation handled in this reconcile
     paused_at: datetime.datetime | None = None  # held by the pause verb
     aborting: bool = False  # the abort verb failed the attempt in this reconcile
+    orphan_restart: MasterRestart | None = None  # a master no longer covered, restored once approved
     _sync_cache: dict[WorkloadKey, bool] = field(default_factory=dict)
     _rollback_cache: dict[WorkloadKey, tuple[WorkloadChange, ...]] = field(default_factory=dict)
     listed_targets: int = DEFAULT_LISTED_TARGETS
@@ -544,6 +545,7 @@ class _Planner:
             outcome = self._with_excluded(outcome)
         if outcome.phase is Phase.READY:
             self.applied_hash, self.applied_revision = desired_hash, self.revision
+        outcome = self._hold_orphan_restart(outcome)
         status = self._status(outcome, desired_hash)
         verb_notes = [d.note() for d in (self.verb, self.approval) if d is not None]
         events = (*verb_notes, *self.notes, *_phase_events(prev, status))
@@ -794,6 +796,14 @@ class _Planner:
         master = self.fleet.master
         return build_master_restart(f"{master.kind}/{master.name}", direction, self.revision, settings_hash, lines)
 
+    def _forward_key(self, lines: Sequence[str]) -> str:
+        """What a forward master restart's approval is keyed to: the settings, the flag changes
+        from what the master runs now and its generation — so an approval given for the rollout
+        never lets a later repair of the same attempt through (a stage reopened by drift)."""
+        master = self.fleet.master.obj or {}
+        return build_config_hash({"settings": self.master.config_hash, "changes": sorted(lines),
+                                  "generation": (master.get("metadata") or {}).get("generation")})
+
     def _describe(self, changes: Sequence[WorkloadChange]) -> list[str]:
         """Human lines for what `changes` alter (`--eviction_ratio: 0.05 -> 0.1`)."""
         return [line for c in changes for line in describe_update(self._object(c), c)]
@@ -851,16 +861,51 @@ class _Planner:
             and rollback_revision(self.observed.config_maps.get(config_map) or {}) == self.revision)
 
     def _release_orphans(self) -> None:
-        """Workloads this policy changed but no longer covers get their original back."""
+        """Workloads this policy changed but no longer covers get their original back. A master
+        no longer covered (`spec.master.name` renamed) is still the store the engines use: it
+        keeps its settings (`master.onDelete: keep`), or restoring it restarts it like any other
+        master restart, approved first when `requireApprovalForRestart` (`orphan_restart`)."""
+        declared = declared_master(self.spec, self.previous)
         for key in managed_keys(policy_label_value(self.policy.name), self.observed.workloads, self.observed.index):
             obj = self.observed.workloads[key]
-            if key not in self.fleet.keys and key not in self.held and key not in self.excluded:
-                change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.RELEASE, policy=self.policy.name)
-                if needs_update(obj, change):
-                    self.changes.append(change)
-                    self.notes.append(EventNote("Normal", Reason.RELEASED.value,
-                                                f"{key[0]}/{key[1]} is no longer covered: restoring its original"
-                                                " configuration"))
+            if key in self.fleet.keys or key in self.held or key in self.excluded:
+                continue
+            master = is_master_object(obj, declared)
+            keep = master and self.spec.master.on_delete is MasterDeletionPolicy.KEEP
+            change = WorkloadChange(kind=key[0], name=key[1], action=ChangeAction.FORGET if keep else
+                                    ChangeAction.RELEASE, policy=self.policy.name)
+            if not needs_update(obj, change):
+                continue
+            if keep:
+                self.changes.append(change)
+                self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                            f"{key[0]}/{key[1]} is no longer the master: it keeps its settings"
+                                            " (master.onDelete: keep), nothing restarts"))
+                continue
+            new = build_update(obj, change) or obj
+            if master and (new.get("spec") or {}).get("template") != (obj.get("spec") or {}).get("template"):
+                restart = build_master_restart(f"{key[0]}/{key[1]}", RestartDirection.RESTORE, self.revision,
+                                               template_config_hash(obj) or "", describe_update(obj, change))
+                if self.spec.master.require_approval_for_restart and not restart.approved_by(
+                        self.policy.annotations):
+                    self.orphan_restart = restart
+                    continue
+                self.notes.append(restart.note())
+            self.changes.append(change)
+            self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                        f"{key[0]}/{key[1]} is no longer covered: restoring its original"
+                                        " configuration"))
+
+    def _hold_orphan_restart(self, outcome: _Outcome) -> _Outcome:
+        """A master no longer covered waits for approval before it is restored: the policy is
+        not Ready meanwhile (its old master would restart later, emptying the store)."""
+        restart = self.orphan_restart
+        if restart is None or self.pending_approval is not None or outcome.phase is not Phase.READY:
+            return outcome
+        self.pending_approval = restart.approval_key
+        return _Outcome(Phase.AWAITING_APPROVAL, outcome.stage, Reason.AWAITING_APPROVAL,
+                        f"{restart.workload} is no longer the policy's master (master.onDelete: restore):"
+                        f" {restart.approval_request(self.policy.name)}")
 
     # ---- forward ------------------------------------------------------------------------------
 
@@ -870,10 +915,18 @@ class _Planner:
         for name in self.order:
             stage = self.stages[name]
             members = self.fleet.in_stage(name)
+            drifted: list[Member] = []
             if stage.phase in _DONE:
-                if stage.phase is StagePhase.SUCCEEDED:
-                    last_finished = stage.finished_at
-                continue
+                # A finished stage is verified again on every reconcile (each watch event of its
+                # workloads and settings ConfigMaps wakes one): a `kubectl rollout undo` or a hand
+                # edit while a later stage runs reopens it, never a Ready over old settings.
+                drifted = [m for m in members if not self._in_sync(m)]
+                if not drifted:
+                    if stage.phase is StagePhase.SUCCEEDED:
+                        last_finished = stage.finished_at
+                    continue
+                self._reopen(name, drifted)
+                stage = self.stages[name]
             if stage.phase in (StagePhase.PENDING, StagePhase.AWAITING_APPROVAL):
                 pending = [m for m in members if not self._in_sync(m)]
                 if not pending:
@@ -890,7 +943,7 @@ class _Planner:
                 lines = self._describe([c for m in pending for c in self._pending(self._apply_changes(m))])
                 restart = None
                 if name is StageName.MASTER:
-                    restart = self._master_restart(RestartDirection.FORWARD, self.master.config_hash, lines)
+                    restart = self._master_restart(RestartDirection.FORWARD, self._forward_key(lines), lines)
                     if self.spec.master.require_approval_for_restart and not restart.approved_by(
                             self.policy.annotations):
                         self.pending_approval = restart.approval_key
@@ -901,7 +954,9 @@ class _Planner:
                 for member in pending:
                     self.changes.extend(self._pending(self._apply_changes(member)))
                 # The status says what is about to happen (a master restart in so many words).
-                doing = restart.describe() if restart is not None else f"updating {len(pending)} workload(s)"
+                doing = (restart.describe() if restart is not None else
+                         f"re-applying to {_join([f'{m.kind}/{m.name}' for m in drifted])}, which drifted"
+                         if drifted else f"updating {len(pending)} workload(s)")
                 self._set_stage(name, StagePhase.PROGRESSING, doing, started=True)
                 return _Outcome(Phase.PROGRESSING, name, Reason.STAGE_PROGRESSING, f"Stage {name.value}: {doing}")
             # Progressing: re-apply what is not there (a write that failed), then verify. A master
@@ -916,8 +971,10 @@ class _Planner:
             refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
             waiting = [(m, self.health[m.key]) for m in members
                        if self.health[m.key].health is not Health.COMPLETE or not self._in_sync(m)]
-            started = stage.started_at or self.now
-            if refused or failed or self.now - started > datetime.timedelta(seconds=rollout.stage_timeout_seconds):
+            # Completion first: a stage whose workloads are done is verified and succeeds however
+            # late it is looked at (an operator away longer than the timeout never fails, nor rolls
+            # back, work that finished meanwhile); the deadline fails only what is still waiting.
+            if refused or failed or (waiting and self._past_deadline(stage)):
                 why = (_join(refused) if refused else _describe_health(failed) if failed else
                        f"not ready within {rollout.stage_timeout_seconds}s: {_describe_health(waiting)}")
                 self.failed_stage = name
@@ -935,6 +992,16 @@ class _Planner:
             last_finished = self.now
         return _Outcome(Phase.READY, self.order[-1], Reason.ROLLOUT_COMPLETE,
                         f"Every stage runs configuration {self.desired_hash}")
+
+    def _reopen(self, name: StageName, drifted: Sequence[Member]) -> None:
+        """A finished stage whose workloads no longer hold the configuration goes back to
+        Pending, announced with what changed (`StageDrifted`), and is applied again in order."""
+        what = _join([f"{m.kind}/{m.name}" + (f" ({'; '.join(lines)})" if (lines := self._describe(
+            self._pending(self._apply_changes(m)))) else "") for m in drifted])
+        message = f"drifted after it {self.stages[name].phase.value.lower()}: {what}"
+        self.notes.append(EventNote("Warning", Reason.STAGE_DRIFTED.value, f"Stage {name.value} {message}"))
+        self.stages[name] = self.stages[name].model_copy(update={
+            "phase": StagePhase.PENDING, "message": message[:32768], "finished_at": None})
 
     # ---- backward -----------------------------------------------------------------------------
 
@@ -983,9 +1050,7 @@ class _Planner:
                 broken = [(m, h) for m, h in health if h.health is Health.FAILED]
                 refused = [f"{m.kind}/{m.name}: {error}" for m in members if (error := self._write_error(m))]
                 waiting = [(m, h) for m, h in health if h.health is not Health.COMPLETE]
-                started = stage.started_at or self.now
-                timeout = datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
-                if refused or broken or self.now - started > timeout:
+                if refused or broken or ((changes or waiting) and self._past_deadline(stage)):
                     self.changes = [c for c in self.changes if not refused or c.ref not in {m.key for m in members}]
                     self._set_stage(name, StagePhase.ROLLBACK_FAILED,
                                     self._rolled_back_message(name, "rollback did not complete: "
@@ -1010,6 +1075,12 @@ class _Planner:
                             f" {', '.join(incomplete)}")
         return _Outcome(Phase.DEGRADED, name, Reason.ROLLED_BACK,
                         f"Stage {name.value} failed ({failure}); every changed stage was rolled back")
+
+    def _past_deadline(self, stage: StageStatus) -> bool:
+        """Whether `stage` (Progressing or Rolling back) has run past `stageTimeoutSeconds`;
+        asked only about a stage that still waits for something."""
+        started = stage.started_at or self.now
+        return self.now - started > datetime.timedelta(seconds=self.spec.rollout.stage_timeout_seconds)
 
     def _with_excluded(self, outcome: _Outcome) -> _Outcome:
         """Targets left out are reported on themselves and announced once; the rest carried on.
@@ -1168,10 +1239,16 @@ class _Planner:
         if stage_phase in (StagePhase.ROLLING_BACK, StagePhase.ROLLED_BACK, StagePhase.ROLLBACK_FAILED):
             if not self._changed_in_attempt(member):
                 return TargetPhase.READY if health.health is Health.COMPLETE else TargetPhase.UPDATING
-            restored = not self._rollback_pending(member)
+            restored = not self._rollback_pending(member) and health.health is Health.COMPLETE
             if stage_phase is StagePhase.ROLLBACK_FAILED:
-                return TargetPhase.FAILED
-            return TargetPhase.ROLLED_BACK if restored and health.health is Health.COMPLETE else TargetPhase.ROLLING_BACK
+                # Its stage's rollback failed, but this member may be back: verified in the
+                # reconcile that ended the rollback (its pods were read), or reported so since.
+                previous = self.previous.stage(member.stage)
+                verified = previous is not None and previous.phase is StagePhase.ROLLING_BACK
+                was = next((t.phase for t in self.previous.targets if (t.kind.value, t.name) == member.key), None)
+                return TargetPhase.ROLLED_BACK if restored and (verified or was is TargetPhase.ROLLED_BACK) \
+                    else TargetPhase.FAILED
+            return TargetPhase.ROLLED_BACK if restored else TargetPhase.ROLLING_BACK
         if health.health is Health.FAILED:
             return TargetPhase.FAILED
         if not self._in_sync(member):
@@ -1340,7 +1417,7 @@ class ReleasePlan:
 
 
 def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
-                 managed: Sequence[Mapping[str, Any]]) -> ReleasePlan:
+                 managed: Sequence[Mapping[str, Any]], now: datetime.datetime) -> ReleasePlan:
     """Give back every object carrying this policy's label.
 
     Targets get their state from before the policy, all at once: each workload's own rolling
@@ -1349,7 +1426,7 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
     bookkeeping, so nothing restarts; `restore` brings its settings back, which restarts it and
     empties the store: announced, and approved first when `requireApprovalForRestart`.
     """
-    masters = _master_objects(spec, previous)
+    declared = declared_master(spec, previous)
     restore_master = not isinstance(spec, PolicySpecError) and spec.master.on_delete is MasterDeletionPolicy.RESTORE
     needs_approval = isinstance(spec, PolicySpecError) or spec.master.require_approval_for_restart
     settings_hash = "" if isinstance(spec, PolicySpecError) else build_master_settings(spec.master).config_hash
@@ -1359,11 +1436,7 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
     for obj in sorted(managed, key=lambda o: (str(o.get("kind")), str((o.get("metadata") or {}).get("name")))):
         meta = obj.get("metadata") or {}
         ref = (str(obj.get("kind")), str(meta.get("name")))
-        # A target's settings ConfigMap is given back like its target; any other ConfigMap may
-        # be the master's (from an invalid spec, the last status names only its workload).
-        is_settings = ref[0] == "ConfigMap" and (meta.get("labels") or {}).get(SETTINGS_CONFIG_MAP_LABEL) == "true" \
-            and ref not in masters
-        is_master = ref in masters or (ref[0] == "ConfigMap" and not is_settings)
+        is_master = is_master_object(obj, declared)
         action = ChangeAction.FORGET if is_master and not restore_master else ChangeAction.RELEASE
         change = WorkloadChange(kind=ref[0], name=ref[1], action=action, policy=policy.name)
         new = build_update(obj, change)
@@ -1393,20 +1466,20 @@ def plan_release(*, policy: PolicyRef, spec: PolicySpec | PolicySpecError, previ
                                 "Policy deleted: restoring " + _join([f"{c.kind}/{c.name}" for c in restored])
                                 + " to their configuration before the policy"))
     if any(c.action is ChangeAction.FORGET for c in changes):
+        why = ("the spec is invalid, so master.onDelete cannot be read: nothing restarts"
+               if isinstance(spec, PolicySpecError) else "master.onDelete: keep")
         events.append(EventNote("Normal", Reason.RELEASED.value,
-                                "Policy deleted: the master keeps its settings (master.onDelete: keep)"))
+                                f"Policy deleted: the master keeps its settings ({why})"))
     status = None
     if pending is not None and previous.pending_approval != pending:
-        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL})
+        # Not Ready: the targets are being given back and the master waits (no false Ready).
+        assert restart is not None
+        message = f"Policy deleted: the targets are restored; {restart.approval_request(policy.name)}"
+        conditions = list(previous.conditions)
+        for type_ in (ConditionType.READY, ConditionType.PROGRESSING):
+            conditions = set_condition(conditions, type_=type_.value, status=ConditionStatus.FALSE,
+                                       reason=Reason.AWAITING_APPROVAL.value, message=message,
+                                       generation=policy.generation, now=now)
+        status = previous.model_copy(update={"pending_approval": pending, "phase": Phase.AWAITING_APPROVAL,
+                                             "conditions": _ordered(conditions)})
     return ReleasePlan(events=tuple(events), changes=tuple(changes), pending_approval=pending, status=status)
-
-
-def _master_objects(spec: PolicySpec | PolicySpecError, previous: PolicyStatus) -> set[tuple[str, str]]:
-    """The master workload and its ConfigMap: from the spec, or (a spec no longer valid) from
-    the last status."""
-    if isinstance(spec, PolicySpecError):
-        return {(t.kind.value, t.name) for t in previous.targets if t.role is StageName.MASTER}
-    refs = {(spec.master.kind.value, spec.master.name)}
-    if spec.master.config_map is not None:
-        refs.add(("ConfigMap", spec.master.config_map.name))
-    return refs

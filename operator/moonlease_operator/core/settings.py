@@ -21,9 +21,18 @@ from moonlease_operator.api.policy import MASTER_FLAGS
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.connector_delivery import build_adoption_desired, script_loads_settings
-from moonlease_operator.core.workload_args import CONNECTOR_MODULE, find_container, is_our_module, kv_doc
+from moonlease_operator.core.workload_args import (
+    CONNECTOR_CLASS,
+    CONNECTOR_MODULE,
+    find_container,
+    is_our_module,
+    kv_doc,
+)
 
-CONNECTOR_CLASS = "MooncakeStoreConnector"
+#: The connector switches `spec.connector` decides, written whether on or off.
+MANAGED_SWITCHES = frozenset({"mooncake_selective_lease", "mooncake_kda_last_hit_only", "mooncake_junction_retention",
+                              "mooncake_retention_pin", "mooncake_retention_skip", "mooncake_retention_retry",
+                              "mooncake_retention_evict"})
 DEFAULT_KV_ROLE = "kv_both"
 
 
@@ -42,7 +51,10 @@ def build_connector_settings(connector: ConnectorSpec,
     """Render `spec.connector` through the connector's own config model (decide once).
 
     `for_mode` sets the switches the policy decides; only those keys are owned, so settings the
-    policy does not expose (e.g. `mooncake_max_lease_rounds`) stay as the user wrote them.
+    policy does not expose (e.g. `mooncake_max_lease_rounds`) stay as the user wrote them. Every
+    switch the policy manages is written, `false` included (`MANAGED_SWITCHES`): a key left out
+    would fall back to the workload's start-up settings, so turning a piece off (or leaving it
+    off while a chart's start-up config turns it on) would never reach the pods.
     """
     config = MoonleaseConnectorConfig.for_mode(connector.lease_mode,
                                                junction_retention=connector.junction_retention,
@@ -51,7 +63,8 @@ def build_connector_settings(connector: ConnectorSpec,
                                                                            retry=connector.retention_retry,
                                                                            evict=connector.retention_evict,
                                                                            **_evict_watermark(master_watermark)))
-    file = {k: v for k, v in config.to_extra_config().items() if k in config.model_fields_set}
+    rendered = config.to_extra_config()
+    file = {k: v for k, v in rendered.items() if k in config.model_fields_set or k in MANAGED_SWITCHES}
     digest = build_config_hash({"connector": CONNECTOR_CLASS, "file": file})
     return ConnectorSettings(file=file, config_hash=digest)
 

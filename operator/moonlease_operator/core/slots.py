@@ -225,6 +225,11 @@ def _restore(obj: JsonObj, snapshot: Mapping[str, Any]) -> None:
 # Bookkeeping annotations
 # --------------------------------------------------------------------------------------------
 
+def load_snapshot(obj: Mapping[str, Any], annotation: str) -> dict[str, Any] | None:
+    """The snapshot kept in `annotation` (`ORIGINAL_ANNOTATION`, `ROLLBACK_ANNOTATION`), if any."""
+    return _load(obj, annotation)
+
+
 def _load(obj: Mapping[str, Any], annotation: str) -> dict[str, Any] | None:
     raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(annotation)
     if not raw:

@@ -15,10 +15,11 @@ from typing import Any
 import yaml
 
 from moonlease_operator.api.policy import BOOLEAN_MASTER_FLAGS
+from moonlease_operator.core.command_line import KV_TRANSFER_CONFIG_OPTIONS
 
-KV_TRANSFER_CONFIG_OPTIONS = ("--kv-transfer-config", "--kv_transfer_config")
 EXTRA_CONFIG_KEY = "kv_connector_extra_config"
 CONNECTOR_MODULE = "moonlease_connector"
+CONNECTOR_CLASS = "MooncakeStoreConnector"
 
 
 def describe_object(obj: Mapping[str, Any]) -> str:
@@ -135,58 +136,7 @@ def format_doc(key: str | None, doc: Mapping[str, Any]) -> str:
 
 
 
-# --------------------------------------------------------------------------------------------
-# What a container runs
-# --------------------------------------------------------------------------------------------
-
-SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
-
-
 def container_names(obj: Mapping[str, Any]) -> list[str]:
     """The names of the pod template's (main) containers, in order."""
     containers = ((obj.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
     return [str(c.get("name", "?")) for c in containers]
-
-
-def command_line(container: Mapping[str, Any]) -> list[str]:
-    """`command` then `args`: what the container runs (the image's entrypoint when both are
-    absent, which this cannot see)."""
-    return [t for t in (*(container.get("command") or []), *(container.get("args") or [])) if isinstance(t, str)]
-
-
-def shell_script(container: Mapping[str, Any]) -> str | None:
-    """The script when the container runs a shell with `-c` (`sh -c "..."`, `bash -lc "..."`), or
-    a lone command-line token that is itself a script (spaces and `vllm`/`mooncake_master`,
-    handed to an image whose entrypoint is a shell); None for a plain command line."""
-    tokens = command_line(container)
-    for i, token in enumerate(tokens[:-1]):
-        if token.rsplit("/", 1)[-1] in SHELLS and tokens[i + 1].startswith("-") and "c" in tokens[i + 1]:
-            return " ".join(tokens[i + 2:]) or ""
-    for token in tokens:
-        if " " in token.strip() and any(word in token for word in ("vllm", "mooncake_master")):
-            return token
-    return None
-
-
-def runs_vllm(container: Mapping[str, Any]) -> bool:
-    """Whether command, args or image show the vLLM server: `vllm serve`, the API server module
-    `vllm.entrypoints.openai.api_server`, the `vllm` entrypoint, or a vLLM image (whose
-    entrypoint is `vllm serve`) run without a command of its own."""
-    tokens = command_line(container)
-    text = " ".join(tokens)
-    if "vllm.entrypoints.openai.api_server" in text or "vllm serve" in text:
-        return True
-    if any(t.rsplit("/", 1)[-1] == "vllm" for t in tokens):
-        return True
-    image = str(container.get("image") or "").rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-    return not container.get("command") and "vllm" in image
-
-
-def runs_mooncake_master(container: Mapping[str, Any]) -> bool:
-    """Whether command or args run `mooncake_master` (or, with no command of its own, the image
-    is a Mooncake master image)."""
-    tokens = command_line(container)
-    if any(t.rsplit("/", 1)[-1] == "mooncake_master" or "mooncake_master " in t for t in tokens):
-        return True
-    image = str(container.get("image") or "").rsplit("/", 1)[-1].split(":", 1)[0].split("@", 1)[0]
-    return not container.get("command") and "mooncake-master" in image

@@ -1,0 +1,58 @@
+"""The operator queries only the allowlisted Prometheus URL (issue 27): a redirect from it to
+another host is not followed, and the measurement fails saying where it pointed."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from moonlease_operator.adapters.metric_sources import MetricSourceError, PrometheusSource
+from moonlease_operator.core.ab_samples import Arm
+
+pytestmark = pytest.mark.operator
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    requests: list[str] = []
+    location = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        type(self).requests.append(self.path)
+        if self.path.startswith("/elsewhere"):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+            return
+        self.send_response(302)
+        self.send_header("Location", type(self).location)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def redirecting() -> Iterator[tuple[str, type[_Recorder]]]:
+    handler = type("Handler", (_Recorder,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler.location = f"http://127.0.0.1:{server.server_port}/elsewhere/api/v1/query"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_redirect_from_prometheus_is_not_followed(redirecting: tuple[str, type[_Recorder]]) -> None:
+    url, handler = redirecting
+    source = PrometheusSource(url, {Arm.CONTROL: 'job="c"', Arm.TREATMENT: 'job="t"'}, attempts=1,
+                              sleep=lambda _: None)
+    with pytest.raises(MetricSourceError, match="302 redirect to .*/elsewhere.* not followed"):
+        source.fetch_snapshot(at=1.0)
+    assert handler.requests and not [p for p in handler.requests if p.startswith("/elsewhere")]
