@@ -244,6 +244,12 @@ def test_the_baseline_waits_out_the_warm_up() -> None:
                                                       " prometheus.customQueries"}),
     ({**ARMS, "conditions": [{"metric": "queued"}], "prometheus": {"url": "http://p:9090", "customQueries": {
         "queued": "sum(x{$selector})"}}}, set()),
+    ({**ARMS, "conditions": [{"metric": "externalHitRate"}, {"metric": "ttftP99", "guardrail": True}]},
+     {"a built-in metric's direction is fixed"}),
+    ({**ARMS, "conditions": [{"metric": "prefixCacheHitRate", "direction": "LowerIsBetter"}]},
+     {"a built-in metric's direction is fixed"}),
+    ({**ARMS, "conditions": [{"metric": "prefixCacheHitRate"}, {"metric": "putFailedKeys", "direction": "LowerIsBetter",
+                                                                "guardrail": True}]}, set()),
 ])
 def test_cel_rules_agree_with_their_pydantic_mirrors(raw: dict[str, object], violated: set[str]) -> None:
     """The rules the API server will evaluate (cel-python) refuse exactly what pydantic refuses."""
@@ -255,7 +261,7 @@ def test_cel_rules_agree_with_their_pydantic_mirrors(raw: dict[str, object], vio
     node = {k: v for k, v in node.items() if v is not None}
     failed = {rule.message for rule in ABTestSpec.cel_rules
               if not env.program(env.compile(rule.rule)).evaluate({"self": celpy.json_to_cel(node)})}
-    assert failed == violated
+    assert {next((v for v in violated if f.startswith(v)), f) for f in failed} == violated
     if violated:
         with pytest.raises(ValidationError, match="|".join(violated)):
             ABTestSpec.model_validate(raw)
@@ -285,6 +291,40 @@ def test_custom_queries_with_any_other_dollar_are_refused_before_use(template: s
         render_custom_query(template, 'job="a"')
     with pytest.raises(ValueError, match="placeholder"):
         ABTestSpec.model_validate({**ARMS, "prometheus": {"url": "http://p:9090", "customQueries": {"q": template}}})
+
+
+@pytest.mark.parametrize("template, uses", [
+    ("sum(q{$selector})", True), ("sum(q{${selector}})", True), ('sum(q{job="a"})', False),
+    ("sum(q) - $$selector", False),  # `$$selector` is the literal text "$selector"
+    ("sum(q{$$x, $selector})", True),
+])
+def test_a_custom_query_must_pick_the_arm_with_its_selector(template: str, uses: bool) -> None:
+    """Issue 26: a query without `$selector` reads the same series for both arms (the effect is
+    always 0: a guardrail that can never fail). The API server's rule and the model agree."""
+    import celpy
+
+    from moonlease_operator.api.abtest import PrometheusSpec
+
+    raw = {"url": "http://p:9090", "customQueries": {"q": template}}
+    rules = [r for r in PrometheusSpec.cel_rules if "must use $selector" in r.message]
+    env = celpy.Environment()
+    assert bool(env.program(env.compile(rules[0].rule)).evaluate({"self": celpy.json_to_cel(raw)})) is uses
+    if uses:
+        PrometheusSpec.model_validate(raw)
+    else:
+        with pytest.raises(ValidationError, match="must use [$]selector"):
+            PrometheusSpec.model_validate(raw)
+
+
+def test_identical_arm_selectors_are_refused() -> None:
+    with pytest.raises(ValidationError, match="selectors.treatment must differ"):
+        ABTestSpec.model_validate({**ARMS, "prometheus": {"url": "http://p:9090", "selectors": {
+            "control": 'job="vllm"', "treatment": 'job="vllm"'}}})
+    with pytest.raises(ValidationError, match="use storeSelector"):
+        ABTestSpec.model_validate({**ARMS, "prometheus": {"url": "http://p:9090", "storeSelectors": {
+            "control": 'job="m"', "treatment": 'job="m"'}}})
+    ABTestSpec.model_validate({**ARMS, "prometheus": {"url": "http://p:9090", "selectors": {
+        "control": 'job="vllm-a"', "treatment": 'job="vllm-b"'}}})
 
 
 def test_master_metrics_need_a_master_per_arm() -> None:

@@ -290,8 +290,26 @@ CEL_VIOLATIONS: dict[str, dict[str, Any]] = {
             "customQueries": {"ttft": "sum(rate(x{$selector}[$__rate_interval]))"}}}}}),
     "evictions and putAllocFailures compare the arms' masters: they need prometheus.storeSelectors "
     "(one master per arm); with one shared master both arms read the same series": with_changes(**{
-        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [{"metric": "evictions"}],
-                                             "prometheus": {"url": "http://prometheus:9090"}}}}),
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [
+            {"metric": "evictions", "direction": "LowerIsBetter"}], "prometheus": {"url": "http://prometheus:9090"}}}}),
+    "selectors.control and selectors.treatment must differ: with the same matchers both arms read "
+    "the same series and no condition can ever fail": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090", "selectors": {"control": 'job="vllm"', "treatment": 'job="vllm"'}}}}}),
+    "storeSelectors.control and storeSelectors.treatment must differ (one master per arm); "
+    "for one master shared by both arms use storeSelector": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090", "storeSelectors": {"control": 'job="m"', "treatment": 'job="m"'}}}}}),
+    "every customQueries entry must use $selector (or ${selector}) to pick the arm's series: without it"
+    " both arms read the same number and the condition can never fail": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "prometheus": {
+            "url": "http://prometheus:9090", "customQueries": {"queued": "sum(vllm:num_requests_waiting)"}}}}}),
+    "a built-in metric's direction is fixed: set direction: LowerIsBetter for ttftP50, ttftP90, ttftP99,"
+    " putFailedKeys, putAllocFailures, evictions (the default, HigherIsBetter, would promote a slower or failing"
+    " treatment); prefixCacheHitRate and externalHitRate are HigherIsBetter": with_changes(**{
+        "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [
+            {"metric": "externalHitRate", "minEffect": 0.02},
+            {"metric": "ttftP90", "maxRegression": 0.05, "guardrail": True}]}}}),
     "at least one condition must be primary (not a guardrail): guardrails alone would promote "
     "any treatment that is merely no worse": with_changes(**{
         "rollout": {**AB_ROLLOUT, "abTest": {**AB_ROLLOUT["abTest"], "conditions": [

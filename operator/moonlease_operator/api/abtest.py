@@ -68,6 +68,8 @@ class ConditionSpec(ApiModel):
 
     metric: MetricName
     direction: MetricDirection = MetricDirection.HIGHER_IS_BETTER
+    """Which way is better. A built-in metric's is fixed: ttftP50/P90/P99, putFailedKeys,
+    putAllocFailures and evictions need LowerIsBetter (refused otherwise)."""
     min_effect: Annotated[float, Field(ge=0)] = 0.0
     """Improvement (metric units) the treatment must show, at the configured confidence."""
     max_regression: Annotated[float, Field(ge=0)] = 0.0
@@ -102,10 +104,25 @@ PromMatchers = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
 class ArmSelectorsSpec(ApiModel):
-    """PromQL label matchers (the part inside `{...}`) picking each arm's vLLM series."""
+    """PromQL label matchers (the part inside `{...}`) picking each arm's series; they must
+    differ (the operator also refuses the same matchers written in another order or spacing)."""
 
     control: PromMatchers
     treatment: PromMatchers
+
+
+_DISTINCT_SELECTORS = CelRule(
+    rule="!has(self.selectors) || self.selectors.control != self.selectors.treatment",
+    message="selectors.control and selectors.treatment must differ: with the same matchers both arms read "
+            "the same series and no condition can ever fail",
+    field_path=".selectors",
+)
+_DISTINCT_STORE_SELECTORS = CelRule(
+    rule="!has(self.storeSelectors) || self.storeSelectors.control != self.storeSelectors.treatment",
+    message="storeSelectors.control and storeSelectors.treatment must differ (one master per arm); "
+            "for one master shared by both arms use storeSelector",
+    field_path=".storeSelectors",
+)
 
 
 # A CRD schema cannot constrain map keys (no patternProperties): a CEL rule does.
@@ -130,6 +147,19 @@ _QUERY_PLACEHOLDERS = CelRule(
     + json.dumps(QUERY_TEMPLATE_PATTERN) + "))",
     message="customQueries are ASCII text that may use only the placeholder $selector (or ${selector});"
             " write $$ for a literal $",
+    field_path=".customQueries",
+)
+
+
+# A template uses the placeholder: `$selector` after any run of non-`$` text and `$$` pairs (so
+# that `$$selector`, a literal "$selector", does not count).
+QUERY_SELECTOR_PATTERN = r"^([^$]|[$][$])*[$]([{]selector[}]|selector\b)"
+_QUERY_SELECTOR = re.compile(QUERY_SELECTOR_PATTERN, re.ASCII)
+_QUERY_USES_SELECTOR = CelRule(
+    rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
+    + json.dumps(QUERY_SELECTOR_PATTERN) + "))",
+    message="every customQueries entry must use $selector (or ${selector}) to pick the arm's series: without it"
+            " both arms read the same number and the condition can never fail",
     field_path=".customQueries",
 )
 
@@ -169,7 +199,8 @@ class PrometheusSpec(ApiModel):
     than `intervalSeconds` is refused (OverlappingQueryWindows): overlapping windows would count
     the same traffic in several intervals."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (_QUERY_NAMES, _QUERY_PLACEHOLDERS, _QUERY_USES_SELECTOR,
+                                                _DISTINCT_SELECTORS, _DISTINCT_STORE_SELECTORS)
 
     @model_validator(mode="after")
     def _check_names(self) -> PrometheusSpec:
@@ -177,6 +208,12 @@ class PrometheusSpec(ApiModel):
             raise _QUERY_NAMES.violation()
         if not all(_QUERY_TEMPLATE.match(query) for query in self.custom_queries.values()):
             raise _QUERY_PLACEHOLDERS.violation()
+        if not all(_QUERY_SELECTOR.match(query) for query in self.custom_queries.values()):
+            raise _QUERY_USES_SELECTOR.violation()
+        if self.selectors is not None and self.selectors.control == self.selectors.treatment:
+            raise _DISTINCT_SELECTORS.violation()
+        if self.store_selectors is not None and self.store_selectors.control == self.store_selectors.treatment:
+            raise _DISTINCT_STORE_SELECTORS.violation()
         return self
 
 
@@ -213,6 +250,23 @@ _A_PRIMARY_CONDITION = CelRule(
     rule="!has(self.conditions) || self.conditions.exists(c, !has(c.guardrail) || !c.guardrail)",
     message="at least one condition must be primary (not a guardrail): guardrails alone would promote "
             "any treatment that is merely no worse",
+    field_path=".conditions",
+)
+#: The direction of each built-in metric: fixed by what it measures (a reversed one would promote
+#: a worse treatment).
+BUILTIN_DIRECTIONS: dict[str, MetricDirection] = {
+    m.value: MetricDirection.HIGHER_IS_BETTER if m in (BuiltinMetric.PREFIX_HIT_RATE, BuiltinMetric.EXTERNAL_HIT_RATE)
+    else MetricDirection.LOWER_IS_BETTER for m in BuiltinMetric
+}
+_LOWER_BUILTINS = [m for m, d in BUILTIN_DIRECTIONS.items() if d is MetricDirection.LOWER_IS_BETTER]
+_HIGHER_BUILTINS = [m for m, d in BUILTIN_DIRECTIONS.items() if d is MetricDirection.HIGHER_IS_BETTER]
+_BUILTIN_DIRECTION = CelRule(
+    rule="!has(self.conditions) || self.conditions.all(c, c.metric in " + json.dumps(_LOWER_BUILTINS)
+    + " ? (has(c.direction) && c.direction == 'LowerIsBetter')"
+    + " : (!(c.metric in " + json.dumps(_HIGHER_BUILTINS) + ") || !has(c.direction) || c.direction == 'HigherIsBetter'))",
+    message="a built-in metric's direction is fixed: set direction: LowerIsBetter for " + ", ".join(_LOWER_BUILTINS)
+            + " (the default, HigherIsBetter, would promote a slower or failing treatment); "
+            + " and ".join(_HIGHER_BUILTINS) + " are HigherIsBetter",
     field_path=".conditions",
 )
 _MAX_AT_LEAST_MIN = CelRule(
@@ -259,7 +313,7 @@ class ABTestSpec(ApiModel):
     on_inconclusive: FailureAction = FailureAction.HOLD
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (_DISJOINT_ARMS, _MAX_AT_LEAST_MIN, _KNOWN_METRICS,
-                                                _MASTER_METRICS_NEED_MASTERS, _A_PRIMARY_CONDITION)
+                                                _MASTER_METRICS_NEED_MASTERS, _A_PRIMARY_CONDITION, _BUILTIN_DIRECTION)
 
     @model_validator(mode="after")
     def _check(self) -> ABTestSpec:
@@ -275,6 +329,8 @@ class ABTestSpec(ApiModel):
             raise _MASTER_METRICS_NEED_MASTERS.violation()
         if all(c.guardrail for c in self.conditions):
             raise _A_PRIMARY_CONDITION.violation()
+        if any(BUILTIN_DIRECTIONS.get(c.metric, c.direction) is not c.direction for c in self.conditions):
+            raise _BUILTIN_DIRECTION.violation()
         return self
 
 
