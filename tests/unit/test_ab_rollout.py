@@ -286,6 +286,85 @@ def test_a_custom_query_reading_past_the_interval_is_refused(query: str, refused
         assert status.phase is not Phase.INVALID
 
 
+@pytest.mark.parametrize("query, counter", [
+    ("sum(vllm:prefix_cache_hits_total{$selector})", "vllm:prefix_cache_hits_total"),
+    ("sum(increase(a_total{$selector}[10s])) / sum(a_total{$selector})", "a_total"),
+    ("histogram_quantile(0.9, sum by (le) (x_bucket{$selector}))", "x_bucket"),
+    ('sum({__name__=~"vllm[:_]prefix_cache_queries_total", $selector})', "vllm[:_]prefix_cache_queries_total"),
+    ("sum(increase(vllm:prefix_cache_hits_total{$selector}[10s]))", None),
+    ("histogram_quantile(0.9, sum by (le) (rate(x_bucket{$selector}[10s])))", None),
+    ("sum(vllm:num_requests_waiting{$selector})", None),  # a gauge
+    ("sum by (x_total) (irate(y_total{$selector}[10s]))", None),  # a label list, a rated counter
+])
+def test_a_custom_query_over_a_raw_counter_is_refused(query: str, counter: str | None) -> None:
+    """Issue 26: a counter read without rate()/increase() is its total since the engine started:
+    the arms would be compared on their uptime."""
+    cluster = ab_fleet()
+    spec = ab_spec(prometheus={"url": "http://prometheus:9090", "customQueries": {"m": query}},
+                   conditions=[{"metric": "m", "minEffect": 0.05}])
+    status = cluster.run(spec)
+    invalid = status.condition("Invalid")
+    if counter is None:
+        assert status.phase is not Phase.INVALID, invalid
+        return
+    assert status.phase is Phase.INVALID and invalid is not None and invalid.reason == "CounterWithoutRate"
+    assert f"prometheus.customQueries.m reads the counter {counter} without rate()" in invalid.message
+    assert f"increase({counter}{{$selector}}[10s])" in invalid.message  # what to write instead
+    assert "CounterWithoutRate" in cluster.reasons() and not cluster.writes
+
+
+@pytest.mark.parametrize("field, control, treatment, refused", [
+    ("selectors", 'job="vllm", ns="a"', 'ns = "a",job="vllm"', True),  # the same matchers, reordered
+    ("selectors", "job='vllm'", 'job="vllm"', True),
+    ("selectors", 'job="vllm-a"', 'job="vllm-b"', False),
+    ("storeSelectors", 'job="m",  pod="x"', 'pod="x", job="m"', True),
+])
+def test_arm_selectors_that_pick_the_same_series_are_refused(field: str, control: str, treatment: str,
+                                                              refused: bool) -> None:
+    """The API server refuses identical text; the operator refuses the same matchers written
+    differently (both arms would read the same numbers: no condition could ever fail)."""
+    cluster = ab_fleet()
+    spec = ab_spec(prometheus={"url": "http://prometheus:9090", field: {"control": control, "treatment": treatment}})
+    if field == "storeSelectors":
+        spec["rollout"]["abTest"]["conditions"] = [
+            {"metric": "externalHitRate", "minEffect": 0.05},
+            {"metric": "evictions", "direction": "LowerIsBetter", "maxRegression": 5, "guardrail": True}]
+    status = cluster.run(spec)
+    invalid = status.condition("Invalid")
+    if not refused:
+        assert status.phase is not Phase.INVALID, invalid
+        return
+    assert status.phase is Phase.INVALID and invalid is not None and invalid.reason == "IdenticalArmSelectors"
+    assert f"prometheus.{field}.control" in invalid.message and "give each arm its own matchers" in invalid.message
+    assert not cluster.writes
+
+
+@pytest.mark.parametrize("replicas, warned", [
+    ({"prefill-a": 1, "decode-a": 4, "prefill-b": 4, "decode-b": 1}, True),  # 1:4 against 4:1
+    ({"prefill-a": 1, "decode-a": 2, "prefill-b": 2, "decode-b": 2}, False),  # 1:2 against 1:1, within 2x
+    ({"prefill-a": 2, "decode-a": 2, "prefill-b": 2, "decode-b": 2}, False),
+])
+def test_arms_with_different_prefill_decode_mixes_are_warned_about(replicas: dict[str, int], warned: bool) -> None:
+    """Issue 26: arms whose prefill:decode replica ratios differ measure the mix, not the settings.
+    A warning (the mix may be deliberate): an event when measuring starts, and the
+    ABTestConcluded condition says it while the test measures."""
+    cluster = Cluster(master_deployment(), *(deployment(n, replicas=replicas[n]) for n in CONTROL + TREATMENT))
+    deploy_treatment(cluster, SPEC)
+    warnings = [m for kind, reason, m in cluster.events if reason == "UnbalancedArms"]
+    concluded = cluster.status.condition("ABTestConcluded")
+    assert concluded is not None and cluster.status.phase is Phase.ANALYZING  # measured all the same
+    if not warned:
+        assert not warnings and "UnbalancedArms" not in concluded.message
+        return
+    assert [kind for kind, reason, _ in cluster.events if reason == "UnbalancedArms"] == ["Warning"]
+    assert "control 1 prefill : 4 decode replicas, treatment 4 : 1" in warnings[0]
+    assert "give both arms about the same prefill:decode ratio" in warnings[0]
+    assert "Warning (UnbalancedArms): the arms' prefill/decode mixes differ" in concluded.message
+    measure(cluster, SPEC, [(0.5, 0.5)])
+    assert len([r for _, r, _ in cluster.events if r == "UnbalancedArms"]) == 1  # announced once
+    assert "UnbalancedArms" in cluster.status.condition("ABTestConcluded").message
+
+
 def test_a_retried_test_starts_fresh_and_waits_out_its_warmup() -> None:
     """Issue 26: the retried test inherited the rolled-back one's samples, sums and last reading
     (a merge patch left them in place), and was decided after one interval without a warm-up.

@@ -474,6 +474,8 @@ class Reason(str, enum.Enum):
     PROMETHEUS_URL_NOT_ALLOWED = "PrometheusUrlNotAllowed"
     MISMATCHED_ARMS = "MismatchedArms"
     OVERLAPPING_WINDOWS = "OverlappingQueryWindows"
+    COUNTER_WITHOUT_RATE = "CounterWithoutRate"
+    IDENTICAL_ARM_SELECTORS = "IdenticalArmSelectors"
     WORKLOAD_NOT_FOUND = "WorkloadNotFound"
     # Rollout (Ready, Progressing, Degraded conditions; events)
     ROLLOUT_STARTED = "RolloutStarted"
@@ -512,6 +514,7 @@ class Reason(str, enum.Enum):
     AB_TEST_ROLLING_BACK = "ABTestRollingBack"
     AB_TEST_ROLLED_BACK = "ABTestRolledBack"
     AB_TEST_AWAITING_DECISION = "ABTestAwaitingDecision"
+    UNBALANCED_ARMS = "UnbalancedArms"  # a warning: the arms' prefill/decode mixes differ
     # Verbs (events; the Paused and Degraded conditions)
     VERB_APPLIED = "VerbApplied"
     VERB_IGNORED = "VerbIgnored"

@@ -58,7 +58,10 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     decision_hint,
+    evaluate_arm_mix,
     evaluate_arm_roles,
+    evaluate_arm_selectors,
+    evaluate_custom_query_counters,
     evaluate_custom_query_windows,
     measurement_due,
     record_measurement,
@@ -274,9 +277,12 @@ def _prepare(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous:
     mismatched = evaluate_arm_roles(spec)
     if mismatched is not None:
         return _refused(previous, policy, Reason.MISMATCHED_ARMS, [mismatched], now)
-    overlapping = evaluate_custom_query_windows(spec)
-    if overlapping is not None:
-        return _refused(previous, policy, Reason.OVERLAPPING_WINDOWS, [overlapping], now)
+    for reason, evaluate in ((Reason.OVERLAPPING_WINDOWS, evaluate_custom_query_windows),
+                             (Reason.COUNTER_WITHOUT_RATE, evaluate_custom_query_counters),
+                             (Reason.IDENTICAL_ARM_SELECTORS, evaluate_arm_selectors)):
+        refusal = evaluate(spec)
+        if refusal is not None:
+            return _refused(previous, policy, reason, [refusal], now)
     ab_source = spec.rollout.ab_test.prometheus if spec.rollout.ab_test is not None else None
     if prometheus_allowlist is not None and ab_source is not None:
         refused = evaluate_prometheus_url(ab_source.url, prometheus_allowlist)
@@ -584,6 +590,17 @@ class _Planner:
             self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in self.held), self.fleet.missing,
                                self.fleet.unmatched)
 
+    def _arm_mix(self) -> str | None:
+        """`UnbalancedArms`: the warning about the arms' prefill/decode mixes, or None."""
+        spec = self.spec.rollout.ab_test
+        assert spec is not None
+        replicas = {}
+        for target in self.spec.targets:  # both arms: the held control is not among the fleet's members
+            obj = self.observed.workloads.get((target.kind.value, target.name or ""))
+            if obj is not None:
+                replicas[target.name or ""] = (target.role.value, int((obj.get("spec") or {}).get("replicas", 1) or 0))
+        return evaluate_arm_mix(spec, replicas)
+
     def _arm_names(self) -> tuple[list[str], list[str]]:
         spec = self.spec.rollout.ab_test
         assert spec is not None
@@ -663,6 +680,9 @@ class _Planner:
         if ab.phase is ABTestPhase.DEPLOYING:
             self.ab, notes = start_measuring(ab, spec, *self._arm_names(), self.now)
             self.notes.extend(notes)
+            unbalanced = self._arm_mix()
+            if unbalanced is not None:
+                self.notes.append(EventNote("Warning", Reason.UNBALANCED_ARMS.value, f"A/B test: {unbalanced}"))
             ab = self.ab
         if ab.phase is ABTestPhase.MEASURING:
             return _Outcome(Phase.ANALYZING, outcome.stage, Reason.AB_TEST_MEASURING,
@@ -1198,6 +1218,9 @@ class _Planner:
             message = ("Deploying the treatment" if ab.phase is ABTestPhase.DEPLOYING else
                        f"{ab.samples} of {self.spec.rollout.ab_test.min_samples if self.spec.rollout.ab_test else 0}"
                        f" samples; {ab.reason}")
+            unbalanced = self._arm_mix()
+            if unbalanced is not None:
+                message = f"{message}. Warning ({Reason.UNBALANCED_ARMS.value}): {unbalanced}"
             return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE, reason=reason.value,
                                  message=message, generation=self.policy.generation, now=self.now)
         reason = {ABTestPhase.PROMOTING: Reason.AB_TEST_PROMOTING, ABTestPhase.PROMOTED: Reason.AB_TEST_PROMOTED,
