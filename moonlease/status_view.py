@@ -12,10 +12,16 @@ the status lists) — each target as its own labels and annotations tell it;
 
 from __future__ import annotations
 
+import datetime
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pydantic import ValidationError
+
+from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
+from moonlease_operator.core.ab_plan import next_measurement_at
 
 from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
@@ -117,9 +123,40 @@ def build_target_details(status: Mapping[str, Any],
     return details
 
 
+def _timestamp(value: datetime.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def build_time_axis(policy: Mapping[str, Any], now: datetime.datetime) -> dict[str, Any]:
+    """The A/B test's time axis: when measuring started, when the arms were last read, when they
+    are read next (the operator's own schedule: the baseline after `warmupSeconds`, then every
+    `intervalSeconds`) and in how many seconds, and when the test was decided. Unknown: None."""
+    raw = ((policy.get("status") or {}).get("abTest")) or {}
+    try:
+        status = ABTestStatus.model_validate(raw)
+    except ValidationError:
+        return {"startedAt": None, "lastReadAt": None, "nextReadAt": None, "nextReadInSeconds": None,
+                "nextRead": None, "decidedAt": None}
+    try:
+        spec: ABTestSpec | None = ABTestSpec.model_validate(
+            (((policy.get("spec") or {}).get("rollout") or {}).get("abTest")) or {})
+    except ValidationError:
+        spec = None  # an invalid spec: the operator reads nothing
+    due = next_measurement_at(status, spec) if spec is not None else None
+    return {
+        "startedAt": _timestamp(status.started_at), "lastReadAt": _timestamp(status.last_measured_at),
+        "nextReadAt": _timestamp(due),
+        "nextReadInSeconds": None if due is None else max(0, round((due - now).total_seconds())),
+        "nextRead": None if due is None else "baseline" if status.last_measured_at is None else "interval",
+        "decidedAt": _timestamp(status.decided_at),
+    }
+
+
 def build_status_view(policy: Mapping[str, Any],
-                      workloads: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> StatusView:
-    """`workloads` (kind, name) -> object: given, the view carries the per-target details."""
+                      workloads: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+                      now: datetime.datetime | None = None) -> StatusView:
+    """`workloads` (kind, name) -> object: given, the view carries the per-target details.
+    `now` (default: the clock): for the time to the next read."""
     meta = policy.get("metadata") or {}
     status = policy.get("status") or {}
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
@@ -139,6 +176,7 @@ def build_status_view(policy: Mapping[str, Any],
                                                   "paired", "guardrail", "outcome")}
                            for c in ab.get("conditions") or []],
             "reason": ab.get("reason", ""),
+            "time": build_time_axis(policy, now or datetime.datetime.now(datetime.timezone.utc)),
         }
     return StatusView(
         name=name, namespace=namespace, phase=phase, message=headline.get("message", ""),
@@ -185,6 +223,18 @@ def _fixed(value: Any) -> str:
     return "-" if value is None else f"{value + 0.0:+.2f}"
 
 
+def _time_axis(time: Mapping[str, Any]) -> str:
+    """started ..., last read ..., next read ... (in Ns), decided ... (every part, '-' if unknown)."""
+    due = time.get("nextReadAt")
+    if due is not None:
+        what = "baseline read" if time.get("nextRead") == "baseline" else "next read"
+        next_read = f"{what} {due} (in {time.get('nextReadInSeconds')}s)"
+    else:
+        next_read = "next read -"
+    return (f"started {time.get('startedAt') or '-'}, last read {time.get('lastReadAt') or '-'}, {next_read}, "
+            f"decided {time.get('decidedAt') or '-'}")
+
+
 def render_status(view: StatusView) -> str:
     lines = [f"{view.namespace}/{view.name}: {view.phase}" + (f" — {view.message}" if view.message else "")]
     if view.stages:
@@ -195,6 +245,7 @@ def render_status(view: StatusView) -> str:
         ab = view.ab_test
         verdict = ab.get("finalVerdict") or f"(so far {ab.get('verdict') or '-'})"
         lines.append(f"A/B:     {ab.get('phase')}, verdict {verdict}, samples {ab.get('progress') or '-'}")
+        lines.append("time:    " + _time_axis(ab.get("time") or {}))
         if ab["conditions"]:
             # Every column is padded and separated: a long number never runs into the next one.
             lines.append(f"  {'metric':<20} {'control':>10} {'treatment':>10} {'effect':>10}  {'bounds':<23} "

@@ -117,3 +117,57 @@ def test_a_guardrail_not_yet_within_tolerance_shows_pending() -> None:
     text = render_status(view)
     assert any(line.lstrip().startswith("ttftP90") and line.endswith("Pending") for line in text.splitlines())
     assert any(line.lstrip().startswith("externalHitRate") and line.endswith("Inconclusive") for line in text.splitlines())
+
+
+AB_SPEC = {"rollout": {"strategy": "ABTest", "abTest": {
+    "control": {"workloads": ["a"]}, "treatment": {"workloads": ["b"]},
+    "intervalSeconds": 30, "warmupSeconds": 120}}}
+NOW = __import__("datetime").datetime(2026, 1, 1, 0, 5, 0, tzinfo=__import__("datetime").timezone.utc)
+
+
+@pytest.mark.parametrize("ab, expected, line", [
+    # warming up: the baseline is read warmupSeconds after measuring started
+    ({"phase": "Measuring", "startedAt": "2026-01-01T00:04:00Z"},
+     {"startedAt": "2026-01-01T00:04:00Z", "lastReadAt": None, "nextReadAt": "2026-01-01T00:06:00Z",
+      "nextReadInSeconds": 60, "nextRead": "baseline", "decidedAt": None},
+     "time:    started 2026-01-01T00:04:00Z, last read -, baseline read 2026-01-01T00:06:00Z (in 60s), decided -"),
+    # measuring: every intervalSeconds after the last read
+    ({"phase": "Measuring", "startedAt": "2026-01-01T00:00:00Z", "lastMeasuredAt": "2026-01-01T00:04:50Z"},
+     {"startedAt": "2026-01-01T00:00:00Z", "lastReadAt": "2026-01-01T00:04:50Z", "nextReadAt": "2026-01-01T00:05:20Z",
+      "nextReadInSeconds": 20, "nextRead": "interval", "decidedAt": None},
+     "last read 2026-01-01T00:04:50Z, next read 2026-01-01T00:05:20Z (in 20s), decided -"),
+    # decided: nothing more is read
+    ({"phase": "AwaitingDecision", "startedAt": "2026-01-01T00:00:00Z", "lastMeasuredAt": "2026-01-01T00:04:30Z",
+      "decidedAt": "2026-01-01T00:04:31Z"},
+     {"startedAt": "2026-01-01T00:00:00Z", "lastReadAt": "2026-01-01T00:04:30Z", "nextReadAt": None,
+      "nextReadInSeconds": None, "nextRead": None, "decidedAt": "2026-01-01T00:04:31Z"},
+     "next read -, decided 2026-01-01T00:04:31Z"),
+])
+def test_the_ab_test_has_a_time_axis_in_text_and_json(ab: dict[str, Any], expected: dict[str, Any], line: str) -> None:
+    """Issue 26: `moonlease status` said nothing about when: when measuring started, when the arms
+    are read next (the operator's own schedule), when the test was decided."""
+    view = build_status_view({**policy({"phase": "Analyzing", "abTest": ab}), "spec": AB_SPEC}, now=NOW)
+    assert view.as_json()["ab_test"]["time"] == expected
+    assert line in render_status(view)
+
+
+def test_a_retried_test_shows_its_own_fresh_counts() -> None:
+    """After `moonlease retry` the operator writes a fresh abTest (the stale fields nulled,
+    core.status.dump_status): the screen shows what that fresh status holds, nothing older."""
+    from moonlease_operator.api import ABTestPhase, PolicyStatus
+    from moonlease_operator.core.ab_plan import begin_test
+    from moonlease_operator.core.status import dump_status
+
+    old = {"phase": "RolledBack", "configHash": "h", "progress": "13/30", "samples": 13, "verdict": "Failure",
+           "startedAt": "2026-01-01T00:00:00Z", "lastMeasuredAt": "2026-01-01T00:04:00Z",
+           "conditions": [{"metric": "externalHitRate", "outcome": "Failure", "samples": 13}]}
+    fresh = begin_test(None, "h")  # what a retry starts (core.rollout passes no previous test)
+    assert fresh.phase is ABTestPhase.DEPLOYING
+    written = dump_status(PolicyStatus(phase=None, ab_test=fresh))["abTest"]
+    merged = {**old, **written}
+    merged = {k: v for k, v in merged.items() if v is not None}  # a merge patch removes the nulls
+    view = build_status_view({**policy({"phase": "Progressing", "abTest": merged}), "spec": AB_SPEC}, now=NOW)
+    ab = view.ab_test
+    assert ab is not None and ab["progress"] in ("", None) and ab["conditions"] == []
+    assert ab["time"]["startedAt"] is None and ab["time"]["lastReadAt"] is None
+    assert "13/30" not in render_status(view)

@@ -518,11 +518,21 @@ def seconds_until_measurement(status: ABTestStatus | None, spec: ABTestSpec | No
     first); then one every `intervalSeconds`."""
     if status is None or spec is None or status.phase is not ABTestPhase.MEASURING:
         return None
+    due = next_measurement_at(status, spec)
+    return 0.0 if due is None else (due - now).total_seconds()
+
+
+def next_measurement_at(status: ABTestStatus, spec: ABTestSpec) -> datetime.datetime | None:
+    """When a measuring test reads its arms next: the baseline `warmupSeconds` after measuring
+    started, then every `intervalSeconds` after the last read; None when not measuring (or,
+    measuring without a start time, at once)."""
+    if status.phase is not ABTestPhase.MEASURING:
+        return None
     if status.last_measured_at is not None:
-        return spec.interval_seconds - (now - status.last_measured_at).total_seconds()
+        return status.last_measured_at + datetime.timedelta(seconds=spec.interval_seconds)
     if status.started_at is None:
-        return 0.0
-    return spec.warmup_seconds - (now - status.started_at).total_seconds()
+        return None
+    return status.started_at + datetime.timedelta(seconds=spec.warmup_seconds)
 
 
 def measurement_due(status: ABTestStatus | None, spec: ABTestSpec | None, now: datetime.datetime) -> bool:
