@@ -59,3 +59,62 @@ def test_ab_arms_are_named() -> None:
     result = preview(ab_fleet(), AB_SPEC)
     arms = {w.name: w.arm for w in result.workloads if w.stage is not StageName.MASTER}
     assert arms == {"prefill-a": "control", "prefill-b": "treatment", "decode-a": "control", "decode-b": "treatment"}
+
+
+def test_the_held_control_is_not_listed_as_changing_or_restarting() -> None:
+    """Issue 26: `plan -f` listed the A/B control as restarting; it is held until the test
+    promotes. Only the master and the treatment change now."""
+    from moonlease.plan_view import plan_exit_code, preview_json, render_preview
+
+    result = preview(ab_fleet(), AB_SPEC)
+    by_name = {w.name: w for w in result.workloads}
+    assert {n for n, w in by_name.items() if w.held} == {"prefill-a", "decode-a"}
+    assert not any(by_name[n].restarts for n in ("prefill-a", "decode-a"))
+    assert all(by_name[n].restarts_if_promoted and by_name[n].changes for n in ("prefill-a", "decode-a"))
+    assert by_name["prefill-b"].restarts and by_name["decode-b"].restarts
+    text = render_preview(result, "fleet", "ns", approval=False)
+    table = [line for line in text.splitlines() if line.startswith("  ") and "Deployment/" in line[:60]]
+    assert not any("prefill-a" in line or "decode-a" in line for line in table)
+    assert ("held (the A/B control; changes only if the test promotes): Deployment/prefill-a (would restart),"
+            " Deployment/decode-a (would restart)") in text
+    listed = preview_json(result, "fleet", "ns", approval=False)["workloads"]
+    assert {w["name"]: (w["held"], w["restarts"], w["restartsIfPromoted"]) for w in listed}["decode-a"] == (True, False, True)
+
+    # With the treatment rolled out and measuring, nothing changes now: exit 0, the control held.
+    cluster = ab_fleet()
+    cluster.run(AB_SPEC)
+    measuring = preview(cluster, AB_SPEC)
+    assert not measuring.changes and plan_exit_code(measuring) == 0
+    text = render_preview(measuring, "fleet", "ns", approval=False)
+    assert "no workload changes now" in text and "(in sync): Deployment/mooncake-master, Deployment/prefill-b" in text
+
+
+def test_the_plan_shows_the_ab_test_design_with_the_documented_detectable_effect() -> None:
+    """Conditions, α, the looks and the minimum detectable effect the docs' table is computed
+    with (core.sequential.minimum_detectable_effect, tuned where the analysis tunes it)."""
+    import math
+
+    from moonlease.plan_view import preview_json, render_preview
+    from moonlease_operator.core.sequential import minimum_detectable_effect
+
+    spec = copy.deepcopy(AB_SPEC)
+    spec["rollout"]["abTest"].update(minSamples=5, maxSamples=30, warmupSeconds=60, conditions=[
+        {"metric": "externalHitRate", "minEffect": 0.02, "maxRegression": 0.02},
+        {"metric": "ttftP90", "direction": "LowerIsBetter", "maxRegression": 0.05, "guardrail": True}])
+    design = preview(ab_fleet(), spec).ab_design
+    assert design is not None and design.family == 2 and design.alpha == pytest.approx(0.05)
+    assert design.tuned_at == round(math.sqrt(5 * 30)) == 12
+    # the default spec's figure in docs/ab-testing.md's table: 1.31 σ at 30 intervals, 2 conditions
+    assert f"{design.detectable_at_max:.2f}" == "1.31"
+    assert design.detectable_at_min == pytest.approx(minimum_detectable_effect(5, conditions=2, tuned_at=12))
+    assert (design.shortest_seconds, design.longest_seconds) == (60 + 5 * 10, 60 + 30 * 10)
+    text = render_preview(preview(ab_fleet(), spec), "fleet", "ns", approval=False)
+    assert "A/B test: 2 conditions, α 0.05 family-wise (Holm across 2" in text
+    assert "from sample 5 to 30 (after a 60s warm-up: decided between 110s and 360s)" in text
+    assert "ttftP90              LowerIsBetter            0           0.05  guardrail (must not regress)" in text
+    assert f"{design.detectable_at_min:.2f} σ beyond the threshold at 5 samples, 1.31 σ at 30" in text
+    as_json = preview_json(preview(ab_fleet(), spec), "fleet", "ns", approval=False)["abTest"]
+    assert as_json["minSamples"] == 5 and as_json["alpha"] == pytest.approx(0.05)
+    assert [c["metric"] for c in as_json["conditions"]] == ["externalHitRate", "ttftP90"]
+    assert as_json["detectableEffectSigma"]["atMaxSamples"] == pytest.approx(design.detectable_at_max)
+    assert preview_json(preview(fleet(), SPEC), "fleet", "ns", approval=False)["abTest"] is None

@@ -57,7 +57,9 @@ from moonlease_operator.core.analysis import (
     decide,
     fold_interval,
     histogram_quantile,
+    tuning_look,
 )
+from moonlease_operator.core.sequential import minimum_detectable_effect
 from moonlease_operator.core.events import EventNote
 
 HISTORY_LIMIT = 20
@@ -249,6 +251,56 @@ def evaluate_arm_selectors(spec: PolicySpec) -> str | None:
                     f"series: both arms would read the same numbers; give each arm its own matchers "
                     f"(e.g. its workloads' pod names)")
     return None
+
+
+@dataclass(frozen=True)
+class ABDesign:
+    """What an A/B test spec commits to, before any data (`moonlease plan -f`): the conditions,
+    the error rate, the looks, and what it can detect."""
+
+    conditions: tuple[Condition, ...]
+    alpha: float
+    """1 - confidence: the family-wise error of all decisions, however often the test looks."""
+    family: int
+    """Hypotheses in Holm's family: the conditions (the put-failure guard adds one once measured)."""
+    put_failure_guard: bool
+    min_samples: int
+    max_samples: int
+    interval_seconds: int
+    warmup_seconds: int
+    tuned_at: int
+    """The look the always-valid boundary is tightest at (`core.analysis.tuning_look`)."""
+    detectable_at_min: float
+    """Minimum detectable effect at look minSamples (80 % power, independent intervals), in σ:
+    the standard deviation of the per-interval difference treatment - control."""
+    detectable_at_max: float
+    """The same at look maxSamples."""
+
+    @property
+    def shortest_seconds(self) -> int:
+        """Warm-up and baseline, then minSamples intervals: the earliest decision."""
+        return self.warmup_seconds + self.min_samples * self.interval_seconds
+
+    @property
+    def longest_seconds(self) -> int:
+        return self.warmup_seconds + self.max_samples * self.interval_seconds
+
+
+def build_ab_design(spec: ABTestSpec) -> ABDesign:
+    """The design of `spec`, with the detectable effects the docs' table is computed with
+    (`core.sequential.minimum_detectable_effect`, Holm's first step over the conditions)."""
+    config = build_analysis_config(spec)
+    tuned_at = tuning_look(config)
+
+    def detectable(n: int) -> float:
+        return minimum_detectable_effect(n, conditions=len(config.conditions), confidence=spec.confidence,
+                                         tuned_at=tuned_at)
+
+    return ABDesign(conditions=config.conditions, alpha=1.0 - spec.confidence, family=len(config.conditions),
+                    put_failure_guard=spec.abort.put_failure_guard, min_samples=spec.min_samples,
+                    max_samples=spec.max_samples, interval_seconds=spec.interval_seconds,
+                    warmup_seconds=spec.warmup_seconds, tuned_at=tuned_at,
+                    detectable_at_min=detectable(spec.min_samples), detectable_at_max=detectable(spec.max_samples))
 
 
 def plan_ab_action(verdict: Verdict, spec: ABTestSpec) -> ABAction:

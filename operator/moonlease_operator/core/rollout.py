@@ -54,7 +54,9 @@ from moonlease_operator.api import (
     read_spec,
 )
 from moonlease_operator.core.ab_plan import (
+    ABDesign,
     ABReading,
+    build_ab_design,
     apply_decision_annotation,
     begin_test,
     decision_hint,
@@ -364,6 +366,11 @@ class WorkloadPreview:
     """Its pod template changes, so its pods are replaced (the master's restart empties the store)."""
     arm: str = ""
     """control / treatment with strategy ABTest (the control changes only when the test promotes)."""
+    held: bool = False
+    """A control workload of an A/B test not (yet) promoted: nothing changes now; `changes` is
+    what promotion would do, and `restarts` is False."""
+    restarts_if_promoted: bool = False
+    """A held workload whose pods the promotion would replace."""
 
 
 @dataclass(frozen=True)
@@ -380,6 +387,8 @@ class PolicyPreview:
     workloads: tuple[WorkloadPreview, ...] = ()
     events: tuple[EventNote, ...] = ()
     """What the first reconcile would announce."""
+    ab_design: ABDesign | None = None
+    """With strategy ABTest: the test's conditions, error rate, looks and detectable effects."""
 
     @property
     def master_restarts(self) -> bool:
@@ -387,7 +396,8 @@ class PolicyPreview:
 
     @property
     def changes(self) -> bool:
-        return any(w.changes for w in self.workloads)
+        """Whether any workload changes now (a held control changes only if the test promotes)."""
+        return any(w.changes for w in self.workloads if not w.held)
 
 
 def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: PolicyStatus, observed: Observed,
@@ -410,6 +420,9 @@ def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: Po
     ab = prepared.spec.rollout.ab_test
     arms = {**({n: "control" for n in ab.control.workloads} if ab else {}),
             **({n: "treatment" for n in ab.treatment.workloads} if ab else {})}
+    # The control is held until this configuration's test promotes: until then it changes nothing.
+    promoting = (previous.ab_test is not None and previous.ab_test.phase in (ABTestPhase.PROMOTING, ABTestPhase.PROMOTED)
+                 and previous.ab_test.config_hash == first.status.desired_config_hash)
     rank = {name: i for i, name in enumerate(prepared.spec.rollout.stages)}
     workloads = []
     for member in sorted(prepared.fleet.members, key=lambda m: (rank.get(m.stage, len(rank)), m.kind, m.name)):
@@ -422,11 +435,13 @@ def plan_preview(*, raw_spec: Mapping[str, Any], policy: PolicyRef, previous: Po
             current = prepared._object(change)
             new = build_update(current, change) or current
             restarts = restarts or (new.get("spec") or {}).get("template") != (current.get("spec") or {}).get("template")
+        held = arms.get(member.name) == "control" and not promoting
         workloads.append(WorkloadPreview(stage=member.stage, kind=member.kind, name=member.name, changes=lines,
-                                         restarts=restarts, arm=arms.get(member.name, "")))
+                                         restarts=restarts and not held, arm=arms.get(member.name, ""), held=held,
+                                         restarts_if_promoted=restarts and held))
     return PolicyPreview(phase=first.status.phase or Phase.PENDING, reason=reason, message=message, refused=False,
                          desired_config_hash=first.status.desired_config_hash, workloads=tuple(workloads),
-                         events=first.events)
+                         events=first.events, ab_design=build_ab_design(ab) if ab is not None else None)
 
 
 def _other_claims(policy: PolicyRef, observed: Observed) -> list[Claim]:
