@@ -142,26 +142,26 @@ _QUERY_NAMES = CelRule(
 QUERY_TEMPLATE_PATTERN = r"^([\t\n\r -#%-~]|[$][$]|[$]selector\b|[$][{]selector[}])*$"
 _QUERY_TEMPLATE = re.compile(QUERY_TEMPLATE_PATTERN, re.ASCII)
 _PLACEHOLDER = re.compile(r"[$]([$]|selector\b|[{]selector[}])", re.ASCII)
-_QUERY_PLACEHOLDERS = CelRule(
-    rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
-    + json.dumps(QUERY_TEMPLATE_PATTERN) + "))",
-    message="customQueries are ASCII text that may use only the placeholder $selector (or ${selector});"
-            " write $$ for a literal $",
-    field_path=".customQueries",
-)
+
+
+def _every_query_matches(pattern: str, message: str) -> CelRule:
+    """A rule that every custom query matches `pattern` (RE2 in the API server, `re` here)."""
+    return CelRule(rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
+                   + json.dumps(pattern) + "))", message=message, field_path=".customQueries")
+
+
+_QUERY_PLACEHOLDERS = _every_query_matches(
+    QUERY_TEMPLATE_PATTERN, "customQueries are ASCII text that may use only the placeholder $selector (or ${selector});"
+                            " write $$ for a literal $")
 
 
 # A template uses the placeholder: `$selector` after any run of non-`$` text and `$$` pairs (so
 # that `$$selector`, a literal "$selector", does not count).
 QUERY_SELECTOR_PATTERN = r"^([^$]|[$][$])*[$]([{]selector[}]|selector\b)"
 _QUERY_SELECTOR = re.compile(QUERY_SELECTOR_PATTERN, re.ASCII)
-_QUERY_USES_SELECTOR = CelRule(
-    rule="!has(self.customQueries) || self.customQueries.all(name, self.customQueries[name].matches("
-    + json.dumps(QUERY_SELECTOR_PATTERN) + "))",
-    message="every customQueries entry must use $selector (or ${selector}) to pick the arm's series: without it"
-            " both arms read the same number and the condition can never fail",
-    field_path=".customQueries",
-)
+_QUERY_USES_SELECTOR = _every_query_matches(
+    QUERY_SELECTOR_PATTERN, "every customQueries entry must use $selector (or ${selector}) to pick the arm's series:"
+                            " without it both arms read the same number and the condition can never fail")
 
 
 def render_custom_query(template: str, selector: str) -> str:
