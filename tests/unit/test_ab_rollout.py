@@ -294,6 +294,7 @@ def test_a_custom_query_reading_past_the_interval_is_refused(query: str, refused
     ("sum(increase(vllm:prefix_cache_hits_total{$selector}[10s]))", None),
     ("histogram_quantile(0.9, sum by (le) (rate(x_bucket{$selector}[10s])))", None),
     ("sum(vllm:num_requests_waiting{$selector})", None),  # a gauge
+    ("sum(master_key_count{$selector})", None),  # a gauge despite its suffix: _count is not checked
     ("sum by (x_total) (irate(y_total{$selector}[10s]))", None),  # a label list, a rated counter
 ])
 def test_a_custom_query_over_a_raw_counter_is_refused(query: str, counter: str | None) -> None:

@@ -167,14 +167,15 @@ _PROMQL_TOKEN = re.compile(r"""
   | (?P<range>\[[^\]]*\])
   | (?P<punct>[(){}])
   | (?P<other>.)""", re.VERBOSE | re.DOTALL)
-_COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+# `_count` and `_sum` are left out: gauges carry them too (Mooncake's `master_key_count`).
+_COUNTER_SUFFIXES = ("_total", "_bucket")
 _COUNTER_FUNCTIONS = frozenset({"rate", "irate", "increase", "resets"})
 _LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
 
 
 def raw_counters(query: str) -> list[str]:
-    """The counters (`*_total`, and a histogram's `_bucket`, `_count`, `_sum`) a PromQL query reads
-    outside rate(), irate(), increase() and resets(): their values are totals since each process
+    """The counters (`*_total`, and a histogram's `*_bucket`) a PromQL query reads outside
+    rate(), irate(), increase() and resets(): their values are totals since each process
     started. A name picked by a `__name__` matcher counts too."""
     found: list[str] = []
     calls: list[str] = []  # per open parenthesis: the function it calls ("" for a group)
