@@ -256,6 +256,36 @@ async def test_a_query_with_a_stray_dollar_or_a_foreign_prometheus_is_refused_be
                for n in CONTROL + TREATMENT)  # nothing rolled out
 
 
+async def test_a_raw_counter_query_and_reordered_arm_selectors_are_refused_before_any_fetch(
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    """Issue 26 item 6, the operator's own refusals (the API server's CEL on: these pass it)."""
+    control, treatment = exporters
+    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
+    counter = ab_policy(prometheus={"url": "http://127.0.0.1:9", "customQueries": {
+        "hits": "sum(vllm:prefix_cache_hits_total{$selector})"}},
+        conditions=[{"metric": "hits", "minEffect": 1}])
+    counter["metadata"]["name"] = "ab-counter"
+    same = ab_policy(prometheus={"url": "http://127.0.0.1:9", "selectors": {
+        "control": 'job="vllm", ns="a"', "treatment": 'ns="a", job="vllm"'}})
+    same["metadata"]["name"] = "ab-same"
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(counter)
+        await kube.create(same)
+        await kube.wait_for(lambda: phase(kube, "ab-counter") == "Invalid" and phase(kube, "ab-same") == "Invalid",
+                            timeout=WAIT, what="both refused")
+        await kube.wait_for(lambda: "CounterWithoutRate" in reasons(kube, "ab-counter")
+                            and "IdenticalArmSelectors" in reasons(kube, "ab-same"), timeout=5, what="events")
+    refused = condition(kube, "Invalid", "ab-counter")
+    assert refused["reason"] == "CounterWithoutRate"
+    assert "increase(vllm:prefix_cache_hits_total{$selector}[5s])" in refused["message"]
+    refused = condition(kube, "Invalid", "ab-same")
+    assert refused["reason"] == "IdenticalArmSelectors" and "give each arm its own matchers" in refused["message"]
+    for name in ("ab-counter", "ab-same"):
+        assert not status(kube, name).get("abTest", {}).get("lastMeasuredAt")
+    assert all("moonlease.io/config-hash" not in (template(kube, n)["metadata"].get("annotations") or {})
+               for n in CONTROL + TREATMENT)  # nothing rolled out
+
+
 async def test_missing_metrics_give_no_decision_and_a_clear_condition(
         kube: LocalApiServer, metrics_exporter: Callable[[], tuple[CollectorRegistry, str]]) -> None:
     # vLLM without a KV connector exposes no external (store) prefix-cache counters
