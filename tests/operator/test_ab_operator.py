@@ -229,61 +229,60 @@ async def test_the_baseline_waits_out_the_warm_up(kube: LocalApiServer,
     assert any("after a 6s warm-up" in (e.get("message") or "") for e in kube.events(NS, involved_name="ab"))
 
 
-async def test_a_query_with_a_stray_dollar_or_a_foreign_prometheus_is_refused_before_any_fetch(
-        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+async def refused_before_any_fetch(kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter],
+                                   policies: dict[str, tuple[dict[str, Any], str]], *,
+                                   cel_rules: bool = True) -> dict[str, dict[str, Any]]:
+    """Creates each policy ({name: (body, the reason expected)}) with kopf running, waits until
+    each is Invalid with its reason's event, checks that nothing was measured or rolled out, and
+    returns each one's Invalid condition. `cel_rules` False: the API server stores what breaks a
+    CEL rule, so the operator's mirror must refuse it."""
     control, treatment = exporters
     await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
-    dollar = ab_policy(prometheus={"url": "http://127.0.0.1:9", "customQueries": {
-        "ttft": "histogram_quantile(0.9, sum by (le) (rate(x_bucket{$selector}[$__rate_interval])))"}})
-    foreign = ab_policy(prometheus={"url": "http://169.254.169.254/latest"})
-    foreign["metadata"]["name"] = "ab-foreign"
-    kube.emulator.cel_rules = False  # the stray $ breaks a CEL rule: here the operator's mirror must refuse it
+    if not cel_rules:
+        kube.emulator.cel_rules = False
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
-        await kube.create(dollar)
-        await kube.create(foreign)
-        await kube.wait_for(lambda: phase(kube, "ab") == "Invalid" and phase(kube, "ab-foreign") == "Invalid",
-                            timeout=WAIT, what="both refused")
-        await kube.wait_for(lambda: "InvalidSpec" in reasons(kube, "ab")
-                            and "PrometheusUrlNotAllowed" in reasons(kube, "ab-foreign"), timeout=5, what="events")
-    invalid = condition(kube, "Invalid", "ab")
-    assert invalid["reason"] == "InvalidSpec" and "write $$ for a literal $" in invalid["message"]
-    refused = condition(kube, "Invalid", "ab-foreign")
-    assert refused["reason"] == "PrometheusUrlNotAllowed" and "169.254.169.254" in refused["message"]
-    assert "--prometheus-url-allow" in refused["message"]
-    for name in ("ab", "ab-foreign"):
+        for name, (body, _) in policies.items():
+            body["metadata"]["name"] = name
+            await kube.create(body)
+        await kube.wait_for(lambda: all(phase(kube, n) == "Invalid" for n in policies), timeout=WAIT,
+                            what="every policy refused")
+        await kube.wait_for(lambda: all(reason in reasons(kube, n) for n, (_, reason) in policies.items()),
+                            timeout=5, what="events")
+    for name in policies:
         assert not status(kube, name).get("abTest", {}).get("lastMeasuredAt")
     assert all("moonlease.io/config-hash" not in (template(kube, n)["metadata"].get("annotations") or {})
                for n in CONTROL + TREATMENT)  # nothing rolled out
+    return {name: condition(kube, "Invalid", name) for name in policies}
+
+
+async def test_a_query_with_a_stray_dollar_or_a_foreign_prometheus_is_refused_before_any_fetch(
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
+    dollar = ab_policy(prometheus={"url": "http://127.0.0.1:9", "customQueries": {
+        "ttft": "histogram_quantile(0.9, sum by (le) (rate(x_bucket{$selector}[$__rate_interval])))"}})
+    foreign = ab_policy(prometheus={"url": "http://169.254.169.254/latest"})
+    # the stray $ breaks a CEL rule: here the operator's mirror must refuse it
+    refused = await refused_before_any_fetch(kube, exporters, {
+        "ab": (dollar, "InvalidSpec"), "ab-foreign": (foreign, "PrometheusUrlNotAllowed")}, cel_rules=False)
+    assert refused["ab"]["reason"] == "InvalidSpec" and "write $$ for a literal $" in refused["ab"]["message"]
+    assert refused["ab-foreign"]["reason"] == "PrometheusUrlNotAllowed"
+    assert "169.254.169.254" in refused["ab-foreign"]["message"]
+    assert "--prometheus-url-allow" in refused["ab-foreign"]["message"]
 
 
 async def test_a_raw_counter_query_and_reordered_arm_selectors_are_refused_before_any_fetch(
         kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
     """Issue 26 item 6, the operator's own refusals (the API server's CEL on: these pass it)."""
-    control, treatment = exporters
-    await create_arms(kube, {"control": port_of(control), "treatment": port_of(treatment)})
     counter = ab_policy(prometheus={"url": "http://127.0.0.1:9", "customQueries": {
         "hits": "sum(vllm:prefix_cache_hits_total{$selector})"}},
         conditions=[{"metric": "hits", "minEffect": 1}])
-    counter["metadata"]["name"] = "ab-counter"
     same = ab_policy(prometheus={"url": "http://127.0.0.1:9", "selectors": {
         "control": 'job="vllm", ns="a"', "treatment": 'ns="a", job="vllm"'}})
-    same["metadata"]["name"] = "ab-same"
-    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
-        await kube.create(counter)
-        await kube.create(same)
-        await kube.wait_for(lambda: phase(kube, "ab-counter") == "Invalid" and phase(kube, "ab-same") == "Invalid",
-                            timeout=WAIT, what="both refused")
-        await kube.wait_for(lambda: "CounterWithoutRate" in reasons(kube, "ab-counter")
-                            and "IdenticalArmSelectors" in reasons(kube, "ab-same"), timeout=5, what="events")
-    refused = condition(kube, "Invalid", "ab-counter")
-    assert refused["reason"] == "CounterWithoutRate"
-    assert "increase(vllm:prefix_cache_hits_total{$selector}[5s])" in refused["message"]
-    refused = condition(kube, "Invalid", "ab-same")
-    assert refused["reason"] == "IdenticalArmSelectors" and "give each arm its own matchers" in refused["message"]
-    for name in ("ab-counter", "ab-same"):
-        assert not status(kube, name).get("abTest", {}).get("lastMeasuredAt")
-    assert all("moonlease.io/config-hash" not in (template(kube, n)["metadata"].get("annotations") or {})
-               for n in CONTROL + TREATMENT)  # nothing rolled out
+    refused = await refused_before_any_fetch(kube, exporters, {
+        "ab-counter": (counter, "CounterWithoutRate"), "ab-same": (same, "IdenticalArmSelectors")})
+    assert refused["ab-counter"]["reason"] == "CounterWithoutRate"
+    assert "increase(vllm:prefix_cache_hits_total{$selector}[5s])" in refused["ab-counter"]["message"]
+    assert refused["ab-same"]["reason"] == "IdenticalArmSelectors"
+    assert "give each arm its own matchers" in refused["ab-same"]["message"]
 
 
 async def test_missing_metrics_give_no_decision_and_a_clear_condition(

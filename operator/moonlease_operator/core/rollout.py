@@ -609,7 +609,7 @@ class _Planner:
         """`UnbalancedArms`: the warning about the arms' prefill/decode mixes, or None."""
         spec = self.spec.rollout.ab_test
         assert spec is not None
-        replicas = {}
+        replicas: dict[str, tuple[str, int]] = {}
         for target in self.spec.targets:  # both arms: the held control is not among the fleet's members
             obj = self.observed.workloads.get((target.kind.value, target.name or ""))
             if obj is not None:
