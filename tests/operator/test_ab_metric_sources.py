@@ -201,6 +201,20 @@ def test_steady_excess_put_failures_abort_early(ab_bed: Callable[..., ABBed]) ->
     assert Outcome.SUCCESS not in [v.outcome for v in bed.verdicts]
 
 
+def test_put_failures_in_both_arms_alike_never_abort_a_winning_treatment(ab_bed: Callable[..., ABBed]) -> None:
+    """Store pressure fails puts in both arms (when lease policies matter most): the guard
+    compares the arms, so failures the control shows too do not abort the test."""
+    bed = ab_bed()
+    config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=5, max_samples=8,
+                            guard=AbortGuard(put_failure_allowance=2))
+    failures = [20, 14, 26, 17, 23, 20, 15, 25]  # the same pressure, interval by interval
+    plan = [(dict(hit_rate=0.3, put_failures=f), dict(hit_rate=0.6, put_failures=failures[-1 - i]))
+            for i, f in enumerate(failures)]
+    verdict = bed.run(bed.source(), config, plan)
+    assert Outcome.ABORT not in [v.outcome for v in bed.verdicts], [v.reason for v in bed.verdicts]
+    assert verdict.outcome is Outcome.SUCCESS, verdict.reason
+
+
 def test_missing_metrics_give_no_data_with_a_clear_reason(ab_bed: Callable[..., ABBed]) -> None:
     bed = ab_bed(external=False)
     config = AnalysisConfig(conditions=(HIT_RATE,), min_samples=2, max_samples=2)
