@@ -305,11 +305,12 @@ async def test_missing_metrics_give_no_decision_and_a_clear_condition(
     assert "moonlease.io/config-hash" not in (template(kube, "decode-a")["metadata"].get("annotations") or {})
 
 
+@pytest.mark.parametrize("next_attempt", ["retry", "new configuration"])
 async def test_a_retried_test_starts_at_zero_and_waits_out_its_warm_up(
-        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter]) -> None:
-    """Issue 26: after `moonlease retry` the test showed the previous attempt's counts and was
-    decided after one interval, its first interval read seconds after the start — the status
-    merge patch left the old attempt's nested fields in place."""
+        kube: LocalApiServer, exporters: tuple[ArmExporter, ArmExporter], next_attempt: str) -> None:
+    """After `moonlease retry`, or a new configuration, the test used to show the previous
+    attempt's counts and be decided after one interval, its first interval read seconds after the
+    start — the status merge patch left the old attempt's nested fields in place."""
     from moonlease_operator.api import VERB_ANNOTATION
     from moonlease_operator.core.verbs import Verb, build_verb_value
 
@@ -322,8 +323,12 @@ async def test_a_retried_test_starts_at_zero_and_waits_out_its_warm_up(
         first = ab_status(kube)
         assert first["samples"] >= 3 and first["analysis"]["samples"] == first["samples"]
         policy_status = status(kube, "ab")
-        await kube.patch("mlp", NS, "ab", {"metadata": {"annotations": {VERB_ANNOTATION: build_verb_value(
-            Verb.RETRY, policy_status["revision"], policy_status["desiredConfigHash"])}}})
+        if next_attempt == "retry":
+            await kube.patch("mlp", NS, "ab", {"metadata": {"annotations": {VERB_ANNOTATION: build_verb_value(
+                Verb.RETRY, policy_status["revision"], policy_status["desiredConfigHash"])}}})
+        else:
+            await kube.patch("mlp", NS, "ab", {"spec": {"connector": {"leaseMode": "selective",
+                                                                      "junctionRetention": True}}})
         await kube.wait_for(lambda: ab_status(kube).get("startedAt") not in (None, first["startedAt"]),
                             timeout=WAIT, what="the retried test measuring")
         fresh = ab_status(kube)
