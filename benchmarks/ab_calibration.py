@@ -168,7 +168,7 @@ def main() -> None:
     started = time.monotonic()
     rows = []
     cells: list[tuple[str, int, Any, AnalysisConfig]] = []
-    for index, (name, (cell, custom)) in enumerate(CELLS.items()):
+    for name, (cell, custom) in CELLS.items():
         for conditions in (1, 3):
             cells.append((name, conditions, lambda rng, n, cell=cell: cell(rng, n), config_for(conditions, custom=custom)))
     for conditions in (1, 3):

@@ -146,7 +146,7 @@ def _cmd_bench_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
-def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from moonlease.bench.command import add_generate_arguments, add_replay_arguments
 
     bench = commands.add_parser("bench", help="lease-policy replay benchmark (traces, real store)")
@@ -205,7 +205,7 @@ def _cluster_arguments(parser: argparse.ArgumentParser, *, output: bool = True) 
         parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text (default) or json")
 
 
-def _add_drive_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def _add_drive_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """status, plan and the verbs (also `kubectl moonlease ...`)."""
     status = commands.add_parser("status", help="one screen about a MooncakeLeasePolicy (also `kubectl moonlease status`)")
     status.add_argument("name", help="the policy's name")

@@ -124,7 +124,7 @@ def build_target_details(status: Mapping[str, Any],
 
 
 def _timestamp(value: datetime.datetime | None) -> str | None:
-    return None if value is None else value.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return None if value is None else value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def build_time_axis(policy: Mapping[str, Any], now: datetime.datetime) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def build_status_view(policy: Mapping[str, Any],
                                                   "paired", "guardrail", "outcome")}
                            for c in ab.get("conditions") or []],
             "reason": ab.get("reason", ""),
-            "time": build_time_axis(policy, now or datetime.datetime.now(datetime.timezone.utc)),
+            "time": build_time_axis(policy, now or datetime.datetime.now(datetime.UTC)),
         }
     return StatusView(
         name=name, namespace=namespace, phase=phase, message=headline.get("message", ""),

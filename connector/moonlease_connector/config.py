@@ -113,7 +113,7 @@ class MoonleaseConnectorConfig(BaseModel):
                     "wait unbounded, as upstream's, and warns). Read at start-up. 0 turns it off.")
 
     @model_validator(mode="after")
-    def _one_lease_mode(self) -> "MoonleaseConnectorConfig":
+    def _one_lease_mode(self) -> MoonleaseConnectorConfig:
         if self.mooncake_selective_lease and self.mooncake_kda_last_hit_only:
             raise ValueError("mooncake_selective_lease and mooncake_kda_last_hit_only are "
                              "alternative lease modes: enable at most one")
@@ -142,7 +142,7 @@ class MoonleaseConnectorConfig(BaseModel):
 
     @classmethod
     def for_mode(cls, mode: LeaseMode, *, junction_retention: bool = False,
-                 retention: RetentionSettings = RetentionSettings()) -> "MoonleaseConnectorConfig":
+                 retention: RetentionSettings = RetentionSettings()) -> MoonleaseConnectorConfig:
         # Retention keys only when a piece is on: a policy without retention renders exactly the
         # keys it rendered before retention existed (same config hash, no rolling restart).
         # `retry` came later: its key is rendered only when it is on, so policies with pin or
@@ -165,7 +165,7 @@ class MoonleaseConnectorConfig(BaseModel):
 
     @classmethod
     def from_sources(cls, extra_config: Mapping[str, Any] | None,
-                     environ: Mapping[str, str] | None = None) -> "MoonleaseConnectorConfig":
+                     environ: Mapping[str, str] | None = None) -> MoonleaseConnectorConfig:
         """Validate our keys in the extra config plus the environment; upstream keys pass."""
         extra = dict(extra_config or {})
         ours = {k: v for k, v in extra.items() if k in cls.model_fields}

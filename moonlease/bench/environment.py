@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 
 
@@ -41,7 +41,7 @@ def fetch_environment(repo: Path) -> dict[str, str]:
     if dirty:
         commit += " + uncommitted changes to tracked files"
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{cpu}, {os.cpu_count()} cores, {memory} RAM, no GPU",
         "os": platform.platform(),
         "python": platform.python_version(),

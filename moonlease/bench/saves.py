@@ -188,7 +188,7 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
 
             def put(entries: Sequence[tuple[str, int]]) -> int:
                 args: list[Any] = [[key for key, _ in entries], [values[size] for _, size in entries]]
-                if pin:
+                if pin:  # noqa: B023 - put() runs within this iteration
                     args.append(pin_config)
                 if eviction is not None:
                     eviction.before_put(args[0], [size for _, size in entries])

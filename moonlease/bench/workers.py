@@ -209,6 +209,6 @@ def layout_by_name(name: str) -> Layout:
     for layout in LAYOUTS:
         if layout.name == name:
             return layout
-    raise ValueError(f"unknown layout {name!r}; known: {', '.join(l.name for l in LAYOUTS)}")
+    raise ValueError(f"unknown layout {name!r}; known: {', '.join(layout.name for layout in LAYOUTS)}")
 
 

@@ -181,7 +181,7 @@ class StorePool(ManagedServer):
         """Ready once the master counts this pool's segment in its capacity."""
         return self._capacity() >= self._capacity_before + self.segment_bytes
 
-    def start(self) -> "StorePool":
+    def start(self) -> StorePool:
         if not self.master.process.running:
             raise ServerStartError("start the master before the store pool")
         self._capacity_before = self._capacity()

@@ -70,7 +70,7 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         try:
@@ -119,7 +119,7 @@ class ManagedProcess:
             return f"(no log at {self.log_path})"
         return f"--- last lines of {self.log_path} ---\n" + "\n".join(text)
 
-    def __enter__(self) -> "ManagedProcess":
+    def __enter__(self) -> ManagedProcess:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

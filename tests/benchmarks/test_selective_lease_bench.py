@@ -47,7 +47,7 @@ def test_every_configuration_is_measured_in_each_fresh_process(quick_run):
     assert len(processes) == results["settings"]["micro"]["processes"] >= 2
     assert len({p["pid"] for p in processes}) == len(processes), "each run is a fresh process"
     measured = {(r["layout"], r["blocks"], r["transport"]) for r in rows(results)}
-    assert measured == {(l, b, t) for l in LAYOUTS for b in SIZES for t in ("memory", "tcp")}
+    assert measured == {(layout, b, t) for layout in LAYOUTS for b in SIZES for t in ("memory", "tcp")}
     for row in rows(results):
         assert row["processes"] == len(processes)
         for mode in ("leaseAll", "selective"):

@@ -72,7 +72,7 @@ def test_every_image_runs_as_a_numeric_non_root_user_matching_the_chart() -> Non
 
 
 def test_base_images_are_pinned_and_the_connector_is_on_the_supported_vllm() -> None:
-    for name, stage in DOCKERFILE_MODEL.stages.items():
+    for name in DOCKERFILE_MODEL.stages:
         base = DOCKERFILE_MODEL.base_image(name)
         if base in DOCKERFILE_MODEL.stages:
             continue  # built on an earlier stage

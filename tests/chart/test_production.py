@@ -23,7 +23,6 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import helm_python as helm
 import jsonschema
@@ -184,7 +183,7 @@ def test_extra_env_volumes_and_mounts_reach_each_component(chart: helm.Chart) ->
            for workload in COMPONENT_VALUES}
     assert "POD_ID" in own["moonlease-operator"]
     values: JsonObj = {}
-    for workload, path in COMPONENT_VALUES.items():
+    for path in COMPONENT_VALUES.values():
         if path[0] == "vllm":
             path = ("vllm",)
         values = _merge(values, _nested(path, {
@@ -346,7 +345,7 @@ def test_vllm_pods_have_the_gpus_and_rdma_devices_their_engines_use(chart: helm.
     objects = render_objects(chart, SETS[name])
     pool = find(objects, "Deployment", "moonlease-store-pool")
     pool_rdma = {k for k in container(pool[0])["resources"]["limits"] if k.startswith("rdma/")} if pool else set()
-    for workload, spec in pod_specs(objects):
+    for workload, _spec in pod_specs(objects):
         if not workload["metadata"]["labels"]["app.kubernetes.io/component"].startswith("vllm-"):
             continue
         vllm = container(workload, "vllm")

@@ -27,7 +27,7 @@ def candidate_keys(lookup: StoreLookup, num_tokens: int, hashes: list[bytes]) ->
     return list(build_candidates(lookup.groups, lookup.lookup_chunk_hashes(lookup.groups, length, hashes)).keys)
 
 
-@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[3], LAYOUTS[5]], ids=lambda l: l.name)
+@pytest.mark.parametrize("layout", [LAYOUTS[1], LAYOUTS[3], LAYOUTS[5]], ids=lambda layout: layout.name)
 def test_default_lookup_leases_every_existing_candidate(layout, mooncake_master_factory,
                                                         store_pool_factory, store_client_factory):
     master = mooncake_master_factory(default_kv_lease_ttl=30_000)

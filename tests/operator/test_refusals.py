@@ -142,7 +142,6 @@ async def test_a_fleet_that_cannot_run_the_policy_is_refused_untouched(
     await kube.wait_for(lambda: phase(kube) == "Invalid", timeout=WAIT, what="phase Invalid")
     invalid = condition(kube, "Invalid")
     assert invalid["reason"] == reason and needle in invalid["message"]
-    mark = len(kube.api_calls())
     await let_reconcile(3)
     assert reasons(kube) == [reason]  # said once
     assert unchanged(kube, originals)
@@ -223,7 +222,6 @@ async def test_workloads_the_operator_cannot_manage_end_invalid_never_ready(
     await kube.wait_for(lambda: "UnmanageableWorkload" in reasons(kube), what=f"{case}: a warning event")
     event = next(e for e in kube.events(NS, involved_name="fleet") if e["reason"] == "UnmanageableWorkload")
     assert event["type"] == "Warning" and needle in event["message"]
-    mark = len(kube.api_calls())
     await let_reconcile(2)
     assert phase(kube) == "Invalid"
     assert {n: workload(kube, n)["spec"] for n in WORKLOADS} == before  # nothing delivered half-way

@@ -407,7 +407,6 @@ async def test_a_master_restart_waits_for_approval(kube: LocalApiServer, running
     await create_fleet(kube)
     await kube.create(policy(**{"master.requireApprovalForRestart": True}))
     await kube.wait_for(lambda: phase(kube) == "AwaitingApproval", timeout=WAIT, what="AwaitingApproval")
-    mark = len(kube.api_calls())
     await let_reconcile(3)
     pending = status(kube)["pendingApproval"]
     assert not configured(workload(kube, "mooncake-master")["spec"]["template"])
@@ -463,13 +462,11 @@ async def test_paused_between_stages_and_by_the_spec(kube: LocalApiServer) -> No
         await kube.create(policy(**{"rollout.pauseBetweenStagesSeconds": 600}))
         await kube.wait_for(lambda: stage_phases(kube).get("master") == "Succeeded", timeout=WAIT,
                             what="the master stage done")
-        mark = len(kube.api_calls())
         await let_reconcile(3)
         assert stage_phases(kube)["prefill"] == "Pending" and condition(kube, "Progressing")["reason"] == \
             "PauseBetweenStages"
         await kube.patch("mlp", NS, "fleet", {"spec": {"rollout": {"paused": True}}})
         # Let a reconcile that read the old spec finish before the pause runs out.
-        mark = len(kube.api_calls())
         await let_reconcile(2)
         clock.advance(601)
         await kube.wait_for(lambda: phase(kube) == "Paused", timeout=WAIT, what="phase Paused")

@@ -22,14 +22,13 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import helm_python as helm
 import pytest
 
 from moonlease import devenv
 from moonlease.testbed.mooncake import parse_metrics
 from moonlease.testbed.processes import ManagedProcess, free_port, http_get
 from tests.chart.rendering import NAMESPACE, container, kv_transfer_config, load_chart, one, render_objects
-from tests.packaging.image_stages import build_wheel, clean_python, dockerfile, runner
+from tests.packaging.image_stages import build_wheel, clean_python, runner
 
 REPO = Path(__file__).resolve().parents[2]
 

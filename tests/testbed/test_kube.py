@@ -13,7 +13,6 @@ import aiohttp
 import kubernetes.client
 import kubernetes.config
 import pytest
-import yaml
 
 from moonlease.testbed.kube import (
     DEPLOYMENTS,

@@ -92,7 +92,7 @@ def test_concurrent_cli_builds_agree_and_are_deterministic(tmp_path, tiny_models
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     results = [p.communicate(timeout=300) for p in procs]
-    for proc, (out, err) in zip(procs, results):
+    for proc, (_out, err) in zip(procs, results):
         assert proc.returncode == 0, err
     built = tmp_path / tiny_models["llama"].name
     assert [out.strip().splitlines()[-1] for out, _ in results] == [f"llama: {built}"] * 2

@@ -24,7 +24,6 @@ from moonlease.bench.ab_cells import (
     CELLS,
     FALSE,
     MAX_SAMPLES,
-    MIN_SAMPLES,
     cold_cell,
     config_for,
     effect_cell,

@@ -97,7 +97,7 @@ def test_only_success_promotes() -> None:
                 assert outcome is Outcome.SUCCESS and final
 
 
-T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 
 def measuring(spec: ABTestSpec) -> ABTestStatus:
@@ -131,7 +131,7 @@ def test_measurements_fold_into_a_bounded_history_and_a_state_that_survives_json
     assert values is not None
     assert values.prefix_hit_rate == 0.3 and values.external_hit_rate == 0.25
     assert values.ttft_p90_seconds == pytest.approx(0.1 + 0.9 * 8 / 10)
-    assert status.history[-1].end == datetime.datetime.fromtimestamp(1260, tz=datetime.timezone.utc)
+    assert status.history[-1].end == datetime.datetime.fromtimestamp(1260, tz=datetime.UTC)
     assert status.samples == 25 and status.consecutive_errors == 1
     assert status.control is not None and status.control.external_hit_rate == pytest.approx(0.25)
     config = build_analysis_config(spec)

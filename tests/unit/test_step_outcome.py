@@ -55,7 +55,7 @@ def test_a_raising_step_inside_an_unrelated_except_block_still_fails() -> None:
         raise KeyError("unrelated")
     except KeyError:
         with pytest.raises(ValueError), step(watch, seen):
-            raise ValueError("the step's own")
+            raise ValueError("the step's own")  # noqa: B904 - raised inside the unrelated except on purpose
     assert isinstance(seen[0], ValueError)
 
 

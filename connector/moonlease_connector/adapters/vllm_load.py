@@ -76,7 +76,7 @@ def pin_loads(scheduler: Any, meta: MooncakeStoreConnectorMetadata) -> None:
 class _BoundedGets:
     """What a receive thread's `store` is: the real store, its BatchGet under the deadline."""
 
-    def __init__(self, store: Any, thread: "DeadlineRecvingThread") -> None:
+    def __init__(self, store: Any, thread: DeadlineRecvingThread) -> None:
         self._store = store
         self._thread = thread
 

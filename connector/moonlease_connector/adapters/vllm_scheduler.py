@@ -76,7 +76,7 @@ class JunctionReqMeta(ReqMeta):
     junctions: tuple[int, ...] = ()
 
     @classmethod
-    def from_req_meta(cls, req_meta: ReqMeta, junctions: Sequence[int]) -> "JunctionReqMeta":
+    def from_req_meta(cls, req_meta: ReqMeta, junctions: Sequence[int]) -> JunctionReqMeta:
         fields = {f.name: getattr(req_meta, f.name) for f in dataclasses.fields(ReqMeta)}
         return cls(**fields, junctions=tuple(junctions))
 

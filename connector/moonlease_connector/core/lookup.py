@@ -231,5 +231,5 @@ class LookupOutcome:
 
     @classmethod
     def miss(cls, reason: MissReason, *, rounds: int = 0, keys_probed: int = 0,
-             keys_leased: int = 0) -> "LookupOutcome":
+             keys_leased: int = 0) -> LookupOutcome:
         return cls(0, reason, rounds, keys_probed, keys_leased)

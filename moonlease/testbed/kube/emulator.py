@@ -677,7 +677,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         name = crd.get("metadata", {}).get("name")
         if name != expected:
             raise errors.invalid(CRDS, name, [FieldError("metadata.name", ErrorType.INVALID,
-                                                         f'must be spec.names.plural+"."+spec.group', name)])
+                                                         'must be spec.names.plural+"."+spec.group', name)])
 
     def _establish_crd(self, crd: JsonObj, *, serve: bool = True) -> JsonObj:
         """The CRD with its status as the API server sets it; `serve`: its types are served

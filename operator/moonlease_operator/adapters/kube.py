@@ -142,7 +142,7 @@ class KubeClient:
                     if rsp.status < 400:
                         return json.loads(text) if text else None
                     error = _api_error(rsp.status, text)
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 error = ApiError(0, "Unreachable", str(exc) or type(exc).__name__)
             if error.status not in RETRIABLE and error.status != 0:
                 raise error
@@ -203,7 +203,7 @@ class KubeClient:
                             yield json.loads(line)
                 if pending.strip():
                     yield json.loads(pending)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from exc
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:

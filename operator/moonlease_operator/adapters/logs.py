@@ -70,7 +70,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname.lower(),
             "logger": record.name,

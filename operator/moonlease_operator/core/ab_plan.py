@@ -337,7 +337,7 @@ def build_arm_values(sample: ArmSample) -> ArmValues:
 
 
 def _timestamp(seconds: float) -> datetime.datetime:
-    return datetime.datetime.fromtimestamp(round(seconds), tz=datetime.timezone.utc)  # API precision
+    return datetime.datetime.fromtimestamp(round(seconds), tz=datetime.UTC)  # API precision
 
 
 def record_interval(interval: IntervalSample) -> IntervalRecord:
