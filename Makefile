@@ -25,8 +25,10 @@ test-fast: setup
 ## test-unit: the same as test-fast (kept for existing habits)
 test-unit: test-fast
 
-## lint: import layering contracts
+## lint: ruff, mypy (strict on the pure cores) and the import layering contracts
 lint: setup
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/mypy
 	@$(VENV)/bin/lint-imports
 
 ## crds: regenerate crds/ from the pydantic models, and the chart's copy (byte-identical)

@@ -33,9 +33,9 @@ from moonlease_operator.core.slots import (
     managed_by,
     policy_label_value,
 )
+from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import (
-    EventNote,
     FetchPlan,
     Observed,
     config_maps_to_restore,

@@ -702,6 +702,7 @@ def evaluate_conditions(conditions: Sequence[Condition], state: AnalysisState, *
     results = tuple(_result(x, step, r) for x, step in zip(comparisons, steps))
     abort = None
     if put is not None and steps[-1].rejected:
+        assert put.stderr is not None  # the put guard is built from a series, which has one
         critical = always_valid_critical(steps[-1].level, put.samples, r, put.df)
         abort = (f"treatment {'failed-put rate' if put.condition.metric == 'putFailureRate' else 'put failures per interval'}"
                  f" above control's by {put.effect:.3g} ± {critical * put.stderr:.3g} over {put.samples} intervals "
@@ -723,12 +724,13 @@ def _result(x: _Comparison, step: HolmStep, r: float) -> ConditionResult:
     described = (f"{condition.metric}: treatment {x.treatment.value:.4g} vs control {x.control.value:.4g} "
                  f"(effect {x.effect:+.4g} ± {half:.3g}, p {x.p_value:.2g} vs {step.level:.2g}"
                  f"{'' if x.paired else ', unpaired'}{rho})")
+    threshold = _threshold(condition, x.effect)
 
     def result(outcome: Outcome, why: str) -> ConditionResult:
         return ConditionResult(condition.metric, x.control, x.treatment, x.effect, x.stderr, outcome,
                                f"{described}: {why}", lower=lower, upper=upper, p_value=x.p_value,
                                level=step.level, autocorrelation=x.autocorrelation, paired=x.paired,
-                               samples=x.samples, threshold=_threshold(condition, x.effect))
+                               samples=x.samples, threshold=threshold)
 
     if step.rejected and x.effect < x.threshold:
         return result(Outcome.FAILURE, f"worse beyond tolerance {condition.max_regression:g}")

@@ -194,7 +194,7 @@ def settings_endpoint(pod: Mapping[str, Any]) -> str | None:
     port: Any = annotations.get(SETTINGS_PORT_ANNOTATION)
     if port is None:
         containers = (pod.get("spec") or {}).get("containers") or []
-        found = next((c for c in containers
+        found: Mapping[str, Any] = next((c for c in containers
                       if any(m.get("name") == SETTINGS_VOLUME for m in c.get("volumeMounts") or [])), {})
         doc, env = startup_sources(found)
         extra = doc.get(EXTRA_CONFIG_KEY) or {}

@@ -13,6 +13,7 @@ can only narrow the scan, never change its answer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
 
 from moonlease_operator.api import LabelSelector, SelectorOperator
 
@@ -51,12 +52,8 @@ class LabelIndex:
 
     def _unlink(self, name: str, labels: Mapping[str, str]) -> None:
         for key, value in labels.items():
-            for store, index in ((self._names, (key, value)), (self._keys, key)):
-                names = store.get(index)  # type: ignore[call-overload]
-                if names is not None:
-                    names.discard(name)
-                    if not names:
-                        del store[index]  # type: ignore[arg-type]
+            _discard(self._names, (key, value), name)
+            _discard(self._keys, key, name)
 
     def labels_of(self, name: str) -> Mapping[str, str] | None:
         """The labels the index holds for `name` (None: not indexed)."""
@@ -86,3 +83,15 @@ class LabelIndex:
                 yield frozenset().union(*(self._names.get((req.key, v), ()) for v in req.values or ()))
             elif req.operator is SelectorOperator.EXISTS:
                 yield frozenset(self._keys.get(req.key, ()))
+
+
+K = TypeVar("K")
+
+
+def _discard(store: dict[K, set[str]], index: K, name: str) -> None:
+    """Drop `name` from `store[index]`, and the entry once it names nobody."""
+    names = store.get(index)
+    if names is not None:
+        names.discard(name)
+        if not names:
+            del store[index]

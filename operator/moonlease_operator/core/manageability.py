@@ -12,13 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_operator.api import Reason
-from moonlease_operator.core.command_line import runs_mooncake_master, script_commands, shell_script, vllm_invocations
+from moonlease_operator.core.command_line import (
+    KV_TRANSFER_CONFIG_OPTIONS,
+    runs_mooncake_master,
+    script_commands,
+    shell_script,
+    vllm_invocations,
+)
 from moonlease_operator.core.connector_delivery import SCRIPT_KV_TRANSFER_CONFIG, script_loads_settings
-from moonlease_operator.core.settings import CONNECTOR_CLASS, MasterSettings
+from moonlease_operator.core.settings import MasterSettings
 from moonlease_operator.core.workload_args import (
+    CONNECTOR_CLASS,
     CONNECTOR_MODULE,
     EXTRA_CONFIG_KEY,
-    KV_TRANSFER_CONFIG_OPTIONS,
     container_names,
     describe_object,
     find_container,

@@ -799,7 +799,7 @@ class _Planner:
     def _apply_changes(self, member: Member) -> list[WorkloadChange]:
         """The changes that bring `member` to the policy (a master with a ConfigMap has two: the
         file first, then the pod template's hash annotation that restarts it)."""
-        common = {"policy": self.policy.name, "revision": self.revision, "applied_revision": self.applied_revision,
+        common: dict[str, Any] = {"policy": self.policy.name, "revision": self.revision, "applied_revision": self.applied_revision,
                   "action": ChangeAction.APPLY}
         if member.stage is not StageName.MASTER:
             # The settings file first (created if need be), then the adoption of the workload,
@@ -819,9 +819,9 @@ class _Planner:
         ref = self.master.config_map
         file_change = WorkloadChange(kind="ConfigMap", name=ref.name, place=ref.key,
                                      desired=build_config_map_desired(self.master), **common)
-        config_map = self.observed.config_maps.get(ref.name) or {}
-        owned = needs_update(config_map, file_change) or \
-            ORIGINAL_ANNOTATION in ((config_map.get("metadata") or {}).get("annotations") or {})
+        current = self.observed.config_maps.get(ref.name) or {}
+        owned = needs_update(current, file_change) or \
+            ORIGINAL_ANNOTATION in ((current.get("metadata") or {}).get("annotations") or {})
         restart = WorkloadChange(kind=member.kind, name=member.name, place=member.container, desired={},
                                  config_hash=self.master.config_hash, require_annotation=owned, **common)
         return [file_change, restart]

@@ -38,13 +38,13 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from moonlease_operator.api import GROUP
 from moonlease_operator.core.changes import ChangeAction, JsonObj, WorkloadChange, Wrapped
+from moonlease_operator.core.command_line import KV_TRANSFER_CONFIG_OPTIONS
 from moonlease_operator.core.workload_args import (
     EXTRA_CONFIG_KEY,
-    KV_TRANSFER_CONFIG_OPTIONS,
     find_container,
     find_flag,
     find_option,
@@ -553,7 +553,7 @@ def build_strategic_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) 
     return build_merge_patch(old, new, STRATEGIC_MERGE_KEYS)
 
 
-def _keyed(items: Any, key: str) -> bool:
+def _keyed(items: Any, key: str) -> TypeGuard[list[Any]]:
     return isinstance(items, list) and all(isinstance(i, Mapping) and key in i for i in items) \
         and len({json.dumps(i[key], sort_keys=True) for i in items}) == len(items)
 
