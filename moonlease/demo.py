@@ -722,10 +722,10 @@ def run_bad_change(cluster: Cluster, name: str, policy: dict[str, Any], engines:
         return None
 
     status = wait_for(rolled_back, options.bad_stage_timeout_seconds + 180, "the rollback of the bad change",
-                      watch=watch, on_change=lambda view: view and detail(view))
+                      watch=watch, on_change=lambda view: detail(view) if view else None)
     seconds = time.monotonic() - started
     after = read_store(master)
-    degraded = next((c for c in status.get("conditions", []) if c.get("type") == "Degraded"), {})
+    degraded: dict[str, Any] = next((c for c in status.get("conditions", []) if c.get("type") == "Degraded"), {})
     for arm in ARMS:
         detail(f"{arm}'s engine's connector runs: {connector_runs(f'127.0.0.1:{settings_ports[arm]}')} "
                f"(pid {engines[arm].pid})")
@@ -776,7 +776,7 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
         cluster.apply(policy, workdir / f"{name}.yaml")
         wait_for(lambda: cluster.policy_status(name).get("phase") == "Analyzing", 120,
                  "the treatment's rollout", watch=lambda: _rollout_view(cluster.policy_status(name)),
-                 on_change=lambda view: view and detail(view))
+                 on_change=lambda view: detail(view) if view else None)
         for arm, what in (("treatment", "treatment's connector settings file now:"),
                           ("control", "control's, untouched:                   ")):
             text = cluster.settings_file(f"{RELEASE}-decode-{arm}") or "{}"

@@ -162,7 +162,7 @@ def build_status_view(policy: Mapping[str, Any],
     name, namespace = meta.get("name", ""), meta.get("namespace", "")
     phase = status.get("phase") or "Pending"
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    headline = next((conditions[k] for k in ("Invalid", "Degraded", "Progressing", "Ready")
+    headline: Mapping[str, Any] = next((conditions[k] for k in ("Invalid", "Degraded", "Progressing", "Ready")
                      if k in conditions and (k in ("Progressing", "Ready") or conditions[k].get("status") == "True")),
                     {})
     ab = status.get("abTest")

@@ -165,11 +165,11 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
     before each put.
     """
     decisions = plan.decisions if plan is not None else (ChunkRetention.PLAIN,) * len(chunks)
-    retried = plan.retried if plan is not None and plan.retried else (True,) * len(chunks)
+    retry_chunks = plan.retried if plan is not None and plan.retried else (True,) * len(chunks)
     keyed = [(key, sizes.of(chunk), decision is ChunkRetention.PINNED)
              for chunk, decision in zip(chunks, decisions, strict=True)
              if decision is not ChunkRetention.SKIPPED for key in chunk.keys]
-    worth_retry = {key for chunk, decision, again in zip(chunks, decisions, retried, strict=True)
+    worth_retry = {key for chunk, decision, again in zip(chunks, decisions, retry_chunks, strict=True)
                    if again and decision is not ChunkRetention.SKIPPED for key in chunk.keys}
     skipped = sum(len(chunk.keys) for chunk, decision in zip(chunks, decisions, strict=True)
                   if decision is ChunkRetention.SKIPPED)

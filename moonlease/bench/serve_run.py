@@ -203,7 +203,7 @@ def warm_up(engine: ServeEngine, model: str, prompt_tokens: int = 512) -> None:
 
 
 def calibrate(engine: ServeEngine, model: str, prompt_tokens: int, repeats: int = 5,
-              seed: int = 12345) -> dict[str, float]:
+              seed: int = 12345) -> dict[str, float | None]:
     """Prefill vs store-load time per token on this machine, from TTFTs of one engine.
 
     Per repeat: a fresh prompt (nothing cached anywhere: prefill), then the engine's own cache

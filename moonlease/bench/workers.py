@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
@@ -166,7 +166,7 @@ def build_upstream_lookup(layout: Layout | LayoutParts, store: Any) -> Callable[
     reference._capacity_only = False
     reference.coord = parts.coordinator
     reference._kv_cache_groups = parts.coordinator.kv_cache_groups
-    reference.token_dbs = [SimpleNamespace(block_size=spec.block_size) for spec in parts.layout.specs]
+    reference.token_dbs = [cast(Any, SimpleNamespace(block_size=spec.block_size)) for spec in parts.layout.specs]
     reference._lookup_key_prefixes = parts.key_prefixes
     reference.hash_block_size = parts.hash_block_size
     reference.store = store
@@ -175,7 +175,7 @@ def build_upstream_lookup(layout: Layout | LayoutParts, store: Any) -> Callable[
     return reference.lookup
 
 
-def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[bytes],
+def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[Any],
                         result: Any) -> set[str]:
     """Every key the receiver reads to load `result`, across all rank namespaces.
 
@@ -193,7 +193,7 @@ def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[by
     tails = {boundary.group_id: boundary.num_tokens for boundary in result.tail_key_boundaries}
     keys: set[str] = set()
     for group in lookup.groups:
-        database = SimpleNamespace(block_size=group.block_size, hash_block_size=lookup.hash_block_size)
+        database: Any = SimpleNamespace(block_size=group.block_size, hash_block_size=lookup.hash_block_size)
         mask = masks[group.group_id]
         for start, end, chunk_hash in ChunkedTokenDatabase.process_tokens(database, hit, block_hashes):
             chunk = start // group.block_size

@@ -143,11 +143,12 @@ def _bind_moonlease_in_place() -> None:
     from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
     from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
 
-    upstream_connector.MooncakeStoreConnector = MooncakeStoreConnector
-    upstream_connector.MooncakeStoreWorker = MoonleaseStoreWorker
-    upstream_connector.MooncakeStoreScheduler = MoonleaseStoreScheduler
-    upstream_worker.MooncakeStoreWorker = MoonleaseStoreWorker
-    upstream_scheduler.MooncakeStoreScheduler = MoonleaseStoreScheduler
+    for module, name, ours in ((upstream_connector, "MooncakeStoreConnector", MooncakeStoreConnector),
+                               (upstream_connector, "MooncakeStoreWorker", MoonleaseStoreWorker),
+                               (upstream_connector, "MooncakeStoreScheduler", MoonleaseStoreScheduler),
+                               (upstream_worker, "MooncakeStoreWorker", MoonleaseStoreWorker),
+                               (upstream_scheduler, "MooncakeStoreScheduler", MoonleaseStoreScheduler)):
+        setattr(module, name, ours)
 
 
 @pytest.fixture()

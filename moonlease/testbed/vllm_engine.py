@@ -203,8 +203,8 @@ def _kv_connectors(llm: LLM) -> list[Any]:
     found = []
     core = getattr(llm.llm_engine.engine_core, "engine_core", None)
     scheduler = getattr(core, "scheduler", None)
-    if getattr(scheduler, "connector", None) is not None:
-        found.append(scheduler.connector)
+    if (connector := getattr(scheduler, "connector", None)) is not None:
+        found.append(connector)
     with contextlib.suppress(Exception):
         from vllm.distributed.kv_transfer import kv_transfer_state
 
@@ -362,7 +362,7 @@ def generate_greedy(llm: LLM, prompts: Sequence[str | Sequence[int]], *, max_tok
         sample = output.outputs[0]
         chosen = None
         if logprobs and sample.logprobs is not None:
-            chosen = [step[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)]
+            chosen = [(step or {})[token].logprob for step, token in zip(sample.logprobs, sample.token_ids)]
         completions.append(Completion(
             prompt_token_ids=list(output.prompt_token_ids or []),
             token_ids=list(sample.token_ids), text=sample.text,

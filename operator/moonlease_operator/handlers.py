@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -142,7 +141,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     resource = (GROUP, VERSION, PLURAL)
 
     async def drive_policy(meta: kopf.Meta, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                           logger: logging.Logger, **_: Any) -> None:
+                           logger: kopf.Logger, **_: Any) -> None:
         """Reconcile now, then whenever woken (see the module docstring) or the rest is over."""
         wake = _wake(memo)
         key = (meta["namespace"], meta["name"])
@@ -163,7 +162,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 if context.wakers.get(key) is wake:
                     del context.wakers[key]
 
-    async def _failed(exc: Exception, logger: logging.Logger) -> float:
+    async def _failed(exc: Exception, logger: kopf.Logger) -> float:
         """Count a failed reconcile (log in again after a 401); the seconds to wait."""
         kind = f"api_{exc.status}" if isinstance(exc, ApiError) else "other"
         if isinstance(exc, ApiError) and exc.status == 401:
@@ -191,7 +190,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
                 context.wake(namespace, other)
 
     async def release_policy(meta: kopf.Meta, spec: kopf.Spec, memo: kopf.Memo, body: kopf.Body,
-                             logger: logging.Logger, **_: Any) -> None:
+                             logger: kopf.Logger, **_: Any) -> None:
         """Restore every workload the policy changed, then let kopf remove the finalizer."""
         namespace, name = meta["namespace"], meta["name"]
         with about_policy(namespace, name):  # every line logged meanwhile names the policy
@@ -249,7 +248,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
     kopf.on.cleanup(id="close_client", registry=registry)(close_client)
 
 
-async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: logging.Logger, *,
+async def reconcile_policy(context: OperatorContext, namespace: str, name: str, logger: kopf.Logger, *,
                            baselines: dict[str, Snapshot] | None = None) -> float:
     """One reconcile: read (the A/B arms' metrics too when due), plan, then status, events and
     changes — in that order. Returns the seconds to rest unless woken earlier
@@ -383,11 +382,11 @@ def _current(observed: Observed, change: WorkloadChange) -> Mapping[str, Any] | 
 
 
 def _wake(memo: kopf.Memo) -> asyncio.Event:
-    return memo.setdefault("moonlease_wake", asyncio.Event())  # type: ignore[no-any-return]
+    return memo.setdefault("moonlease_wake", asyncio.Event())
 
 
 def _lock(memo: kopf.Memo) -> asyncio.Lock:
-    return memo.setdefault("moonlease_lock", asyncio.Lock())  # type: ignore[no-any-return]
+    return memo.setdefault("moonlease_lock", asyncio.Lock())
 
 
 async def _rest(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:

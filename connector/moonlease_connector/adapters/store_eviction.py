@@ -70,21 +70,23 @@ class MasterUsage:
 
     def __call__(self) -> StoreUsage | None:
         if not self.url:
-            return self._fail("no master metrics URL (set mooncake_master_metrics_url)")
+            self._fail("no master metrics URL (set mooncake_master_metrics_url)")
+            return None
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:  # noqa: S310
                 usage = parse_master_usage(response.read().decode("utf-8", "replace"))
         except (OSError, ValueError) as error:
-            return self._fail(f"cannot read {self.url}: {error}")
+            self._fail(f"cannot read {self.url}: {error}")
+            return None
         if usage is None:
-            return self._fail(f"{self.url} has no master_allocated_bytes/master_total_capacity_bytes")
+            self._fail(f"{self.url} has no master_allocated_bytes/master_total_capacity_bytes")
+            return None
         return usage
 
     def _fail(self, why: str) -> None:
         if not self._warned:
             logger.warning("retention evict: %s; the master evicts as without it", why)
             self._warned = True
-        return None
 
 
 def _size(size: Any) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -135,7 +136,7 @@ def install_cpu_mamba_workarounds() -> bool:
     from vllm.triton_utils import HAS_TRITON
 
     cpu_mamba_ssm = importlib.import_module(_CPU_MAMBA_SSM)
-    plan = [(_SSD_COMBINED, "_mamba_chunk_scan_combined_fwd",
+    plan: list[tuple[str, str, Any, Callable[..., Any]]] = [(_SSD_COMBINED, "_mamba_chunk_scan_combined_fwd",
              cpu_mamba_ssm._mamba_chunk_scan_combined_fwd_cpu, chunked_scan_cpu)]
     if not HAS_TRITON:
         upstream = importlib.import_module(_SSD_CHECKPOINT).store_prefill_checkpoint

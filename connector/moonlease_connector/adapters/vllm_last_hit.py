@@ -273,8 +273,8 @@ def lookup_last_hit_only(worker: Any, num_tokens: int, lookup_length: int, block
                                       block_sizes, recurrent, every_possible, limit,
                                       final_possible, state_hash, respond)
         if isinstance(early[0], MooncakeLookupResult):
-            return early  # type: ignore[return-value]
-        probed, known_incomplete = early  # type: ignore[assignment]
+            return early
+        probed, known_incomplete = early
 
     kv_present: frozenset[Unit] = frozenset()
     kv_leased = kv_asked = 0

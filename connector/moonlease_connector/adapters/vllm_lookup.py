@@ -24,7 +24,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import (
     ExternalCachedBlockPool,
@@ -151,6 +151,7 @@ def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> list[bytes]
     instead of one memoryview and one `bytes` per hash; a list of `bytes` (vLLM's request
     hashes) is used as it is. Any other view is read through its own indexing.
     """
+    source: Sequence[Any]
     if isinstance(group_hashes, BlockHashListWithBlockSize):
         scale = group_hashes.scale_factor
         source, start, stop, step = group_hashes.block_hashes, scale - 1, chunks * scale, scale
@@ -163,7 +164,7 @@ def _first_chunk_hashes(group_hashes: Sequence[Any], chunks: int) -> list[bytes]
         return [data[index * width:(index + 1) * width] for index in range(start, stop, step)]
     sliced = source[start:stop:step]
     if type(sliced) is list and (not sliced or type(sliced[0]) is bytes):
-        return sliced  # vLLM's block hashes are all of one type
+        return cast(list[bytes], sliced)  # vLLM's block hashes are all of one type
     return list(map(bytes, sliced))
 
 

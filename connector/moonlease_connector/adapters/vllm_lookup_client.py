@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from vllm.config import VllmConfig
@@ -69,6 +69,8 @@ class BoundedLookupClient(LookupKeyClient):
     `on_miss` is told each lookup this client answered a miss by itself (no reply in time, or
     one still out); the scheduler counts them as `store_timeout` misses.
     """
+
+    socket: zmq.Socket[bytes]  # made on a synchronous context (upstream types it either way)
 
     def __init__(self, vllm_config: VllmConfig, *, timeout_s: float,
                  on_miss: Callable[[], None] | None = None,
@@ -164,7 +166,8 @@ class BoundedLookupClient(LookupKeyClient):
         """A fresh REQ socket on the same path (a REQ socket owes its reply; this one is dropped).
         Called by the executor thread, which owns the socket."""
         self.socket.close(linger=0)
-        self.socket = make_zmq_socket(self.ctx, self._socket_path, zmq.REQ, bind=False, linger=0)
+        self.socket = cast("zmq.Socket[bytes]", make_zmq_socket(self.ctx, self._socket_path, zmq.REQ, bind=False,
+                                                                   linger=0))
 
     # ----------------------------------------------------------------- reset
 

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
@@ -62,7 +62,8 @@ class BoundedLookupServer:
         self._ipc_path = socket_path.removeprefix("ipc://")
         if os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)
-        self.socket = make_zmq_socket(self.ctx, socket_path, zmq.REP, bind=True)
+        # A synchronous context makes a synchronous socket (upstream's return type says either).
+        self.socket = cast("zmq.Socket[bytes]", make_zmq_socket(self.ctx, socket_path, zmq.REP, bind=True))
         self.running = True
         #: True while a request is being answered (a lookup runs inline, on this thread).
         self.busy = False

@@ -26,7 +26,9 @@ appear there under their operation label). Our own families:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+from prometheus_client import Counter, Gauge, Histogram
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats, PromMetric, PromMetricT
@@ -124,27 +126,31 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
     def __init__(self, vllm_config: VllmConfig, metric_types: dict[type[PromMetric], type[PromMetricT]],
                  labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self._lookups = self._counter_cls(
+        # Upstream types the three as one union; each is the class its name says (or a subclass).
+        counter = cast("type[Counter]", self._counter_cls)
+        gauge = cast("type[Gauge]", self._gauge_cls)
+        histogram = cast("type[Histogram]", self._histogram_cls)
+        self._lookups = counter(
             name="vllm:moonlease_lookups_total",
             documentation="Store prefix lookups by result; misses carry their reason.",
             labelnames=labelnames + ["result", "reason"])
-        self._rounds = self._histogram_cls(
+        self._rounds = histogram(
             name="vllm:moonlease_lookup_rounds",
             documentation="Probe/lease rounds one store lookup needed.",
             buckets=[1, 2, 3, 4, 6, 8, 16], labelnames=labelnames)
-        self._keys = self._counter_cls(
+        self._keys = counter(
             name="vllm:moonlease_lookup_keys_total",
             documentation="Store keys lookups probed (no lease) and leased.",
             labelnames=labelnames + ["kind"])
-        self._junctions = self._counter_cls(
+        self._junctions = counter(
             name="vllm:moonlease_lookup_junctions_total",
             documentation="Shared-prefix junctions store lookups returned (junction retention).",
             labelnames=labelnames)
-        self._junction_tails = self._counter_cls(
+        self._junction_tails = counter(
             name="vllm:moonlease_junction_tail_keys_saved_total",
             documentation="Store keys saves wrote only because of a shared-prefix junction.",
             labelnames=labelnames)
-        self._retention = self._counter_cls(
+        self._retention = counter(
             name="vllm:moonlease_retention_keys_total",
             documentation="Moonlease retention: keys saves put soft-pinned (pinned), keys the "
                           "save plan kept out of the store (skipped), keys stored by a retried "
@@ -152,18 +158,18 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                           "least recently used keys removed to make room below the eviction "
                           "watermark (removed).",
             labelnames=labelnames + ["decision"])
-        self._capability = self._gauge_cls(
+        self._capability = gauge(
             name="vllm:moonlease_store_capability_info",
             documentation="Mooncake client capabilities detected at start-up (value 1).",
             labelnames=labelnames + ["mooncake_version", "batch_probe_key", "last_hit_only",
                                      "lease_mode"],
             multiprocess_mode="mostrecent")
-        self._settings = self._gauge_cls(
+        self._settings = gauge(
             name="vllm:moonlease_settings_info",
             documentation="Connector settings in use (value 1), with their hash and source.",
             labelnames=labelnames + ["lease_mode", "junction_retention", "settings_hash", "source"],
             multiprocess_mode="mostrecent")
-        self._settings_refusals = self._counter_cls(
+        self._settings_refusals = counter(
             name="vllm:moonlease_settings_refusals_total",
             documentation="Settings files the connector refused, by reason.",
             labelnames=labelnames + ["reason"])

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import MooncakeStoreCoordinator
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
 from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
@@ -216,6 +217,8 @@ class RetentionSendingThread(JunctionSendingThread):
     tracker has seen it shared, the next time it is missing (evicted, or on a fresh store).
     """
 
+    masks: RetentionStoreMasks
+
     def __init__(self, *args: Any, retention: RetentionSettings | Callable[[], RetentionSettings],
                  on_retention: Callable[[str, int], None] = lambda decision, keys: None,
                  master_usage: Callable[[], StoreUsage | None] = lambda: None,
@@ -226,7 +229,7 @@ class RetentionSendingThread(JunctionSendingThread):
             retention if callable(retention) else (lambda: retention))
         self._on_retention = on_retention
         self.masks = RetentionStoreMasks(self.masks._coord)
-        self.coord = self.masks
+        self.coord = cast(MooncakeStoreCoordinator, self.masks)  # a stand-in: the coordinator's calls, wrapped
         #: The per-prefix reuse estimate `pin` pins by (this worker's prompts).
         self.shared_prefixes = SharedPrefixTracker()
         self._pinned_keys: frozenset[str] = frozenset()

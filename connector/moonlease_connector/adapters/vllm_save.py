@@ -16,8 +16,9 @@ The view and the counters belong to the send thread alone (one thread, one job a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import MooncakeStoreCoordinator
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
     KVCacheStoreSendingThread,
 )
@@ -123,7 +124,7 @@ class JunctionSendingThread(KVCacheStoreSendingThread):
         # Read per job: with live settings, junction retention can be switched on and off.
         self._junctions_enabled = junctions_enabled
         self.masks = JunctionStoreMasks(self.coord)
-        self.coord = self.masks
+        self.coord = cast(MooncakeStoreCoordinator, self.masks)  # a stand-in: the coordinator's calls, wrapped
         self.store = _PutObserver(self.store, self._count_junction_tails)
         self._on_junction_tails_saved = on_junction_tails_saved
         self._job: Any = None

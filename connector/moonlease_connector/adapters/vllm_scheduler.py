@@ -209,7 +209,8 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     def _record_client_miss(self) -> None:
         with self._lookup_stats_lock:
-            self._lookup_stats.record_lookup(LookupOutcome.miss(MissReason.STORE_TIMEOUT))
+            if self._lookup_stats is not None:  # None: built without this class's constructor
+                self._lookup_stats.record_lookup(LookupOutcome.miss(MissReason.STORE_TIMEOUT))
 
     def take_lookup_stats(self) -> MoonleaseConnectorStats | None:
         """The scheduler side's lookup records since the last call (None if there are none);

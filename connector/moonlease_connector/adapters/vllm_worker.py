@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import (
@@ -118,6 +118,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     settings_watcher: SettingsWatcher | None = None
     settings_exporter: SettingsExporter | None = None
     step_outcome: StepOutcomeWatch | None = None
+    kv_connector_stats: MoonleaseConnectorStats  # upstream's stats plus Moonlease's records
     #: Loads wait as upstream's unless our constructor found a deadline (`core.load_deadline`).
     load_deadline_s: float | None = None
     load_pins: LoadPins | None = None
@@ -158,7 +159,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         if self.lookups_served_by_client:
             # Upstream's server waits on resets without a deadline; ours, same protocol, bounds it.
             stop_upstream_lookup_server(self.lookup_server)
-            self.lookup_server = BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config))
+            # (The same protocol and the attributes upstream reads of its own server.)
+            self.lookup_server = cast(LookupKeyServer, BoundedLookupServer(self, get_zmq_rpc_path_lookup(vllm_config)))
         self.settings_delivery = settings_delivery(vllm_config)
         self.live_settings = LiveSettings(ActiveSettings(config, SettingsSource.STARTUP))
         self.settings_watcher: SettingsWatcher | None = None
@@ -193,7 +195,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def _start_settings_watcher(self, vllm_config: VllmConfig, defaults: MoonleaseConnectorConfig,
                                 delivery: SettingsDelivery) -> None:
         """Follow the settings file; the rank that answers lookups also serves the endpoint."""
-        assert delivery.settings_file is not None
+        assert delivery.settings_file is not None and vllm_config.kv_transfer_config is not None
         extra_config = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
 
         def layout_problem(mode: LeaseMode) -> str | None:
@@ -240,11 +242,12 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
         handle), bounded: a store that does not answer cannot hold shutdown. Idempotent. The
         settings watcher and endpoint stop first."""
-        if getattr(self, "settings_watcher", None) is not None:
-            self.settings_watcher.stop()
+        watcher, exporter = getattr(self, "settings_watcher", None), getattr(self, "settings_exporter", None)
+        if watcher is not None:
+            watcher.stop()
             self.settings_watcher = None
-        if getattr(self, "settings_exporter", None) is not None:
-            self.settings_exporter.close()
+        if exporter is not None:
+            exporter.close()
             self.settings_exporter = None
         deadline = getattr(self, "lookup_deadline", None)
         if deadline is not None:

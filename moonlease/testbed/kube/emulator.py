@@ -808,7 +808,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             # Discovery (/api/v1, /apis/<group>/<version>): let the scaffold's handlers answer.
             # NotImplementedError passes the request on without disabling this reaction.
             raise NotImplementedError
-        rtype = self._types.get(request.resource)
+        rtype = self._types.get(res)
         if rtype is None:
             raise kmock.KubernetesResourceNotFoundError()
         return rtype
@@ -883,7 +883,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def _columns(self, rtype: ResourceType) -> tuple[Column, ...]:
         return columns_for(rtype.group, rtype.kind, self._printer_columns.get(rtype.ref))
 
-    async def _serve_watch(self, request: kmock.Request) -> kmock.Payload:
+    async def _serve_watch(self, request: kmock.Request) -> kmock.Payload:  # type: ignore[override]
         """A watch stream as Go clients read it: `application/json`, one event per line (the
         objects Tables when the client asked for them, as `kubectl get -w` does)."""
         rtype = self._request_type(request)
@@ -928,8 +928,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 410, "Expired", f"too old resource version: {since} ({horizon})")})
             return
         try:
-            for event in first:
-                yield encode(event)
+            for initial in first:
+                yield encode(initial)
             if initial_events and bookmarks:
                 yield encode(self._bookmark(rtype, initial_events_end=True))
             loop = asyncio.get_running_loop()
@@ -1043,7 +1043,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 verb=_call_verb(req),
                 group=res.group if res is not None else None,
                 version=res.version if res is not None else None,
-                resource=res.plural if is_resource else None,
+                resource=res.plural if is_resource and res is not None else None,
                 subresource=req.subresource,
                 namespace=req.namespace,
                 name=req.name,

@@ -77,7 +77,7 @@ def _operations(rtype: ResourceType, name: str, *, v3: bool) -> dict[str, JsonOb
         return {**described, "schema": {"type": "string"}} if v3 else {**described, "type": "string"}
 
     def operation(action: str, verb: str) -> JsonObj:
-        response = {"description": "OK"}
+        response: JsonObj = {"description": "OK"}
         if v3:
             response["content"] = {"application/json": {"schema": {"$ref": ref}}}
         else:

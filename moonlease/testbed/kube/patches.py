@@ -64,7 +64,8 @@ def _merge_map(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         elif isinstance(value, list) and key in PRIMITIVE_MERGE_LISTS:
-            current = result.get(key) if isinstance(result.get(key), list) else []
+            current = result.get(key)
+            current = current if isinstance(current, list) else []
             result[key] = list(dict.fromkeys([*current, *value]))
         elif isinstance(value, list) and key in STRATEGIC_MERGE_KEYS and isinstance(result.get(key), list):
             result[key] = _merge_keyed_list(result[key], value, _list_key(key, result[key], value))

@@ -4,6 +4,7 @@ caller's event loop (`local_api_server`) or a thread of its own (`LocalApiServer
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import threading
 import time
@@ -120,18 +121,18 @@ class LocalApiServer:
     async def delete(self, what: Any, namespace: str | None, name: str) -> JsonObj:
         return await self.emulator.delete_object(what, namespace, name)
 
-    def history(self, what: Any, namespace: str | None, name: str) -> list[JsonObj | None]:
+    def history(self, what: Any, namespace: str | None, name: str) -> builtins.list[JsonObj | None]:
         return self.emulator.history(what, namespace, name)
 
     def events(self, namespace: str | None = None, *, involved_name: str | None = None,
-               reason: str | None = None) -> list[JsonObj]:
+               reason: str | None = None) -> builtins.list[JsonObj]:
         """Events, optionally only those about one object or with one reason."""
         found = self.emulator.list_objects(EVENTS, namespace)
         return [e for e in found
                 if (involved_name is None or e.get("involvedObject", {}).get("name") == involved_name)
                 and (reason is None or e.get("reason") == reason)]
 
-    def api_calls(self, since: int = 0) -> list[ApiCall]:
+    def api_calls(self, since: int = 0) -> builtins.list[ApiCall]:
         """The requests real clients made, oldest first (after the first `since`)."""
         return self.emulator.api_calls(since)
 

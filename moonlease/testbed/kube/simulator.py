@@ -366,7 +366,7 @@ def _condition(previous: Mapping[str, JsonObj], type_: str, status: str, reason:
     return {
         "type": type_, "status": status, "reason": reason, "message": message,
         "lastUpdateTime": now if old is None or old.get("reason") != reason else old.get("lastUpdateTime", now),
-        "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
+        "lastTransitionTime": now if changed or old is None else old.get("lastTransitionTime", now),
     }
 
 

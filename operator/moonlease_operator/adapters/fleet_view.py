@@ -65,7 +65,7 @@ class FleetView:
         self.pod_cache = ObjectCache(client, "Pod", namespaces, indexed=True, **options)
         self._policies: dict[str, dict[str, JsonObj]] = {}
         self._specs: dict[tuple[str, str], tuple[Any, PolicySpec | None]] = {}
-        self._started: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[list[None]] | None = None
         self._pods_started: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -76,7 +76,7 @@ class FleetView:
             caches = (*self.workload_caches.values(), *self.config_map_caches)
             for cache in caches:
                 cache.start()
-            self._started = asyncio.ensure_future(asyncio.gather(*(c.wait_synced() for c in caches)))  # type: ignore[arg-type]
+            self._started = asyncio.ensure_future(asyncio.gather(*(c.wait_synced() for c in caches)))
         await asyncio.shield(self._started)
 
     async def ensure_pods(self) -> None:

@@ -16,6 +16,7 @@ and decides again (see `adapters.workloads.apply_change`).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -164,7 +165,7 @@ class KubeClient:
 
     async def list_with_version(self, path: str, *, label_selector: str | None = None, page_size: int = LIST_PAGE_SIZE,
                                 keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                                ) -> tuple[list[dict[str, Any]], str | None]:
+                                ) -> tuple[builtins.list[dict[str, Any]], str | None]:
         """Every item, paginated, and the list's resourceVersion (where a watch resumes from).
         `keep`: what to keep of each item, applied page by page (so that a large listing is
         never held whole: the caches keep a trimmed copy)."""

@@ -22,6 +22,8 @@ not collide). Names follow Prometheus conventions:
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from moonlease_operator.api import ABTestPhase, Phase, PolicyStatus, StageName, TargetPhase
@@ -33,7 +35,7 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        kwargs = {"registry": registry} if registry is not None else {}
+        kwargs: dict[str, Any] = {"registry": registry} if registry is not None else {}
         self.registry = registry
         self.reconciles = Counter("moonlease_operator_reconciles", "Reconciles of MooncakeLeasePolicies by result",
                                   ["result"], **kwargs)
