@@ -199,8 +199,8 @@ class ObjectCache:
         if kind == "DELETED":
             objects.pop(name, None)
             new = None
-            if self._indexes is not None:
-                self.index(namespace).remove(name)  # type: ignore[union-attr]
+            if (index := self.index(namespace)) is not None:
+                index.remove(name)
         else:
             objects[name] = obj
             new = obj
@@ -210,8 +210,8 @@ class ObjectCache:
 
 
     def _index_put(self, namespace: str, name: str, obj: JsonObj) -> None:
-        if self._indexes is not None:
-            self.index(namespace).put(name, _labels(obj))  # type: ignore[union-attr]
+        if (index := self.index(namespace)) is not None:
+            index.put(name, _labels(obj))
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:

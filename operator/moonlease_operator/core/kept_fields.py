@@ -58,10 +58,10 @@ def trim_pod_spec(spec: Mapping[str, Any]) -> JsonObj:
 def trim_workload(obj: Mapping[str, Any], kind: str) -> JsonObj:
     """A Deployment or StatefulSet as the cache keeps it (see the module docstring)."""
     kept = {**obj, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {})}
-    spec = obj.get("spec")
-    template = (spec or {}).get("template")
+    spec = obj.get("spec") or {}
+    template = spec.get("template")
     if isinstance(template, Mapping) and isinstance(template.get("spec"), Mapping):
-        kept["spec"] = {**spec, "template": {**template, "spec": trim_pod_spec(template["spec"])}}  # type: ignore[dict-item]
+        kept["spec"] = {**spec, "template": {**template, "spec": trim_pod_spec(template["spec"])}}
     return kept
 
 

@@ -33,7 +33,7 @@ class PodSet:
             meta = pod.get("metadata") or {}
             namespace, name = meta.get("namespace"), str(meta.get("name", position))
             self._by_namespace.setdefault(namespace, {})[name] = position
-            if agrees and (index.labels_of(name) != (meta.get("labels") or {})  # type: ignore[union-attr]
+            if agrees and index is not None and (index.labels_of(name) != (meta.get("labels") or {})
                            or len(self._by_namespace) > 1):
                 agrees = False
         self._index: dict[str | None, LabelIndex] = {}
