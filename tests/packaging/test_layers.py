@@ -27,8 +27,8 @@ def test_ruff_finds_nothing() -> None:
 
 
 def test_mypy_finds_nothing() -> None:
-    """The whole product typed, the cores strictly (pyproject.toml [tool.mypy]); its cache under
-    .cache/mypy makes a rerun take seconds (a cold run about a minute)."""
+    """The whole product typed, the cores strictly (mypy.ini); its cache under .cache/mypy makes a
+    rerun take seconds (a cold run about a minute of CPU)."""
     mypy = Path(sys.executable).with_name("mypy")
     result = subprocess.run([str(mypy)], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
