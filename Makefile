@@ -14,7 +14,7 @@ setup:
 demo: setup
 	@$(VENV)/bin/moonlease demo
 
-## test: every tier (unit, compat, store, vllm, operator, chart, prometheus, images, conformance)
+## test: every tier (unit, slow, compat, store, vllm, operator, chart, prometheus, images, conformance)
 test: setup
 	@$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -25,7 +25,7 @@ pytest_plugins = [
     "tests.fixtures.prometheus",
 ]
 
-TIERS = ("unit", "compat", "store", "vllm", "operator", "chart", "prometheus", "images", "conformance")
+TIERS = ("unit", "slow", "compat", "store", "vllm", "operator", "chart", "prometheus", "images", "conformance")
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
                          + ", ".join(untiered[:10]))
 
 #: A test with several tier markers is timed under the heaviest real part it starts.
-_TIMING_ORDER = ("images", "vllm", "operator", "conformance", "prometheus", "chart", "store", "compat", "unit")
+_TIMING_ORDER = ("images", "vllm", "operator", "conformance", "prometheus", "chart", "store", "compat", "slow", "unit")
 _tier_of: dict[str, str] = {}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}

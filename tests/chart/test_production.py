@@ -28,7 +28,6 @@ import helm_python as helm
 import jsonschema
 import pytest
 import yaml
-from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
 
 from tests.chart.rendering import (
     CHART_DIR,
@@ -274,6 +273,10 @@ def _validate_against_crd_types(obj: JsonObj) -> None:
     """The object parses as the Prometheus Operator's CRD type of its kind and survives a round
     trip unchanged: a wrong type or a field the CRD does not have (which the model would drop)
     fails."""
+    # Imported here: the models take about 3 s to import, which every collection (`make
+    # test-fast` too) would pay.
+    from cloudcoil.models.prometheus_operator import v1 as prometheus_operator_v1
+
     model = getattr(prometheus_operator_v1, obj["kind"]).model_validate(obj)
     assert model.model_dump(by_alias=True, exclude_unset=True, mode="json") == obj, obj["kind"]
 

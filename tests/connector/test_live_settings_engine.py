@@ -21,6 +21,7 @@ from moonlease.testbed import vllm_engine as ve
 from moonlease.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.settings import render_settings_file, settings_hash
+from tests.connector.test_store_failures_engine import wait_until
 from tests.support.engines import engine_counter, moonlease_transfer_config
 from tests.support.numerics import assert_same_logprobs
 from tests.support.settings_volume import ConfigMapVolume, free_port, wait_for_endpoint
@@ -174,8 +175,15 @@ def test_hybrid_engine_switches_lease_all_to_last_hit_only(vllm_engine, mooncake
     assert_same_output(out, cold)
 
     switch(volume, port, MoonleaseConnectorConfig.for_mode(LeaseMode.LAST_HIT_ONLY))
-    out, last_hit = serve(engine, prompt)
-    assert last_hit["lookup_last_hit_probe"] > 0
+    ve.reset_local_prefix_cache(engine)
+    counters = Counters(engine)
+    out = ve.generate_greedy(engine, prompt, max_tokens=8, logprobs=True)
+    # The worker's store-call counts reach the front end in an engine step's output. Once, under
+    # load, the probe count read 0 right after the request although the probe had run (not
+    # reproduced since): poll it while stepping the idle engine rather than read it once.
+    wait_until(lambda: counters.delta()["lookup_last_hit_probe"] > 0, timeout_s=30,
+               what="the last-hit probe counted", tick=engine.llm_engine.step)
+    last_hit = counters.delta()
     assert last_hit["external_hits"] == all_["external_hits"]
     assert 0 < last_hit["leased"] < all_["leased"], (last_hit, all_)
     assert_same_output(out, cold)

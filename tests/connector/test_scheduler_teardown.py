@@ -7,7 +7,8 @@ our scheduler role built from a real `VllmConfig`, its real ZMQ client over the 
 on the other end no worker at all, or a REP socket that takes requests and never answers (a
 worker stuck in a store call). A hang must fail the test, not block the run: the garbage
 collection case runs in a child interpreter under a timeout, the shutdown cases on a thread
-joined with one. No servers: unit tier.
+joined with one. No servers: the shutdown cases are `unit`; the garbage collection cases `slow`
+(each child interpreter imports vLLM again, about 15 s on two cores).
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from tests.support.lookup_workers import LAYOUTS
 
-pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 HASHES = [bytes([3, i]) * 4 for i in range(4)]
@@ -103,6 +103,7 @@ def assert_closed(client: BoundedLookupClient) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.unit
 def test_shutdown_after_an_abandoned_lookup_closes_socket_context_and_thread(rpc_base):
     connector = build_connector(next(_ports), timeout_ms=200)
     client = connector.connector_scheduler.client
@@ -118,6 +119,7 @@ def test_shutdown_after_an_abandoned_lookup_closes_socket_context_and_thread(rpc
         worker.close()
 
 
+@pytest.mark.unit
 def test_shutdown_interrupts_an_unbounded_wait_for_the_worker(rpc_base):
     """Deadline off (upstream's wait): shutdown ends a lookup still waiting, as a miss."""
     connector = build_connector(next(_ports), timeout_ms=0)
@@ -155,6 +157,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", ["no-worker", "silent-worker"])
 def test_dropping_a_scheduler_after_an_abandoned_lookup_finishes(rpc_base, peer):
     """In a child interpreter, under a timeout: the hang was in garbage collection itself."""

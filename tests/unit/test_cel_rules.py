@@ -24,7 +24,6 @@ from moonlease_operator.api import PolicySpecError, parse_spec
 from moonlease_operator.crd import build_crd, validation_schema
 from tests.unit.test_policy_api import AB_ROLLOUT, CEL_VIOLATIONS, VALID, doc, with_changes
 
-pytestmark = pytest.mark.unit
 
 CRD = build_crd()
 SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -68,6 +67,7 @@ def all_rules() -> list[dict[str, str]]:
     return found
 
 
+@pytest.mark.unit
 def test_every_rule_compiles_and_is_covered_by_a_violation() -> None:
     rules = all_rules()
     assert len(rules) == len(CEL_VIOLATIONS) >= 9
@@ -76,6 +76,7 @@ def test_every_rule_compiles_and_is_covered_by_a_violation() -> None:
     assert {r["message"] for r in rules} == set(CEL_VIOLATIONS)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("message", CEL_VIOLATIONS)
 def test_each_violation_trips_exactly_its_rule(message: str) -> None:
     spec = CEL_VIOLATIONS[message]
@@ -84,6 +85,7 @@ def test_each_violation_trips_exactly_its_rule(message: str) -> None:
     assert not mirror_accepts(spec)
 
 
+@pytest.mark.unit
 def test_valid_specs_pass_every_rule() -> None:
     edge = with_changes(**{"master.kind": "StatefulSet", "master.name": "llama-decode",
                            "targets.1": {"name": "llama-prefill", "kind": "StatefulSet", "role": "decode"}})
@@ -127,9 +129,17 @@ _spec = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=400, deadline=None)
-@given(spec=_spec)
-def test_cel_and_the_mirrors_agree_on_generated_specs(spec: dict[str, Any]) -> None:
-    if not SCHEMA.is_valid(doc(spec)):
-        return  # the API server refuses it before any rule runs
-    assert (failed_rules(spec) == []) == mirror_accepts(spec), (failed_rules(spec), spec)
+@pytest.mark.parametrize("examples", [pytest.param(100, marks=pytest.mark.unit, id="100-examples"),
+                                      pytest.param(400, marks=pytest.mark.slow, id="400-examples")])
+def test_cel_and_the_mirrors_agree_on_generated_specs(examples: int) -> None:
+    """100 generated specs in the fast loop, 400 in the `slow` tier (cel-python takes about
+    20 ms a spec)."""
+
+    @settings(max_examples=examples, deadline=None)
+    @given(spec=_spec)
+    def agree(spec: dict[str, Any]) -> None:
+        if not SCHEMA.is_valid(doc(spec)):
+            return  # the API server refuses it before any rule runs
+        assert (failed_rules(spec) == []) == mirror_accepts(spec), (failed_rules(spec), spec)
+
+    agree()

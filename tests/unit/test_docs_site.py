@@ -1,7 +1,8 @@
 """The documentation: the README stays page one (short, the quick start CI runs), and the MkDocs
 site builds with `--strict`, where a broken link or anchor anywhere (docs/, the README, the
 repository files they link) is a warning and fails the build. The link mechanism
-(tools/mkdocs_hooks.py) is checked on a small repository of its own, a broken link included."""
+(tools/mkdocs_hooks.py) is checked on a small repository of its own, a broken link included.
+The page checks are `unit`; the two builds (MkDocs, about 10 s together) are `slow`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "tools" / "mkdocs_hooks.py"
@@ -24,6 +24,7 @@ def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.unit
 def test_the_readme_is_page_one_with_the_quick_start_ci_runs() -> None:
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
@@ -34,12 +35,14 @@ def test_the_readme_is_page_one_with_the_quick_start_ci_runs() -> None:
     assert "kind: MooncakeLeasePolicy" in readme
 
 
+@pytest.mark.unit
 def test_no_tracker_numbers_in_user_facing_docs() -> None:
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         text = page.read_text()
         assert not re.search(r"\b[Ii]ssues? \d+|\bseed issue|(?<![\w&])#\d+\b", text), page
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     done = build(REPO / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -68,6 +71,7 @@ def small_repo(root: Path, index: str) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_links_to_repository_files_resolve_in_the_site_and_a_broken_one_fails(tmp_path: Path) -> None:
     good = """\
         # Home
