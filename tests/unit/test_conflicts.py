@@ -8,6 +8,7 @@ import datetime
 
 import pytest
 
+from moonlease_operator.api import Phase
 from moonlease_operator.core.conflicts import (
     FIELD_MANAGER,
     MAX_RECORDS,
@@ -18,6 +19,7 @@ from moonlease_operator.core.conflicts import (
     prune_managed_fields,
     track_reverts,
 )
+from tests.unit.test_rollout_plan import SPEC, fleet
 
 pytestmark = pytest.mark.unit
 
@@ -122,3 +124,40 @@ def test_the_writer_is_the_latest_other_manager_of_the_part_the_operator_writes(
                                                                             {"f:data": {"f:x": {}}})]}}
     assert last_writer(config_map) == "flux"
     assert last_writer({"kind": "Deployment", "metadata": {}}) is None  # no managedFields recorded
+
+
+def test_a_master_reverted_again_and_again_is_left_alone_without_a_new_attempt_each_time() -> None:
+    """requireApprovalForRestart off (each repair would restart the master, emptying the store):
+    after three reverts in a row the master's writes wait out the backoff; the policy says
+    ConflictingWriter and starts no attempt per reconcile."""
+    cluster = fleet()
+    assert cluster.run(SPEC).phase is Phase.READY
+    managed = [{"manager": "argocd-controller", "operation": "Update", "time": "2026-01-01T00:00:00Z",
+                "fieldsV1": {"f:spec": {"f:template": {}}}}]
+    restarts = 0
+    for _ in range(5):
+        master = cluster.obj("mooncake-master")  # each write stores a new object
+        args = master["spec"]["template"]["spec"]["containers"][0]["args"]
+        args[:] = [a for a in args if not a.startswith("--eviction_ratio")] + ["--eviction_ratio=0.05"]
+        master["metadata"]["generation"] += 1
+        master["metadata"]["managedFields"] = managed
+        cluster.settle("mooncake-master")
+        cluster.writes.clear()
+        cluster.now += datetime.timedelta(seconds=5)
+        cluster.reconcile(SPEC)
+        restarts += ("Deployment", "mooncake-master") in cluster.writes
+    assert restarts == 2  # the first two reverts were put back; then the backoff
+    status = cluster.status
+    assert status.phase is Phase.DEGRADED and status.condition("Degraded").reason == "ConflictingWriter"
+    conflict = status.condition("ConflictingWriter")
+    assert conflict is not None and conflict.status.value == "True"
+    assert "Deployment/mooncake-master: spec.template.spec.containers[name=master].args (--eviction_ratio)" \
+        in conflict.message and "'argocd-controller'" in conflict.message
+    revision = status.revision
+    for _ in range(3):
+        cluster.reconcile(SPEC)
+    assert cluster.status.revision == revision and ("Deployment", "mooncake-master") not in cluster.writes
+    # The backoff is over and the writer has stopped: written once more, and Ready again
+    cluster.now += datetime.timedelta(seconds=SETTINGS.backoff_seconds * 400)
+    assert cluster.run(SPEC).phase is Phase.READY
+    assert cluster.status.condition("ConflictingWriter").status.value == "False"

@@ -6,8 +6,11 @@ neither."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from moonlease_operator.api import StageName
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_VOLUME,
     pods_to_contact,
@@ -16,6 +19,7 @@ from moonlease_operator.core.connector_delivery import (
 )
 from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION
+from tests.unit.test_rollout_plan import SPEC, rolled_to, template
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +64,17 @@ def test_a_workload_that_reads_no_file_has_no_pod_to_verify() -> None:
 def test_the_unmounted_pod_is_named_with_the_fix() -> None:
     message = unmounted_pod_problem(pod("a-2", "a", mounted=False))
     assert "pod a-2" in message and SETTINGS_VOLUME in message and "kubectl delete pod a-2" in message
+
+
+def test_a_ready_pod_without_the_volume_fails_its_stage_at_once_with_the_fix() -> None:
+    """It used to be neither contacted nor reported: the stage waited for it until the timeout."""
+    cluster = rolled_to("prefill")
+    spec = copy.deepcopy(template(cluster, "prefill")["spec"])
+    spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != SETTINGS_VOLUME]
+    cluster.pod_specs["prefill"] = spec  # a webhook dropped the volume from the pods
+    cluster.settle("prefill")
+    cluster.reconcile(SPEC)  # at once: the clock has not moved
+    prefill = cluster.status.stage(StageName.PREFILL)
+    assert prefill is not None and prefill.phase.value in ("Failed", "RollingBack", "RolledBack")
+    assert "pod prefill-0: runs without the settings volume" in prefill.message
+    assert "kubectl delete pod prefill-0" in prefill.message

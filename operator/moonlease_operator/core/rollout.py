@@ -110,6 +110,7 @@ from moonlease_operator.core.settings import (
     build_target_desired,
 )
 from moonlease_operator.core.target_summary import DEFAULT_LISTED_TARGETS, build_target_summary
+from moonlease_operator.core.workload_args import find_container
 from moonlease_operator.core.write_failures import set_write_condition
 from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
@@ -776,7 +777,9 @@ class _Planner:
         for change in self._pending(self._apply_changes(member)):
             obj = self._object(change)
             slots = differing_slots(obj, change)
-            path = field_path(change.kind, change.place, slots[0] if slots else "annotation")
+            place = change.place if change.kind == "ConfigMap" else \
+                (find_container(obj, change.place) or {}).get("name", change.place)
+            path = field_path(change.kind, place, slots[0] if slots else "annotation")
             if change.kind == "ConfigMap":
                 path = f"ConfigMap/{change.name} {path}"
             return Revert(member.kind, member.name, path, last_writer(obj))
