@@ -277,7 +277,7 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     previous = read_status(policy.get("status"))
     now = context.clock()
     spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
-    fetch = plan_fetch(spec, previous, now)
+    fetch = plan_fetch(spec, previous, now, policy=name)
     observed = (await fetch_observed(client, namespace, fetch, policies=policies) if polling
                 else await fleet.observed(namespace, fetch))
     if observed.pods is not None:  # verifying a stage: what do the connectors run?

@@ -118,6 +118,7 @@ from moonlease_operator.core.slots import (
     describe_update,
     differing_slots,
     needs_update,
+    managed_by,
     policy_label_value,
     rollback_revision,
     template_config_hash,
@@ -189,6 +190,9 @@ class FetchPlan:
     spec: PolicySpec | None = None
     """The spec whose vLLM workloads' settings ConfigMaps to read, by name, once the workloads
     are listed (`settings_config_maps_to_read`); None: none (an invalid spec plans nothing)."""
+    policy_label: str | None = None
+    """Read too every (cached) ConfigMap carrying this value of the policy label: a master file
+    the policy changed but no longer names (renamed) is given back (`_release_orphans`)."""
 
 
 @dataclass(frozen=True)
@@ -229,8 +233,9 @@ class ReconcilePlan:
 
 
 def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
-               now: datetime.datetime | None = None) -> FetchPlan:
-    """What to read for this reconcile (`spec` as `read_spec` returned it)."""
+               now: datetime.datetime | None = None, policy: str | None = None) -> FetchPlan:
+    """What to read for this reconcile (`spec` as `read_spec` returned it; `policy`: its name,
+    to read the ConfigMaps it labelled)."""
     if isinstance(spec, PolicySpecError):
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
@@ -239,7 +244,7 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
     due = now is not None and previous.paused_at is None and measurement_due(previous.ab_test, ab, now)
     scraping = due and ab is not None and ab.prometheus is None
     return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
-                     ab_due=due, spec=spec)
+                     ab_due=due, spec=spec, policy_label=None if policy is None else policy_label_value(policy))
 
 
 def settings_config_maps_to_read(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
@@ -991,6 +996,7 @@ class _Planner:
         keeps its settings (`master.onDelete: keep`), or restoring it restarts it like any other
         master restart, approved first when `requireApprovalForRestart` (`orphan_restart`)."""
         declared = declared_master(self.spec, self.previous)
+        first = len(self.changes)
         for key in managed_keys(policy_label_value(self.policy.name), self.observed.workloads, self.observed.index):
             obj = self.observed.workloads[key]
             if key in self.fleet.keys or key in self.held or key in self.excluded:
@@ -1020,6 +1026,37 @@ class _Planner:
             self.notes.append(EventNote("Normal", Reason.RELEASED.value,
                                         f"{key[0]}/{key[1]} is no longer covered: restoring its original"
                                         " configuration"))
+        # The ConfigMaps before the workloads they configure (a master restored reads its file).
+        self.changes[first:first] = self._release_orphan_config_maps(declared)
+
+    def _release_orphan_config_maps(self, declared: frozenset[tuple[str, str]]) -> list[WorkloadChange]:
+        """ConfigMaps this policy labelled that it no longer uses: a master file no longer named
+        (`spec.master.configMap` or `spec.master.name` renamed) follows `master.onDelete` like its
+        master — kept as it is and forgotten, or given back its content from before the policy,
+        with the master's own restore when that waits for approval; a settings file of a workload
+        no longer covered gets its content from before the policy, like its workload."""
+        label = policy_label_value(self.policy.name)
+        in_use = {settings_config_map_name(key[1]) for key in (*self.fleet.keys, *self.held, *self.excluded)}
+        if self.master.config_map is not None:
+            in_use.add(self.master.config_map.name)
+        changes = []
+        for name, obj in sorted(self.observed.config_maps.items()):
+            if name in in_use or managed_by(obj) != label:
+                continue
+            master = is_master_object(obj, declared)
+            keep = master and self.spec.master.on_delete is MasterDeletionPolicy.KEEP
+            if master and not keep and self.orphan_restart is not None:
+                continue  # given back with its master, once that restore is approved
+            change = WorkloadChange(kind="ConfigMap", name=name, action=ChangeAction.FORGET if keep else
+                                    ChangeAction.RELEASE, policy=self.policy.name)
+            if not needs_update(obj, change):
+                continue
+            changes.append(change)
+            self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                        f"ConfigMap/{name} is no longer used by the policy: "
+                                        + ("it keeps its content (master.onDelete: keep)" if keep else
+                                           "restoring its content from before the policy")))
+        return changes
 
     def _hold_orphan_restart(self, outcome: _Outcome) -> _Outcome:
         """A master no longer covered waits for approval before it is restored: the policy is
