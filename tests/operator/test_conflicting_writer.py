@@ -19,9 +19,9 @@ import json
 from typing import Any
 
 import pytest
+from moonlease_operator.runner import OperatorThread
 
 from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer
-from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
     NS,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 
 import pytest
-
 from moonlease_operator.api import Phase
 from moonlease_operator.core.conflicts import (
     FIELD_MANAGER,
@@ -19,6 +18,7 @@ from moonlease_operator.core.conflicts import (
     prune_managed_fields,
     track_reverts,
 )
+
 from tests.unit.test_rollout_plan import SPEC, fleet
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from moonlease_operator.api import StageName
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_VOLUME,
@@ -19,6 +18,7 @@ from moonlease_operator.core.connector_delivery import (
 )
 from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION
+
 from tests.unit.test_rollout_plan import SPEC, rolled_to, template
 
 pytestmark = pytest.mark.unit

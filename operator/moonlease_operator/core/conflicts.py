@@ -138,9 +138,10 @@ def prune_managed_fields(entries: Any) -> list[dict[str, Any]]:
     for entry in entries if isinstance(entries, list) else []:
         if not isinstance(entry, Mapping):
             continue
-        fields = entry.get("fieldsV1") if isinstance(entry.get("fieldsV1"), Mapping) else {}
-        pruned = {k: ({kk: {} for kk in v} if isinstance(v, Mapping) else {}) for k, v in fields.items()
-                  if k in ("f:spec", "f:data")}
+        raw = entry.get("fieldsV1")
+        fields: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        pruned: dict[str, dict[str, Any]] = {k: ({kk: {} for kk in v} if isinstance(v, Mapping) else {})
+                                             for k, v in fields.items() if k in ("f:spec", "f:data")}
         kept.append({**{k: entry[k] for k in ("manager", "operation", "time") if k in entry}, "fieldsV1": pruned})
     return kept
 
@@ -156,25 +157,25 @@ def track_reverts(previous: Sequence[ConflictStatus], reverted: Iterable[Revert]
     started: list[ConflictStatus] = []
     retried: list[ConflictStatus] = []
     seen: set[WorkloadKey] = set()
-    for key, record in records.items():
-        if record.backoff_until is not None and now < record.backoff_until:
-            held[key] = describe_conflict(record)
+    for key, kept in records.items():
+        if kept.backoff_until is not None and now < kept.backoff_until:
+            held[key] = describe_conflict(kept)
     for revert in reverted:
         key = revert.key
         if key in held or key in seen:
             continue
         seen.add(key)
-        record = records.get(key)
-        if record is not None and record.backoff_until is not None:
+        found = records.get(key)
+        if found is not None and found.backoff_until is not None:
             # The backoff is over: write once more, one revert short of the next backoff.
-            record = record.model_copy(update={"backoff_until": None, "reverts": settings.reverts - 1,
+            record = found.model_copy(update={"backoff_until": None, "reverts": settings.reverts - 1,
                                                "field": revert.field[:1024], "manager": revert.manager,
                                                "last_reverted_at": now})
             retried.append(record)
-        elif record is not None and record.field == revert.field[:1024] and \
-                now - record.last_reverted_at <= settings.backoff(record.backoffs):
-            record = record.model_copy(update={"reverts": record.reverts + 1, "manager": revert.manager,
-                                               "last_reverted_at": now})
+        elif found is not None and found.field == revert.field[:1024] and \
+                now - found.last_reverted_at <= settings.backoff(found.backoffs):
+            record = found.model_copy(update={"reverts": found.reverts + 1, "manager": revert.manager,
+                                              "last_reverted_at": now})
         else:
             record = ConflictStatus(kind=revert.kind, name=revert.name, field=revert.field[:1024],
                                     manager=revert.manager, reverts=1, last_reverted_at=now)
@@ -184,10 +185,10 @@ def track_reverts(previous: Sequence[ConflictStatus], reverted: Iterable[Revert]
             held[key] = describe_conflict(record)
             started.append(record)
         records[key] = record
-    kept = [r for key, r in records.items()
-            if key in held or key in seen or now - r.last_reverted_at <= settings.backoff(r.backoffs)]
-    kept.sort(key=lambda r: ((r.kind, r.name) not in held, -r.last_reverted_at.timestamp()))
-    return ConflictDecision(records=tuple(kept[:MAX_RECORDS]), held=held, started=tuple(started),
+    remaining = [r for key, r in records.items()
+                 if key in held or key in seen or now - r.last_reverted_at <= settings.backoff(r.backoffs)]
+    remaining.sort(key=lambda r: ((r.kind, r.name) not in held, -r.last_reverted_at.timestamp()))
+    return ConflictDecision(records=tuple(remaining[:MAX_RECORDS]), held=held, started=tuple(started),
                             retried=tuple(retried))
 
 
