@@ -27,6 +27,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
                  metrics_port=args.metrics_port,
                  options=OperatorOptions(reconcile_interval=args.reconcile_interval,
                                          resync_interval=args.resync_interval, listed_targets=args.listed_targets,
+                                         conflict_reverts=args.conflict_reverts,
+                                         conflict_backoff=args.conflict_backoff,
                                          prometheus_url_allowlist=_prometheus_allowlist(args)))
     return 0
 
@@ -279,6 +281,12 @@ def build_parser() -> argparse.ArgumentParser:
                                " caches (default 300); changes wake a policy at once")
     operator.add_argument("--listed-targets", type=int, default=20,
                           help="workloads that need attention a policy's status lists (default 20; all are counted)")
+    operator.add_argument("--conflict-reverts", type=int, default=3,
+                          help="reverts in a row of a field the operator wrote, by another writer (e.g. a GitOps"
+                               " tool), before it leaves the object alone for --conflict-backoff (default 3; 0: never)")
+    operator.add_argument("--conflict-backoff", type=float, default=300.0,
+                          help="seconds of the first backoff from a conflicting writer (default 300; doubling, up to"
+                               " 8x)")
     operator.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                           help="a Prometheus server A/B tests may read (repeatable; also "
                                "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")

@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds between two safety-net reconciles of a policy at rest (from the watch caches)")
     parser.add_argument("--listed-targets", type=int, default=OperatorOptions.listed_targets,
                         help="workloads that need attention a policy's status lists (all are counted)")
+    parser.add_argument("--conflict-reverts", type=int, default=OperatorOptions.conflict_reverts,
+                        help="reverts in a row by another writer (e.g. a GitOps tool) before the operator leaves"
+                             " the object alone for --conflict-backoff (0: never)")
+    parser.add_argument("--conflict-backoff", type=float, default=OperatorOptions.conflict_backoff,
+                        help="seconds of the first backoff from a conflicting writer (doubling, up to 8x)")
     parser.add_argument("--prometheus-url-allow", action="append", default=[], metavar="URL",
                         help="a Prometheus server A/B tests may read (repeatable; also "
                              "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
@@ -43,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         options = OperatorOptions(
             reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
             listed_targets=args.listed_targets, polling=args.benchmark_polling,
+            conflict_reverts=args.conflict_reverts, conflict_backoff=args.conflict_backoff,
             prometheus_url_allowlist=(*args.prometheus_url_allow, *parse_allowlist(
                 os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST"))))
     except ValueError as error:

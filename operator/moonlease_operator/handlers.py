@@ -58,6 +58,8 @@ from moonlease_operator.api import (
 from moonlease_operator.core.ab_plan import seconds_until_measurement
 from moonlease_operator.core.ab_samples import Snapshot
 from moonlease_operator.core.changes import WorkloadChange
+from moonlease_operator.core.connector_delivery import pods_to_contact
+from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.url_allowlist import evaluate_prometheus_url
 from moonlease_operator.core.rollout import Observed, PolicyRef, plan_fetch, plan_reconcile, plan_release
@@ -274,11 +276,12 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     previous = read_status(policy.get("status"))
     now = context.clock()
     spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
-    fetch = plan_fetch(spec, previous, now)
+    fetch = plan_fetch(spec, previous, now, policy=name)
     observed = (await fetch_observed(client, namespace, fetch, policies=policies) if polling
                 else await fleet.observed(namespace, fetch))
     if observed.pods is not None:  # verifying a stage: what do the connectors run?
-        observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(observed.pods))
+        contact = pods_to_contact(observed.workloads.values(), PodSet(observed.pods, observed.pod_index))
+        observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(contact))
     baselines = {} if baselines is None else baselines
     kept: Snapshot | None = None
     ab_spec = spec.rollout.ab_test if isinstance(spec, PolicySpec) else None
@@ -296,7 +299,8 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         observed = dataclasses.replace(observed, ab_reading=reading)
     plan = plan_reconcile(spec=spec, policy=_ref(policy), previous=previous, observed=observed, now=now,
                           prometheus_allowlist=context.options.prometheus_url_allowlist,
-                          listed_targets=context.options.listed_targets)
+                          listed_targets=context.options.listed_targets,
+                          conflicts=context.options.conflicts)
     version = policy["metadata"].get("resourceVersion")
     if dump_status(plan.status) != dump_status(previous):
         try:
@@ -344,7 +348,7 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         return min(context.options.reconcile_interval, due_in if due_in is not None else float("inf"))
     return seconds_until_next_reconcile(plan.status, ab_due_in=due_in,
                                         reconcile_interval=context.options.reconcile_interval,
-                                        resync_interval=context.options.resync_interval)
+                                        resync_interval=context.options.resync_interval, now=context.clock())
 
 
 async def _read_policy(context: OperatorContext, namespace: str, name: str) -> dict[str, Any] | None:

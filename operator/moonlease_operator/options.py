@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moonlease_operator.core.conflicts import ConflictSettings
+
 
 @dataclass(frozen=True)
 class OperatorOptions:
@@ -20,6 +22,9 @@ class OperatorOptions:
     `prometheus_url_allowlist`: the Prometheus servers an A/B test may read (`core.url_allowlist`);
     empty: none (A/B tests then scrape the pods). `listed_targets`: how many workloads that need
     attention a policy's status lists (`core.target_summary`; all are counted).
+    `conflict_reverts`/`conflict_backoff`: after that many reverts in a row of a field the
+    operator wrote, by another writer, it leaves the object alone for that many seconds (doubling
+    each time, `core.conflicts`); 0 reverts: never back off.
     """
 
     reconcile_interval: float = 5.0
@@ -31,6 +36,8 @@ class OperatorOptions:
     api_timeout: float = 30.0
     prometheus_url_allowlist: tuple[str, ...] = ()
     listed_targets: int = 20
+    conflict_reverts: int = 3
+    conflict_backoff: float = 300.0
     polling: bool = False
     """Benchmark only (`benchmarks/operator_scale.py`): the design before issue 16, measured side
     by side — every reconcile LISTs the namespace's policies, Deployments and StatefulSets (and
@@ -43,5 +50,11 @@ class OperatorOptions:
                             ("--resync-interval", self.resync_interval)):
             if not value > 0:
                 raise ValueError(f"{flag} must be a positive number of seconds, not {value}")
+        self.conflicts  # noqa: B018 - refuses bad --conflict-reverts / --conflict-backoff
         if self.listed_targets < 0:
             raise ValueError(f"--listed-targets must be 0 or more, not {self.listed_targets}")
+
+    @property
+    def conflicts(self) -> ConflictSettings:
+        """When to back off from another writer that keeps reverting the operator's changes."""
+        return ConflictSettings(reverts=self.conflict_reverts, backoff_seconds=self.conflict_backoff)

@@ -82,7 +82,8 @@ async def test_a_pod_that_never_reports_the_new_settings_times_out_and_rolls_bac
         assert decode_target(kube)["phase"] == "Updating"
         for pod in ("llama-decode-0", "llama-decode-1"):
             assert f"pod {pod}: connector runs settings" in message and "(lease mode selective)" in message
-        assert "SettingsNotVerified" in reasons(kube, transient=True)
+        await kube.wait_for(lambda: "SettingsNotVerified" in reasons(kube, transient=True), timeout=WAIT,
+                            what="the SettingsNotVerified event")  # posted right after the status write
         assert stage_phases(kube)["prefill"] == "Succeeded" and lease_modes(kube, "llama-prefill") == {"leaseAll"}
         assert file_mode(kube, "llama-decode") == "leaseAll"  # written; never delivered
         assert phase(kube) == "Progressing"

@@ -178,3 +178,33 @@ async def test_a_hand_edit_of_a_finished_stage_while_a_later_one_runs_is_caught_
     kube.simulator.heal("StatefulSet", NS, "llama-decode")
     await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
     assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
+
+
+async def test_a_rollout_undo_of_a_finished_stage_while_a_later_one_runs_is_caught_at_once(
+        kube: LocalApiServer, running_operator: OperatorThread) -> None:
+    """Prefill done, decode still rolling: `kubectl rollout undo deployment/llama-prefill`. The
+    local API server keeps no ReplicaSets yet, so the undo is emulated as kubectl does it: the
+    previous pod template (the one before the operator's adoption) is patched back onto the
+    Deployment. The watch event reopens the prefill stage (StageDrifted naming the settings volume),
+    the adoption is put back, and the policy is Ready only once both stages run the policy's
+    settings (it used to stay Ready over the undo until the next resync)."""
+    await create_fleet(kube)
+    kube.simulator.stall("StatefulSet", NS, "llama-decode", when=configured)
+    await kube.create(policy())
+    await wait_for_stage_start(kube, "decode", "llama-decode")
+    assert stage_phases(kube)["prefill"] == "Succeeded"
+    templates = [v["spec"]["template"] for v in kube.history(DEPLOYMENTS, NS, "llama-prefill") if v is not None]
+    before = next(t for t in reversed(templates) if not configured(t))  # the revision before the operator's
+    await kube.patch(DEPLOYMENTS, NS, "llama-prefill", [{"op": "replace", "path": "/spec/template", "value": before}],
+                     patch_type="json")
+    await kube.wait_for(lambda: bool(events(kube, "StageDrifted")), timeout=WAIT,
+                        what="the undo noticed while decode still runs")
+    drifted = events(kube, "StageDrifted")[0]["message"]
+    assert "Stage prefill drifted after it succeeded: Deployment/llama-prefill" in drifted
+    assert "moonlease-connector-settings" in drifted
+    await kube.wait_for(lambda: configured(workload(kube, "llama-prefill")["spec"]["template"]), timeout=WAIT,
+                        what="prefill adopted again")
+    assert phase(kube) == "Progressing" and condition(kube, "Ready")["status"] == "False"
+    kube.simulator.heal("StatefulSet", NS, "llama-decode")
+    await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+    assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}

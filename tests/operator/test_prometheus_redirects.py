@@ -1,5 +1,6 @@
 """The operator queries only the allowlisted Prometheus URL (issue 27): a redirect from it to
-another host is not followed, and the measurement fails saying where it pointed."""
+another host is not followed, and the measurement fails saying where it pointed — in the metric
+source, and with kopf running an A/B test against the local API server."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from moonlease.testbed.kube import LocalApiServer
 from moonlease_operator.adapters.metric_sources import MetricSourceError, PrometheusSource
 from moonlease_operator.core.ab_samples import Arm
+from moonlease_operator.runner import OperatorThread
+from tests.fixtures.kube import FAST_OPTIONS
+from tests.operator.fleet import condition
+from tests.operator.test_ab_operator import ab_policy, create_arms
 
 pytestmark = pytest.mark.operator
 
@@ -55,4 +61,22 @@ def test_a_redirect_from_prometheus_is_not_followed(redirecting: tuple[str, type
                               sleep=lambda _: None)
     with pytest.raises(MetricSourceError, match="302 redirect to .*/elsewhere.* not followed"):
         source.fetch_snapshot(at=1.0)
+    assert handler.requests and not [p for p in handler.requests if p.startswith("/elsewhere")]
+
+
+async def test_the_operator_running_an_ab_test_never_follows_the_redirect(
+        kube: LocalApiServer, redirecting: tuple[str, type[_Recorder]]) -> None:
+    """With kopf against the local API server: an A/B test reading an allowlisted Prometheus
+    that answers with a redirect fails its measurement (saying where it pointed) and never
+    queries the other location (it used to follow it: 6 requests to a host not allowlisted)."""
+    url, handler = redirecting
+    await create_arms(kube, {"control": 9, "treatment": 9})
+    spec = ab_policy(prometheus={"url": url, "selectors": {"control": 'job="control"', "treatment": 'job="treatment"'}},
+                     consecutiveErrorLimit=1)
+    async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
+        await kube.create(spec)
+        await kube.wait_for(lambda: condition(kube, "ABTestConcluded", "ab").get("reason") == "MeasurementFailed",
+                            timeout=60, what="the measurement failed")
+    message = condition(kube, "ABTestConcluded", "ab")["message"]
+    assert f"Prometheus at {url} failed" in message and "HTTP 302 redirect to" in message, message
     assert handler.requests and not [p for p in handler.requests if p.startswith("/elsewhere")]

@@ -5,6 +5,7 @@ refuses (issue 27)."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -115,3 +116,56 @@ def test_deleting_a_policy_whose_old_master_was_renamed_away_asks_before_restori
                         managed=list(cluster.workloads.values()), now=T0)
     assert "mooncake-master" not in [c.name for c in plan.changes]
     assert plan.pending_approval is not None and [e.reason for e in plan.events][0] == "AwaitingApproval"
+
+
+def with_master_file(cluster: Cluster, *names: str) -> None:
+    cluster.obj("mooncake-master")["spec"]["template"]["spec"]["containers"][0]["args"] = ["--config_path=/etc/m.json"]
+    for name in names:
+        cluster.config_maps[name] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                                     "data": {"m.json": '{"rpc_port": 50051}'}}
+
+
+def master_file_spec(config_map: str, **changes: Any) -> dict[str, Any]:
+    return spec_with(master={"name": "mooncake-master", "version": "0.3.14", "evictionRatio": 0.2,
+                             "configMap": {"name": config_map, "key": "m.json"}, "requireApprovalForRestart": False,
+                             **changes})
+
+
+@pytest.mark.parametrize("on_delete", ["keep", "restore"])
+def test_a_master_file_no_longer_named_is_forgotten_or_given_back(on_delete: str) -> None:
+    """`spec.master.configMap` renamed: the old file carried the policy's label and snapshots for
+    ever (and a later deletion, which reads the file the spec names, never gave it back)."""
+    cluster = fleet()
+    with_master_file(cluster, "cfg", "cfg-2")
+    assert cluster.run(master_file_spec("cfg", onDelete=on_delete)).phase is Phase.READY
+    assert cluster.config_maps["cfg"]["metadata"]["labels"][POLICY_LABEL] == "fleet"
+    written = cluster.config_maps["cfg"]["data"]["m.json"]
+    cluster.events.clear()
+    assert cluster.run(master_file_spec("cfg-2", onDelete=on_delete)).phase is Phase.READY
+    old = cluster.config_maps["cfg"]
+    assert POLICY_LABEL not in (old["metadata"].get("labels") or {})
+    assert not set(old["metadata"].get("annotations") or {}) & {"moonlease.io/original", "moonlease.io/rollback"}
+    expected = written if on_delete == "keep" else '{"rpc_port": 50051}'
+    assert json.loads(old["data"]["m.json"]) == json.loads(expected)
+    released = [m for _, r, m in cluster.events if r == "Released" and "ConfigMap/cfg " in m]
+    assert released and ("keeps its content" if on_delete == "keep" else "restoring its content") in released[0]
+    assert cluster.config_maps["cfg-2"]["metadata"]["labels"][POLICY_LABEL] == "fleet"
+
+
+def test_the_file_of_a_renamed_away_master_waits_with_its_master_for_approval() -> None:
+    cluster = Cluster(master_deployment(), second_master(), deployment("prefill"), deployment("decode"))
+    with_master_file(cluster, "cfg", "cfg-2")
+    cluster.obj("mooncake-master-2")["spec"]["template"]["spec"]["containers"][0]["args"] = ["--config_path=/x.json"]
+    assert cluster.run(master_file_spec("cfg", onDelete="restore")).phase is Phase.READY
+    written = cluster.config_maps["cfg"]["data"]["m.json"]
+    spec = master_file_spec("cfg-2", onDelete="restore", requireApprovalForRestart=True, name="mooncake-master-2")
+    cluster.reconcile(spec)
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = cluster.status.pending_approval or ""
+    status = cluster.run(spec)
+    assert status.phase is Phase.AWAITING_APPROVAL and (status.pending_approval or "").startswith("restore:")
+    assert cluster.config_maps["cfg"]["data"]["m.json"] == written, "the old master's file restored before approval"
+    cluster.annotations[APPROVE_MASTER_RESTART_ANNOTATION] = status.pending_approval or ""
+    cluster.writes.clear()
+    assert cluster.run(spec).phase is Phase.READY
+    assert json.loads(cluster.config_maps["cfg"]["data"]["m.json"]) == {"rpc_port": 50051}
+    assert cluster.writes.index(("ConfigMap", "cfg")) < cluster.writes.index(("Deployment", "mooncake-master"))

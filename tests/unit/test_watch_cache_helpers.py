@@ -16,7 +16,8 @@ def test_trim_drops_bookkeeping_and_keeps_what_the_planner_reads() -> None:
            "spec": {"replicas": 2}}
     obj = trim_object(raw, "Deployment")
     assert obj == {"kind": "Deployment", "spec": {"replicas": 2},
-                   "metadata": {"name": "d", "resourceVersion": "7", "annotations": {"moonlease.io/original": "{}"}}}
+                   "metadata": {"name": "d", "resourceVersion": "7", "annotations": {"moonlease.io/original": "{}"},
+                                "managedFields": [{"manager": "kubectl", "fieldsV1": {}}]}}
     assert "managedFields" in raw["metadata"]  # the caller's object is left alone
 
 

@@ -159,6 +159,10 @@ class FleetView:
             obj = self._cached_config_map(namespace, name) or await self._read_config_map(namespace, name)
             if obj is not None:
                 config_maps[name] = obj
+        if plan.policy_label is not None:  # what the policy labelled, used or not (a renamed master file)
+            for name, obj in self.config_map_caches[1].in_namespace(namespace).items():
+                if managed_by(obj) == plan.policy_label:
+                    config_maps.setdefault(name, obj)
         pods = pod_index = None
         if plan.pods:
             await self.ensure_pods()

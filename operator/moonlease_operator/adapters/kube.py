@@ -29,6 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from moonlease_operator.core.conflicts import FIELD_MANAGER
+
 try:
     _VERSION = importlib.metadata.version("moonlease")
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
@@ -207,15 +209,23 @@ class KubeClient:
         except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             raise ApiError(0, "Unreachable", str(exc) or type(exc).__name__) from exc
 
+    # Every write names the operator's field manager, so that `metadata.managedFields` tells
+    # its writes from another writer's (`core.conflicts.last_writer`).
+
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
-        return await self.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+        return await self.request("PATCH", path, params=_WRITER, body=patch,
+                                  content_type="application/merge-patch+json")
 
     async def strategic_merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
         """A strategic merge patch (built-in kinds only: Deployments, StatefulSets, ...)."""
-        return await self.request("PATCH", path, body=patch, content_type="application/strategic-merge-patch+json")
+        return await self.request("PATCH", path, params=_WRITER, body=patch,
+                                  content_type="application/strategic-merge-patch+json")
 
     async def create(self, path: str, body: Mapping[str, Any]) -> Any:
-        return await self.request("POST", path, body=body)
+        return await self.request("POST", path, params=_WRITER, body=body)
+
+
+_WRITER = {"fieldManager": FIELD_MANAGER}
 
 
 def _api_error(status: int, text: str) -> ApiError:

@@ -1,6 +1,7 @@
 """Read what the vLLM pods' connectors run: their settings endpoints, over HTTP. Not pure.
 
-Each Ready pod that mounts a connector settings volume is scraped at its pod IP and settings
+The pods given are scraped — the caller chooses them by the planner's own rule
+(`core.connector_delivery.pods_to_contact`: the pods that must report) — at their pod IP and settings
 port (`core.connector_delivery.settings_endpoint`), in worker threads, all at once; an endpoint
 that does not answer is a report with an error (the planner keeps the stage waiting), never an
 exception.
@@ -18,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from moonlease_operator.core.connector_delivery import (
     SettingsReport,
     read_settings_report,
-    reads_settings_file,
     settings_endpoint,
 )
 
@@ -37,13 +37,8 @@ def scrape_settings(endpoint: str, timeout: float = 2.0) -> SettingsReport:
 
 async def fetch_settings_reports(pods: Sequence[Mapping[str, Any]], *,
                                  timeout: float = 2.0) -> dict[str, SettingsReport]:
-    """Pod name -> report, for every Ready pod that reads a connector settings file."""
-    targets: dict[str, str | None] = {}
-    for pod in pods:
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in (pod.get("status") or {}).get("conditions") or [])
-        if ready and reads_settings_file(pod):
-            targets[str(pod["metadata"]["name"])] = settings_endpoint(pod)
+    """Pod name -> report, for every pod given."""
+    targets = {str(pod["metadata"]["name"]): settings_endpoint(pod) for pod in pods}
     names = list(targets)
 
     async def one(name: str) -> SettingsReport:

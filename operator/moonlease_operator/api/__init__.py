@@ -44,6 +44,7 @@ from moonlease_operator.api.policy import (
     Verb,
     VerbOutcome,
     VerbRecord,
+    ConflictStatus,
     WorkloadKind,
     build_master_flags,
     parse_spec,
@@ -56,5 +57,5 @@ __all__ = [
     "LabelSelector", "LabelSelectorRequirement", "LeaseMode", "MasterSpec", "Phase", "PolicySpec",
     "PolicySpecError", "PolicyStatus", "Reason", "Role", "RolloutSpec", "RolloutStrategy",
     "SelectorOperator", "StageName", "StagePhase", "StageStatus", "TargetPhase", "TargetSpec",
-    "TargetCount", "TargetStatus", "VERB_ANNOTATION", "Verb", "VerbOutcome", "VerbRecord", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
+    "TargetCount", "TargetStatus", "VERB_ANNOTATION", "Verb", "VerbOutcome", "VerbRecord", "ConflictStatus", "WorkloadKind", "build_master_flags", "parse_spec", "read_spec",
 ]

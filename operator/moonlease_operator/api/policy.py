@@ -459,6 +459,7 @@ class ConditionType(str, enum.Enum):
     DEGRADED = "Degraded"
     AB_TEST_CONCLUDED = "ABTestConcluded"
     WRITE_FAILED = "WriteFailed"
+    CONFLICTING_WRITER = "ConflictingWriter"
 
 
 class Reason(str, enum.Enum):
@@ -503,6 +504,8 @@ class Reason(str, enum.Enum):
     SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
     MEMBER_EXCLUDED = "MemberExcluded"
     WRITE_REFUSED = "WriteRefused"
+    CONFLICTING_WRITER = "ConflictingWriter"  # another writer keeps reverting what the operator wrote
+    NO_CONFLICTING_WRITER = "NoConflictingWriter"
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"
@@ -605,6 +608,30 @@ class TargetCount(StatusModel):
     """How many workloads of that stage are in that phase."""
 
 
+class ConflictStatus(StatusModel):
+    """A workload another writer keeps reverting (a GitOps tool re-applying its manifest): what
+    was reverted, by whom, how often, and until when the operator stops writing it."""
+
+    kind: Annotated[str, Field(max_length=64)]
+    """Kind of the reverted object (Deployment, StatefulSet or ConfigMap)."""
+    name: ObjectName
+    """Name of the reverted object."""
+    field: Annotated[str, Field(max_length=1024)]
+    """The first field the operator wrote that was found reverted (a Kubernetes field path)."""
+    manager: Annotated[str, Field(max_length=256)] | None = None
+    """The field manager (metadata.managedFields) that last wrote that part of the object
+    other than the operator; unset where the API server recorded none."""
+    reverts: Annotated[int, Field(ge=0)]
+    """Reverts counted in a row, each within the backoff of the one before."""
+    last_reverted_at: datetime
+    """When the operator last found the field reverted."""
+    backoffs: Annotated[int, Field(ge=0)] = 0
+    """Backoffs taken in a row (each twice as long as the one before, up to eight times the
+    operator's `--conflict-backoff`)."""
+    backoff_until: datetime | None = None
+    """Until when the operator leaves the object alone; unset when it is not backing off."""
+
+
 class VerbRecord(StatusModel):
     """The last value of a verb (or approval) annotation the operator handled, and what it did."""
 
@@ -680,6 +707,14 @@ class PolicyStatus(StatusModel):
     """The last `moonlease.io/verb` annotation handled."""
     last_approval: VerbRecord | None = None
     """The last `moonlease.io/approve-master-restart` value handled."""
+    conflicts: list[ConflictStatus] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["kind", "name"]},
+    )
+    """Objects found reverted by another writer after the operator wrote them (at most 20):
+    after `--conflict-reverts` reverts in a row the operator stops writing the object for a
+    backoff, says so in the `ConflictingWriter` condition and a warning event, then tries once
+    more."""
 
     def condition(self, type_: ConditionType | str) -> Condition | None:
         """The condition of this type, if set."""

@@ -17,7 +17,7 @@ with the connector's own parser over the workload's start-up defaults, so both s
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,8 @@ from moonlease_connector.settings import (
 from moonlease_operator.api import GROUP
 from moonlease_operator.core.changes import Wrapped
 from moonlease_operator.core.config_hash import build_config_hash
+from moonlease_operator.core.health import current_ready_pods
+from moonlease_operator.core.pod_set import PodSet
 from moonlease_operator.core.command_line import Invocation, shell_script, vllm_invocations
 from moonlease_operator.core.workload_args import (
     CONNECTOR_CLASS,
@@ -209,6 +211,51 @@ def settings_endpoint(pod: Mapping[str, Any]) -> str | None:
 def reads_settings_file(pod: Mapping[str, Any]) -> bool:
     """Whether a pod mounts a connector settings volume (the pods worth scraping)."""
     return any(v.get("name") == SETTINGS_VOLUME for v in (pod.get("spec") or {}).get("volumes") or [])
+
+
+@dataclass(frozen=True)
+class SettingsPods:
+    """One workload's pods as settings verification sees them: the one rule for which pods
+    must report and which are contacted (`settings_pods`)."""
+
+    report: tuple[Mapping[str, Any], ...]
+    """Ready pods of the current pod template that mount the settings volume: each must report
+    the expected settings, and these (and only these) are contacted."""
+    unmounted: tuple[Mapping[str, Any], ...]
+    """Ready pods of the current pod template of a workload whose template mounts the settings
+    volume, that do not mount it themselves (a mutating webhook dropped it, a pod made by hand
+    with the template's labels and hash): they can never read the file, so they are reported at
+    once, with the fix, instead of being waited for until the stage times out."""
+
+
+def settings_pods(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] | PodSet) -> SettingsPods:
+    """Which of `obj`'s pods must report their connector settings (see `SettingsPods`)."""
+    current = current_ready_pods(obj, pods)
+    if not template_reads_settings_file(obj):
+        return SettingsPods(report=(), unmounted=())
+    return SettingsPods(report=tuple(p for p in current if reads_settings_file(p)),
+                        unmounted=tuple(p for p in current if not reads_settings_file(p)))
+
+
+def pods_to_contact(workloads: Iterable[Mapping[str, Any]],
+                    pods: Sequence[Mapping[str, Any]] | PodSet) -> list[Mapping[str, Any]]:
+    """Every pod whose settings endpoint a reconcile reads: the pods that must report, of every
+    workload given (`settings_pods`), each once."""
+    chosen: dict[tuple[str | None, str], Mapping[str, Any]] = {}
+    for obj in workloads:
+        for pod in settings_pods(obj, pods).report:
+            meta = pod.get("metadata") or {}
+            chosen.setdefault((meta.get("namespace"), str(meta.get("name"))), pod)
+    return list(chosen.values())
+
+
+def unmounted_pod_problem(pod: Mapping[str, Any]) -> str:
+    """Why a Ready pod without the settings volume fails its stage at once, and the fix."""
+    name = str((pod.get("metadata") or {}).get("name"))
+    return (f"pod {name}: runs without the settings volume {SETTINGS_VOLUME} its pod template mounts (dropped by"
+            f" a mutating webhook, or a pod made by hand), so its connector can never read the settings; delete"
+            f" it (kubectl delete pod {name}) so that its controller recreates it from the template, and let"
+            f" no webhook remove the volume")
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ a 256 MiB operator whole. The planner reads of a workload its metadata (labels, 
 generation, resourceVersion), `spec.replicas`/`selector`, its status, and of the pod template:
 its metadata, volumes and, per container, the name, image, command, args, volumeMounts and the
 env vars of Moonlease, Mooncake and vLLM's Mooncake store (`KEPT_ENV_PREFIXES`). Everything else
-(`managedFields`, kubectl's last-applied annotation, resources, probes, ports, other env vars)
-is dropped as each object arrives.
+(kubectl's last-applied annotation, resources, probes, ports, other env vars) is dropped as each
+object arrives, and of `managedFields` a workload or ConfigMap keeps only each entry's manager,
+operation, time and the top two levels of its fields (`core.conflicts.prune_managed_fields`:
+enough to name another writer that keeps reverting the operator's changes); a pod keeps none.
 
 Writes stay exact because workloads are patched with a strategic merge patch
 (`slots.build_strategic_merge_patch`): containers, env vars, volumes and mounts are patched
@@ -20,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from moonlease_operator.core.conflicts import prune_managed_fields
+
 JsonObj = dict[str, Any]
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 #: Env vars the planner reads (the connector's settings file and port, the selective-lease
@@ -29,9 +33,12 @@ KEPT_CONTAINER_FIELDS = ("name", "image", "command", "args", "env", "volumeMount
 KEPT_POD_STATUS_FIELDS = ("phase", "podIP", "conditions", "containerStatuses")
 
 
-def trim_metadata(meta: Mapping[str, Any]) -> JsonObj:
-    """Metadata without `managedFields` and kubectl's last-applied copy of the object."""
+def trim_metadata(meta: Mapping[str, Any], *, writers: bool = False) -> JsonObj:
+    """Metadata without kubectl's last-applied copy of the object, and without `managedFields`
+    — or, `writers`, with only who wrote which part of it (`prune_managed_fields`)."""
     kept = {k: v for k, v in meta.items() if k != "managedFields"}
+    if writers and meta.get("managedFields"):
+        kept["managedFields"] = prune_managed_fields(meta["managedFields"])
     annotations = kept.get("annotations")
     if annotations and LAST_APPLIED in annotations:
         kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
@@ -57,7 +64,7 @@ def trim_pod_spec(spec: Mapping[str, Any]) -> JsonObj:
 
 def trim_workload(obj: Mapping[str, Any], kind: str) -> JsonObj:
     """A Deployment or StatefulSet as the cache keeps it (see the module docstring)."""
-    kept = {**obj, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {})}
+    kept = {**obj, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {}, writers=True)}
     spec = obj.get("spec") or {}
     template = spec.get("template")
     if isinstance(template, Mapping) and isinstance(template.get("spec"), Mapping):
@@ -85,4 +92,4 @@ def trim_object(obj: Mapping[str, Any], kind: str) -> JsonObj:
         return trim_workload(obj, kind)
     if kind == "Pod":
         return trim_pod(obj)
-    return {**obj, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {})}
+    return {**obj, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {}, writers=True)}

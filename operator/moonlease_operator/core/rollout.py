@@ -71,6 +71,14 @@ from moonlease_operator.core.ab_plan import (
 )
 from moonlease_operator.core.compatibility import VersionSource, container_image, evaluate_compatibility
 from moonlease_operator.core.conditions import set_condition
+from moonlease_operator.core.conflicts import (
+    ConflictDecision,
+    ConflictSettings,
+    Revert,
+    field_path,
+    last_writer,
+    track_reverts,
+)
 from moonlease_operator.core.config_hash import build_config_hash
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_connector.settings import SETTINGS_FILE_NAME
@@ -85,7 +93,9 @@ from moonlease_operator.core.connector_delivery import (
     settings_config_map_name,
     settings_config_map_stub,
     settings_file_text,
+    settings_pods,
     template_reads_settings_file,
+    unmounted_pod_problem,
 )
 from moonlease_operator.core.master_identity import declared_master, is_master_object
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
@@ -100,12 +110,15 @@ from moonlease_operator.core.settings import (
     build_target_desired,
 )
 from moonlease_operator.core.target_summary import DEFAULT_LISTED_TARGETS, build_target_summary
+from moonlease_operator.core.workload_args import find_container
 from moonlease_operator.core.write_failures import set_write_condition
 from moonlease_operator.core.slots import (
     ORIGINAL_ANNOTATION,
     build_update,
     describe_update,
+    differing_slots,
     needs_update,
+    managed_by,
     policy_label_value,
     rollback_revision,
     template_config_hash,
@@ -177,6 +190,9 @@ class FetchPlan:
     spec: PolicySpec | None = None
     """The spec whose vLLM workloads' settings ConfigMaps to read, by name, once the workloads
     are listed (`settings_config_maps_to_read`); None: none (an invalid spec plans nothing)."""
+    policy_label: str | None = None
+    """Read too every (cached) ConfigMap carrying this value of the policy label: a master file
+    the policy changed but no longer names (renamed) is given back (`_release_orphans`)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +233,9 @@ class ReconcilePlan:
 
 
 def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
-               now: datetime.datetime | None = None) -> FetchPlan:
-    """What to read for this reconcile (`spec` as `read_spec` returned it)."""
+               now: datetime.datetime | None = None, policy: str | None = None) -> FetchPlan:
+    """What to read for this reconcile (`spec` as `read_spec` returned it; `policy`: its name,
+    to read the ConfigMaps it labelled)."""
     if isinstance(spec, PolicySpecError):
         return FetchPlan(config_maps=(), pods=False)
     config_map = spec.master.config_map
@@ -227,7 +244,7 @@ def plan_fetch(spec: PolicySpec | PolicySpecError, previous: PolicyStatus,
     due = now is not None and previous.paused_at is None and measurement_due(previous.ab_test, ab, now)
     scraping = due and ab is not None and ab.prometheus is None
     return FetchPlan(config_maps=() if config_map is None else (config_map.name,), pods=verifying or scraping,
-                     ab_due=due, spec=spec)
+                     ab_due=due, spec=spec, policy_label=None if policy is None else policy_label_value(policy))
 
 
 def settings_config_maps_to_read(spec: PolicySpec, workloads: Mapping[WorkloadKey, Mapping[str, Any]],
@@ -256,17 +273,20 @@ def config_maps_to_restore(spec: PolicySpec | PolicySpecError, workloads: Sequen
 def plan_reconcile(*, spec: PolicySpec | PolicySpecError, policy: PolicyRef, previous: PolicyStatus,
                    observed: Observed, now: datetime.datetime,
                    prometheus_allowlist: Sequence[str] | None = None,
-                   listed_targets: int = DEFAULT_LISTED_TARGETS) -> ReconcilePlan:
+                   listed_targets: int = DEFAULT_LISTED_TARGETS,
+                   conflicts: ConflictSettings | None = None) -> ReconcilePlan:
     """Decide one reconcile of one policy (see the module docstring); `spec` as `read_spec`
     returned it, read once for the whole reconcile.
 
     `prometheus_allowlist`: the operator's allowed Prometheus URLs (None: not checked, for
     callers that never fetch). `listed_targets`: how many targets that need attention the
-    status lists (`core.target_summary`; the rest are counted)."""
+    status lists (`core.target_summary`; the rest are counted). `conflicts`: when to back off
+    from another writer that keeps reverting what the operator wrote (`core.conflicts`)."""
     prepared = _prepare(spec=spec, policy=policy, previous=previous, observed=observed, now=now,
                         prometheus_allowlist=prometheus_allowlist)
     if isinstance(prepared, _Planner):
         prepared.listed_targets = listed_targets
+        prepared.conflict_settings = conflicts or ConflictSettings()
         return prepared.plan()
     return prepared
 
@@ -498,6 +518,9 @@ class _Planner:
     _rollback_cache: dict[WorkloadKey, tuple[WorkloadChange, ...]] = field(default_factory=dict)
     listed_targets: int = DEFAULT_LISTED_TARGETS
     all_targets: list[TargetStatus] = field(default_factory=list)  # filled by _status
+    conflict_settings: ConflictSettings = field(default_factory=ConflictSettings)
+    conflicts: ConflictDecision = field(default_factory=lambda: ConflictDecision(records=()))
+    master_held: str | None = None  # the master's writes wait out a conflicting writer's backoff
     _pod_set: PodSet | None = None
 
     def _pods(self) -> PodSet | None:
@@ -519,7 +542,9 @@ class _Planner:
                           None if effect in (VerbEffect.RESUME, VerbEffect.ABORT) else prev.paused_at)
         self._begin_ab_test(desired_hash, effect)
         self.health = {m.key: evaluate_health(m.obj or {}, self._pods()) for m in self.fleet.members}
-        out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)]
+        self._track_conflicts(desired_hash)
+        out_of_sync = [m for m in self.fleet.members if not self._in_sync(m)
+                       and not (m.stage is StageName.MASTER and self.master_held is not None)]
         # At rest: Ready, or Degraded only because targets were left out (no stage failed), so a
         # target that comes back is brought in by a new attempt.
         at_rest = prev.phase in _AT_REST or (prev.phase is Phase.DEGRADED and prev.failed_stage is None)
@@ -713,6 +738,74 @@ class _Planner:
         return _Outcome(Phase.READY, outcome.stage, Reason.AB_TEST_PROMOTED,
                         f"A/B test {ab.verdict}: promoted; every stage runs configuration {self.desired_hash}")
 
+    # ---- another writer reverting ours (GitOps) -------------------------------------------
+
+    def _track_conflicts(self, desired_hash: str) -> None:
+        """Count the workloads found reverted since the operator wrote them (`core.conflicts`);
+        a target backing off is left out of this plan (reported, the rest carries on), the
+        master's writes wait (`master_held`)."""
+        prev = self.previous
+        reverted: list[Revert] = []
+        if prev.revision is not None and prev.desired_config_hash == desired_hash:
+            written = (StagePhase.PROGRESSING, StagePhase.SUCCEEDED, StagePhase.SKIPPED)
+            refused = {(t.kind.value, t.name) for t in prev.targets if t.write_error}
+            for member in self.fleet.members:
+                stage = prev.stage(member.stage)
+                if member.obj is None or stage is None or stage.phase not in written or member.key in refused \
+                        or self._in_sync(member):
+                    continue
+                reverted.append(self._revert_of(member))
+        self.conflicts = decision = track_reverts(prev.conflicts, reverted, now=self.now,
+                                                  settings=self.conflict_settings)
+        for record in decision.started:
+            self.notes.append(EventNote("Warning", Reason.CONFLICTING_WRITER.value,
+                                        decision.held[(record.kind, record.name)]))
+        for record in decision.retried:
+            self.notes.append(EventNote("Normal", Reason.CONFLICTING_WRITER.value,
+                                        f"{record.kind}/{record.name}: the backoff is over; writing it once more"
+                                        f" ({record.field} was reverted by"
+                                        f" {record.manager or 'a writer the API server does not name'})"))
+        held = {m.key: m for m in self.fleet.members if m.key in decision.held}
+        if not held:
+            return
+        master = self.fleet.master.key
+        if master in held:
+            self.master_held = decision.held[master]
+        left_out = {key: (member, f"{Reason.CONFLICTING_WRITER.value}: {decision.held[key]}")
+                    for key, member in held.items() if key != master}
+        self.excluded = {**self.excluded, **left_out}
+        self.fleet = Fleet(tuple(m for m in self.fleet.members if m.key not in left_out), self.fleet.missing,
+                           self.fleet.unmatched)
+
+    def _revert_of(self, member: Member) -> Revert:
+        """The first field found reverted in `member` (or its settings ConfigMap), and who wrote it."""
+        for change in self._pending(self._apply_changes(member)):
+            obj = self._object(change)
+            slots = differing_slots(obj, change)
+            place = change.place if change.kind == "ConfigMap" else \
+                (find_container(obj, change.place) or {}).get("name", change.place)
+            path = field_path(change.kind, place, slots[0] if slots else "annotation")
+            if change.kind == "ConfigMap":
+                path = f"ConfigMap/{change.name} {path}"
+            return Revert(member.kind, member.name, path, last_writer(obj))
+        raise AssertionError("a member out of sync has a pending change")
+
+    def _conflict_condition(self, conditions: list[Any]) -> list[Any]:
+        """ConflictingWriter: True while an object is left alone because another writer keeps
+        reverting it, False once none is; absent for a policy that never met one."""
+        kind = ConditionType.CONFLICTING_WRITER.value
+        held = list(self.conflicts.held.values())
+        if held:
+            return set_condition(conditions, type_=kind, status=ConditionStatus.TRUE,
+                                 reason=Reason.CONFLICTING_WRITER.value, message=_join(held),
+                                 generation=self.policy.generation, now=self.now)
+        if not any(c.type == kind for c in conditions):
+            return conditions
+        return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE,
+                             reason=Reason.NO_CONFLICTING_WRITER.value,
+                             message="No other writer reverts what the operator writes",
+                             generation=self.policy.generation, now=self.now)
+
     # ---- connector settings: delivered live, verified on the pods ---------------------------
 
     def _verify_settings(self) -> None:
@@ -785,8 +878,10 @@ class _Planner:
         if self.observed.pods is None:
             return ["pods not read"], False
         reports = self.observed.settings_reports or {}
-        problems, refused = [], False
-        for pod in current_ready_pods(obj, self._pods() or ()):
+        chosen = settings_pods(obj, self._pods() or ())
+        # A pod that can never read the file fails the stage now: waiting would not change it.
+        problems, refused = [unmounted_pod_problem(p) for p in chosen.unmounted], bool(chosen.unmounted)
+        for pod in chosen.report:
             name = str((pod.get("metadata") or {}).get("name"))
             problem = evaluate_pod_settings(name, reports.get(name), expected)
             if problem is not None:
@@ -901,6 +996,7 @@ class _Planner:
         keeps its settings (`master.onDelete: keep`), or restoring it restarts it like any other
         master restart, approved first when `requireApprovalForRestart` (`orphan_restart`)."""
         declared = declared_master(self.spec, self.previous)
+        first = len(self.changes)
         for key in managed_keys(policy_label_value(self.policy.name), self.observed.workloads, self.observed.index):
             obj = self.observed.workloads[key]
             if key in self.fleet.keys or key in self.held or key in self.excluded:
@@ -930,6 +1026,37 @@ class _Planner:
             self.notes.append(EventNote("Normal", Reason.RELEASED.value,
                                         f"{key[0]}/{key[1]} is no longer covered: restoring its original"
                                         " configuration"))
+        # The ConfigMaps before the workloads they configure (a master restored reads its file).
+        self.changes[first:first] = self._release_orphan_config_maps(declared)
+
+    def _release_orphan_config_maps(self, declared: frozenset[tuple[str, str]]) -> list[WorkloadChange]:
+        """ConfigMaps this policy labelled that it no longer uses: a master file no longer named
+        (`spec.master.configMap` or `spec.master.name` renamed) follows `master.onDelete` like its
+        master — kept as it is and forgotten, or given back its content from before the policy,
+        with the master's own restore when that waits for approval; a settings file of a workload
+        no longer covered gets its content from before the policy, like its workload."""
+        label = policy_label_value(self.policy.name)
+        in_use = {settings_config_map_name(key[1]) for key in (*self.fleet.keys, *self.held, *self.excluded)}
+        if self.master.config_map is not None:
+            in_use.add(self.master.config_map.name)
+        changes = []
+        for name, obj in sorted(self.observed.config_maps.items()):
+            if name in in_use or managed_by(obj) != label:
+                continue
+            master = is_master_object(obj, declared)
+            keep = master and self.spec.master.on_delete is MasterDeletionPolicy.KEEP
+            if master and not keep and self.orphan_restart is not None:
+                continue  # given back with its master, once that restore is approved
+            change = WorkloadChange(kind="ConfigMap", name=name, action=ChangeAction.FORGET if keep else
+                                    ChangeAction.RELEASE, policy=self.policy.name)
+            if not needs_update(obj, change):
+                continue
+            changes.append(change)
+            self.notes.append(EventNote("Normal", Reason.RELEASED.value,
+                                        f"ConfigMap/{name} is no longer used by the policy: "
+                                        + ("it keeps its content (master.onDelete: keep)" if keep else
+                                           "restoring its content from before the policy")))
+        return changes
 
     def _hold_orphan_restart(self, outcome: _Outcome) -> _Outcome:
         """A master no longer covered waits for approval before it is restored: the policy is
@@ -951,6 +1078,9 @@ class _Planner:
             stage = self.stages[name]
             members = self.fleet.in_stage(name)
             drifted: list[Member] = []
+            if name is StageName.MASTER and self.master_held is not None and not self._in_sync(self.fleet.master):
+                return _Outcome(Phase.DEGRADED, name, Reason.CONFLICTING_WRITER,
+                                f"The master is left alone while another writer reverts it: {self.master_held}")
             if stage.phase in _DONE:
                 # A finished stage is verified again on every reconcile (each watch event of its
                 # workloads and settings ConfigMaps wakes one): a `kubectl rollout undo` or a hand
@@ -1123,12 +1253,13 @@ class _Planner:
         before = {(s.kind.value, s.name) for s in self.previous.targets if s.phase is TargetPhase.EXCLUDED}
         lines = [f"{m.kind}/{m.name}: {why}" for m, why in self.excluded.values()] + list(self.fleet.unmatched)
         for key, (member, why) in sorted(self.excluded.items()):
-            if key not in before:
+            if key not in before and key not in self.conflicts.held:  # announced as ConflictingWriter
                 self.notes.append(EventNote("Warning", Reason.MEMBER_EXCLUDED.value,
                                             f"{member.kind}/{member.name} left out, the others carry on: {why}"))
         if outcome.phase is not Phase.READY:
             return outcome
-        return _Outcome(Phase.DEGRADED, outcome.stage, Reason.MEMBER_EXCLUDED,
+        reason = Reason.CONFLICTING_WRITER if set(self.excluded) & set(self.conflicts.held) else Reason.MEMBER_EXCLUDED
+        return _Outcome(Phase.DEGRADED, outcome.stage, reason,
                         f"Every other workload runs configuration {self.desired_hash}; left out: {_join(lines)}")
 
     def _hold_master_rollback(self, restart: MasterRestart, failed: StageName | None,
@@ -1194,6 +1325,7 @@ class _Planner:
                                    reason=outcome.reason.value if degraded else Reason.AS_EXPECTED.value,
                                    message=outcome.message if degraded else "", generation=generation, now=self.now)
         conditions = self._ab_condition(conditions)
+        conditions = self._conflict_condition(conditions)
         targets = self._targets() + self._excluded_targets()
         conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
         self.all_targets = targets
@@ -1217,6 +1349,7 @@ class _Planner:
             "pending_approval": self.pending_approval,
             "last_transition_time": prev.last_transition_time if prev.phase == outcome.phase else self.now,
             "paused_at": self.paused_at,
+            "conflicts": list(self.conflicts.records),
             **_verb_records(self.verb, self.approval, self.now),
         })
 

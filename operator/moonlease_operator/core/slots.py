@@ -102,13 +102,22 @@ def needs_update(obj: Mapping[str, Any], change: WorkloadChange) -> bool:
 
 def describe_update(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]:
     """Human lines for what `change` would alter, e.g. `--eviction_ratio: 0.05 -> 0.1`."""
-    target = _targets_of(obj, change)
-    lines = []
-    for slot, value in sorted(target.items()):
+    return [f"{_slot_label(slot)}: {_render(slot, current)} -> {_render(slot, value)}"
+            for slot, current, value in _differences(obj, change)]
+
+
+def differing_slots(obj: Mapping[str, Any], change: WorkloadChange) -> list[str]:
+    """The owned slots `change` would alter in `obj`, sorted (`env:NAME`, `volume:NAME`, ...)."""
+    return [slot for slot, _, _ in _differences(obj, change)]
+
+
+def _differences(obj: Mapping[str, Any], change: WorkloadChange) -> list[tuple[str, Wrapped, Wrapped]]:
+    result = []
+    for slot, value in sorted(_targets_of(obj, change).items()):
         current = read_slot(obj, change.place, slot)
         if not _slot_equal(slot, current, value):
-            lines.append(f"{_slot_label(slot)}: {_render(slot, current)} -> {_render(slot, value)}")
-    return lines
+            result.append((slot, current, value))
+    return result
 
 
 def _targets_of(obj: Mapping[str, Any], change: WorkloadChange) -> dict[str, Wrapped]:

@@ -11,6 +11,8 @@ counts), until its next A/B measurement, otherwise `resync_interval` (a safety n
 
 from __future__ import annotations
 
+import datetime
+
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -106,11 +108,17 @@ def wakes_on_policy_change(old: Mapping[str, Any] | None, new: Mapping[str, Any]
 
 
 def seconds_until_next_reconcile(status: PolicyStatus, *, ab_due_in: float | None, reconcile_interval: float,
-                                 resync_interval: float) -> float:
-    """How long a policy rests after a reconcile unless an event wakes it (see the module doc)."""
+                                 resync_interval: float, now: datetime.datetime | None = None) -> float:
+    """How long a policy rests after a reconcile unless an event wakes it (see the module doc);
+    with `now`, no longer than until the end of a backoff from a conflicting writer
+    (`core.conflicts`: the object is written once more then, which no event announces)."""
     moving = is_verifying(status) or status.phase in _MOVING
     delay = reconcile_interval if moving and status.paused_at is None else resync_interval
     if ab_due_in is not None:
         delay = min(delay, ab_due_in)
+    if now is not None:
+        ends = [(c.backoff_until - now).total_seconds() for c in status.conflicts if c.backoff_until is not None]
+        if ends:
+            delay = min(delay, max(0.0, min(ends)) + 0.1)
     return delay
 
