@@ -459,6 +459,7 @@ class ConditionType(str, enum.Enum):
     DEGRADED = "Degraded"
     AB_TEST_CONCLUDED = "ABTestConcluded"
     WRITE_FAILED = "WriteFailed"
+    LOAD_FAILURES_FAIL_REQUESTS = "LoadFailuresFailRequests"
 
 
 class Reason(str, enum.Enum):
@@ -503,6 +504,7 @@ class Reason(str, enum.Enum):
     SETTINGS_NOT_VERIFIED = "SettingsNotVerified"  # a pod's connector does not report the settings
     MEMBER_EXCLUDED = "MemberExcluded"
     WRITE_REFUSED = "WriteRefused"
+    LOAD_FAILURE_POLICY_FAIL = "LoadFailurePolicyFail"  # a warning: a failed store load fails requests
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"
