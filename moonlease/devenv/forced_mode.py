@@ -16,9 +16,12 @@ bare workers that never read either. Forced, it runs wherever a worker does:
   differs from upstream's is reported by itself (`hit differences`), so it can never pass for
   an expected difference.
 
+- with a save mode (junction retention, retention pieces), our send thread is what the suites
+  build where they build upstream's (`KVCacheStoreSendingThread` of upstream's module).
+
 At the end it prints one line the compat test reads: `forced mode report: {json}` with the
-lookups compared, those that went through a probe, and every hit difference (test, tokens,
-ours, upstream's). Development tooling; the suites are never committed.
+lookups compared, the probes answered, our send threads built, and every hit difference (test,
+tokens, ours, upstream's). Development tooling; the suites are never committed.
 """
 
 from __future__ import annotations
@@ -35,13 +38,16 @@ import pytest
 #: The modes the compat tier forces, each as connector settings on top of the defaults.
 FORCED_MODES: dict[str, dict[str, Any]] = {
     "selective": {"mooncake_selective_lease": True},
+    "pin+retry+evict": {"mooncake_retention_pin": True, "mooncake_retention_retry": True,
+                        "mooncake_retention_evict": True},
 }
 MODE_ENV = "MOONLEASE_FORCED_MODE"
 #: Set to 1 to make every hit of ours one token short: the compat tier checks with it that a
 #: wrong hit is reported as a hit difference (never only as a failed test).
 WRONG_HITS_ENV = "MOONLEASE_FORCED_WRONG_HITS"
 
-_report: dict[str, Any] = {"mode": None, "lookups": 0, "probed": 0, "unknown": 0, "hit_differences": []}
+_report: dict[str, Any] = {"mode": None, "lookups": 0, "probed": 0, "unknown": 0, "send_threads": 0,
+                           "hit_differences": []}
 _current_test: list[str] = [""]
 
 
@@ -208,6 +214,34 @@ def force_mode(mode: str) -> None:
         return result
 
     worker_class.lookup = lookup
+    _force_send_threads(worker_class.moonlease_config)
+
+
+def _force_send_threads(settings: Any) -> None:
+    """Our send thread where the suites build upstream's (they take the class from upstream's
+    module): junction retention's thread, or retention's with the mode's pieces. Upstream's
+    constructor arguments; ours added (retention `evict` gets no master metrics here, so it
+    waits, as it does when the master cannot be read)."""
+    if not (settings.mooncake_junction_retention or settings.retention.active):
+        return
+    from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as upstream_worker
+
+    from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
+    from moonlease_connector.adapters.vllm_save import JunctionSendingThread
+
+    base: Any = RetentionSendingThread if settings.retention.active else JunctionSendingThread
+    extra: dict[str, Any] = {"on_junction_tails_saved": lambda written: None,
+                             "junctions_enabled": lambda: settings.finds_junctions}
+    if settings.retention.active:
+        extra["retention"] = settings.retention
+
+    class ForcedSendingThread(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**extra, **kwargs})
+            _report["send_threads"] += 1
+
+    ForcedSendingThread.__name__ = ForcedSendingThread.__qualname__ = base.__name__
+    upstream_worker.KVCacheStoreSendingThread = ForcedSendingThread
 
 
 def pytest_configure(config: Any) -> None:
