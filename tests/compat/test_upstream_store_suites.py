@@ -11,11 +11,14 @@ exactly, so a suite that silently stops collecting fails here too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,17 +40,29 @@ OURS = ("moonlease_connector.adapters.vllm_connector.MooncakeStoreConnector, "
         "moonlease_connector.adapters.vllm_scheduler.MoonleaseStoreScheduler")
 
 
-def run_suites(version: str, *, as_is: bool = False) -> subprocess.CompletedProcess[str]:
+def run_suites(version: str, *, as_is: bool = False, forced_mode: str | None = None,
+               extra_env: dict[str, str] | None = None,
+               select: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The release's six suites in a subprocess, with our classes in place (`as_is`: upstream's)
+    and, with `forced_mode`, that mode forced on (`moonlease.devenv.forced_mode`); `select`: a
+    pytest `-k` expression."""
     root = ensure_upstream_suites(version)
     first = [str(VLLM_033)] if version == "0.33.0" else []
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([*first, str(root), str(REPO), str(REPO / "connector")]),
            "HF_HUB_CACHE": str(ensure_model_stand_in()), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "MOONLEASE_UPSTREAM_SUITES_AS_IS": "1" if as_is else "0"}
+    plugins = ["-p", "moonlease.devenv.upstream_suites"]
+    if forced_mode is not None:
+        env["MOONLEASE_FORCED_MODE"] = forced_mode
+        plugins += ["-p", "moonlease.devenv.forced_mode"]
+    env.update(extra_env or {})
+    if select is not None:
+        plugins += ["-k", select]
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
          "--rootdir", str(root), f"--confcutdir={UNIT_DIR}", "-rfE", "--tb=short",
-         "-p", "moonlease.devenv.upstream_suites", *suite_paths()],
+         *plugins, *suite_paths()],
         cwd=root, env=env, capture_output=True, text=True, timeout=1500)
 
 
@@ -62,3 +77,67 @@ def test_upstream_store_suites_pass_with_moonlease_in_place(version: str) -> Non
     assert not re.search(r"\d+ (failed|error)", summary), summary
     passed = re.search(r"(\d+) passed", summary)
     assert passed is not None and int(passed.group(1)) == EXPECTED_PASSED[version], summary
+
+
+#: The reviewed differences of each forced mode: test id -> why it fails by design
+#: (`forced_mode_differences.toml`, beside this file). A test whose hit differs from
+#: upstream's can never be one of them: the plugin reports hit differences by themselves.
+DIFFERENCES = REPO / "tests" / "compat" / "forced_mode_differences.toml"
+#: Which release each forced mode runs against (one each: the tier's time, docs/development.md).
+FORCED_RUNS = {"selective": "0.32.0", "pin+retry+evict": "0.33.0"}
+#: What proves each mode ran: selective probes, the retention pieces run our send thread.
+RAN = {"selective": "probed", "pin+retry+evict": "send_threads"}
+
+
+def expected_differences(mode: str, version: str) -> dict[str, str]:
+    table = tomllib.loads(DIFFERENCES.read_text())
+    entries = table.get(mode, {}).get(version, {})
+    for test, reason in entries.items():
+        assert isinstance(reason, str) and len(reason.split()) >= 5, f"{mode} {test}: a reason, please"
+    return dict(entries)
+
+
+def forced_report(stdout: str) -> dict[str, Any]:
+    line = next((x for x in stdout.splitlines() if x.startswith("forced mode report: ")), None)
+    assert line is not None, "the forced-mode plugin did not report"
+    return json.loads(line.removeprefix("forced mode report: "))
+
+
+def failed_tests(stdout: str) -> set[str]:
+    """The tests `-rfE` lists as FAILED or ERROR, by name (with parameters)."""
+    return {m.group(2).rsplit("::", 1)[-1] for m in re.finditer(r"^(FAILED|ERROR) (\S+)", stdout, re.MULTILINE)}
+
+
+@pytest.mark.parametrize(("mode", "version"), list(FORCED_RUNS.items()))
+def test_upstream_store_suites_with_a_mode_forced_on(mode: str, version: str) -> None:
+    """Every test passes but the reviewed differences, and no lookup's hit differs from
+    upstream's on the same store contents."""
+    run = run_suites(version, forced_mode=mode)
+    assert f"store classes in place: {OURS}" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    report = forced_report(run.stdout)
+    assert report["mode"] == mode
+    assert report["hit_differences"] == [], "a hit differs from upstream's (never an expected difference)"
+    assert report["lookups"] > 0 and report[RAN[mode]] > 0, f"the mode never ran ({RAN[mode]}): {report}"
+    expected = expected_differences(mode, version)
+    failed = failed_tests(run.stdout)
+    assert sorted(failed - expected.keys()) == [], run.stdout[-8000:]
+    assert sorted(expected.keys() - failed) == [], "listed as a difference but passes now: take it off the list"
+    summary = run.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed is not None and int(passed.group(1)) + len(failed) == EXPECTED_PASSED[version], summary
+
+
+def test_a_wrong_hit_is_reported_as_a_hit_difference_never_only_as_a_failure() -> None:
+    """The plugin tells a hit that differs from upstream's from every other failure: with our
+    hits made one token short, the suites' lookup tests that assert a hit fail, and each of
+    them is reported as a hit difference, so no list of expected differences could excuse it."""
+    version = "0.32.0"
+    run = run_suites(version, forced_mode="selective", extra_env={"MOONLEASE_FORCED_WRONG_HITS": "1"},
+                     select="test_lookup_partial_prefix_returns_first_hit_length or "
+                            "test_lookup_full_hit_with_eagle_pops_once_not_twice")
+    report = forced_report(run.stdout)
+    differing = {entry["test"].rsplit("::", 1)[-1] for entry in report["hit_differences"]}
+    assert differing == {"test_lookup_partial_prefix_returns_first_hit_length",
+                         "test_lookup_full_hit_with_eagle_pops_once_not_twice"}, report
+    assert all(entry["ours"] == entry["upstream"] - 1 for entry in report["hit_differences"]), report
+    assert failed_tests(run.stdout) == differing, run.stdout[-3000:]

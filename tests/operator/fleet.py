@@ -65,10 +65,11 @@ def policy(name: str = "fleet", spec: dict[str, Any] | None = None, **changes: A
             "metadata": {"name": name, "namespace": NS}, "spec": body}
 
 
-async def create_fleet(kube: LocalApiServer, *, decode: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Create the three workloads (`decode`: another decode StatefulSet of the same name), wait
+async def create_fleet(kube: LocalApiServer, *, decode: dict[str, Any] | None = None,
+                       prefill: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Create the three workloads (`decode`, `prefill`: another workload of the same name), wait
     until their controllers settle, return them as stored."""
-    for manifest in (MASTER, PREFILL, decode if decode is not None else DECODE):
+    for manifest in (MASTER, prefill if prefill is not None else PREFILL, decode if decode is not None else DECODE):
         await kube.create(copy.deepcopy(manifest))
     await kube.wait_for(lambda: all(is_rollout_complete(workload(kube, n)) for n in WORKLOADS),
                         timeout=10, what="the fleet to settle")

@@ -141,14 +141,16 @@ async def test_a_policy_rolls_out_stage_by_stage_verified_and_then_rests(kube: L
         assert result["currentStage"] == "decode" and result["revision"] == result["appliedRevision"] == 1
         assert {c["type"]: (c["status"], c["reason"]) for c in result["conditions"]} == {
             "Ready": ("True", "RolloutComplete"), "Progressing": ("False", "RolloutComplete"),
-            "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid")}
+            "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid"),
+            "LoadFailuresFailRequests": ("True", "LoadFailurePolicyFail")}
         assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
         # Every workload Ready: counted per stage, none listed (only those that need attention are).
         assert [(c["role"], c["phase"], c["count"]) for c in result["targetCounts"]] == [
             ("master", "Ready", 1), ("prefill", "Ready", 1), ("decode", "Ready", 1)]
         assert result.get("targets", []) == [] and result["targetsTotal"] == 3 and result["targetsOmitted"] == 0
         assert reasons(kube) == [
-            "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+            "RolloutStarted", "MasterRestart", "StageProgressing", "LoadFailurePolicyFail", "StageSucceeded",
+            "StageProgressing",
             "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
 
         # At rest: the safety-net resyncs read the watch caches: not one request, let alone a write.
@@ -290,7 +292,8 @@ async def test_a_restarted_operator_resumes_mid_rollout(kube: LocalApiServer) ->
     assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)  # nobody patched twice
     assert status(kube)["revision"] == 1
     assert reasons(kube) == [
-        "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+        "RolloutStarted", "MasterRestart", "StageProgressing", "LoadFailurePolicyFail", "StageSucceeded",
+            "StageProgressing",
         "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
 
 
@@ -611,7 +614,8 @@ async def test_two_replicas_one_acts_and_the_other_takes_over(kube: LocalApiServ
         # Every workload patched exactly once, every event posted once.
         assert all(len(template_versions(kube, name)) == 2 for name in WORKLOADS)
         assert reasons(kube) == [
-            "RolloutStarted", "MasterRestart", "StageProgressing", "StageSucceeded", "StageProgressing",
+            "RolloutStarted", "MasterRestart", "StageProgressing", "LoadFailurePolicyFail", "StageSucceeded",
+            "StageProgressing",
             "StageSucceeded", "StageProgressing", "StageSucceeded", "RolloutComplete"]
 
         # The acting replica is gone: the other one resumes and rolls the next change out.

@@ -249,12 +249,36 @@ def template(cluster: Cluster, name: str) -> dict[str, Any]:
 
 # ---- the happy path -------------------------------------------------------------------------------
 
+def test_workloads_that_fail_requests_on_a_failed_load_are_warned_about_until_fixed() -> None:
+    recompute = ["--kv-transfer-config", json.dumps({"kv_load_failure_policy": "recompute"})]
+    cluster = Cluster(master_deployment(),
+                      deployment("prefill", {"name": "vllm", "image": "vllm:1", "args": ["serve", "m", *recompute]}),
+                      deployment("decode"))
+    cluster.run(SPEC)
+    warned = cluster.status.condition("LoadFailuresFailRequests")
+    assert warned is not None and warned.status.value == "True" and warned.reason == "LoadFailurePolicyFail"
+    assert "Deployment/decode does not set kv_load_failure_policy" in warned.message
+    assert "prefill" not in warned.message and '"kv_load_failure_policy": "recompute"' in warned.message
+    assert cluster.status.phase is Phase.READY  # a warning: the rollout is not held by it
+    assert [(t, m) for t, r, m in cluster.events if r == "LoadFailurePolicyFail"] == [("Warning", warned.message)]
+
+    # The owner adds the line: the operator keeps it (and its own entries), the condition clears.
+    args = cluster.obj("decode")["spec"]["template"]["spec"]["containers"][0]["args"]
+    at = args.index("--kv-transfer-config") + 1
+    args[at] = json.dumps({**json.loads(args[at]), "kv_load_failure_policy": "recompute"})
+    status = cluster.run(SPEC)
+    cleared = status.condition("LoadFailuresFailRequests")
+    assert cleared is not None and cleared.status.value == "False" and cleared.reason == "AsExpected"
+    assert sum(r == "LoadFailurePolicyFail" for _, r, _ in cluster.events) == 1
+
+
 def test_stages_roll_out_one_after_the_other() -> None:
     cluster = fleet()
     cluster.reconcile(SPEC)
     assert cluster.stage_phases() == {"master": "Progressing", "prefill": "Pending", "decode": "Pending"}
     assert cluster.writes == [("Deployment", "mooncake-master")]
-    assert cluster.reasons() == ["RolloutStarted", "MasterRestart", "StageProgressing"]
+    # (The fleet's vLLM commands leave kv_load_failure_policy at vLLM's 'fail': warned about once.)
+    assert cluster.reasons() == ["RolloutStarted", "MasterRestart", "StageProgressing", "LoadFailurePolicyFail"]
     assert "--eviction_ratio: 0.05 -> 0.1" in cluster.events[1][2] and "empties the Mooncake store" in cluster.events[1][2]
 
     # The status says so too, before the operator patches anything.
@@ -283,7 +307,8 @@ def test_stages_roll_out_one_after_the_other() -> None:
     assert cluster.reasons()[-2:] == ["StageSucceeded", "RolloutComplete"]
     assert {c.type: (c.status.value, c.reason) for c in status.conditions} == {
         "Ready": ("True", "RolloutComplete"), "Progressing": ("False", "RolloutComplete"),
-        "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid")}
+        "Degraded": ("False", "AsExpected"), "Invalid": ("False", "SpecValid"),
+        "LoadFailuresFailRequests": ("True", "LoadFailurePolicyFail")}
 
     # At rest: the same status, no events, no changes — however often it is planned.
     before, events = cluster.status_json, len(cluster.events)

@@ -73,6 +73,7 @@ from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, refuse_unservable_mode
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
+from moonlease_connector.adapters.vllm_threads import stop_transfer_threads
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
@@ -85,6 +86,8 @@ logger = logging.getLogger("vllm.moonlease.connector.worker")
 
 #: Upstream's close waits up to 5 s for in-flight saves; then the store handle closes.
 CLOSE_TIMEOUT_S = 15.0
+#: How long close waits for the transfer threads to finish what they hold and stop.
+THREAD_STOP_S = 5.0
 #: `MoonleaseStoreWorker.store_lookup` before (or without) our constructor.
 _NOT_BUILT: Any = object()
 #: What lease-all needs to know of a client no one probed: nothing (plain upstream calls).
@@ -241,7 +244,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def close(self) -> None:
         """Upstream's close (which waits up to 5 s for in-flight saves, then closes the store
         handle), bounded: a store that does not answer cannot hold shutdown. Idempotent. The
-        settings watcher and endpoint stop first."""
+        settings watcher and endpoint stop first; the send and receive threads, which upstream
+        never stops, last (`vllm_threads`)."""
         watcher, exporter = getattr(self, "settings_watcher", None), getattr(self, "settings_exporter", None)
         if watcher is not None:
             watcher.stop()
@@ -265,6 +269,12 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             logger.warning("Mooncake store did not close within %.0f s; abandoning it", CLOSE_TIMEOUT_S)
         elif outcome.status is CallStatus.RAISED:
             logger.warning("Mooncake store close failed: %r", outcome.error)
+        # Upstream never stops its send and receive threads; stop them after what they hold.
+        stuck = stop_transfer_threads([getattr(self, "kv_send_thread", None),
+                                       *getattr(self, "kv_recv_threads", ())], THREAD_STOP_S)
+        if stuck:
+            logger.warning("%d Mooncake transfer thread(s) still in a store call at close; they stop "
+                           "once it returns", len(stuck))
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:

@@ -460,6 +460,7 @@ class ConditionType(str, enum.Enum):
     AB_TEST_CONCLUDED = "ABTestConcluded"
     WRITE_FAILED = "WriteFailed"
     CONFLICTING_WRITER = "ConflictingWriter"
+    LOAD_FAILURES_FAIL_REQUESTS = "LoadFailuresFailRequests"
 
 
 class Reason(str, enum.Enum):
@@ -506,6 +507,7 @@ class Reason(str, enum.Enum):
     WRITE_REFUSED = "WriteRefused"
     CONFLICTING_WRITER = "ConflictingWriter"  # another writer keeps reverting what the operator wrote
     NO_CONFLICTING_WRITER = "NoConflictingWriter"
+    LOAD_FAILURE_POLICY_FAIL = "LoadFailurePolicyFail"  # a warning: a failed store load fails requests
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"

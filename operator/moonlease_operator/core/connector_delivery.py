@@ -101,6 +101,7 @@ def build_adoption_desired(config_map: str, *, in_args: bool = True) -> dict[str
 #: cannot edit a script; with this in it, it only adds the volume and the mount).
 SCRIPT_KV_TRANSFER_CONFIG = ('--kv-transfer-config \'{"kv_connector":"MooncakeStoreConnector",'
                              '"kv_connector_module_path":"moonlease_connector","kv_role":"kv_both",'
+                             '"kv_load_failure_policy":"recompute",'
                              f'"kv_connector_extra_config":{{"{SETTINGS_FILE_KEY}":"{SETTINGS_FILE_PATH}"}}}}\'')
 
 

@@ -99,6 +99,7 @@ from moonlease_operator.core.connector_delivery import (
 )
 from moonlease_operator.core.master_identity import declared_master, is_master_object
 from moonlease_operator.core.master_restart import MasterRestart, RestartDirection, build_master_restart
+from moonlease_operator.core.load_failure_policy import load_failure_warning, set_load_failure_condition
 from moonlease_operator.core.manageability import evaluate_config_map, evaluate_master, evaluate_target
 from moonlease_operator.core.settings import (
     ConnectorSettings,
@@ -1328,6 +1329,7 @@ class _Planner:
         conditions = self._conflict_condition(conditions)
         targets = self._targets() + self._excluded_targets()
         conditions = set_write_condition(conditions, targets, generation=generation, now=self.now)
+        conditions = self._load_failure_condition(conditions)
         self.all_targets = targets
         summary = build_target_summary(targets, self.listed_targets)
         return prev.model_copy(update={
@@ -1352,6 +1354,17 @@ class _Planner:
             "conflicts": list(self.conflicts.records),
             **_verb_records(self.verb, self.approval, self.now),
         })
+
+    def _load_failure_condition(self, conditions: list[Any]) -> list[Any]:
+        """LoadFailuresFailRequests: the vLLM workloads whose failed store loads would fail
+        requests (`core.load_failure_policy`), with a Warning event when that list changes."""
+        warnings = [w for m in self.fleet.members if m.target is not None and m.obj is not None
+                    and (w := load_failure_warning(m.obj, m.container)) is not None]
+        conditions, note = set_load_failure_condition(conditions, warnings, listed=MAX_LISTED,
+                                                      generation=self.policy.generation, now=self.now)
+        if note is not None:
+            self.notes.append(note)
+        return conditions
 
     def _ab_condition(self, conditions: list[Any]) -> list[Any]:
         """ABTestConcluded: False while the test measures (why no verdict yet: measuring, no
