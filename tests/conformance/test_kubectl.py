@@ -13,36 +13,12 @@ import aiohttp
 import pytest
 
 from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, SERVICES, LocalApiServer
-from tests.conformance.conftest import Kubectl
+from tests.conformance.conftest import Kubectl, apply_ok, deployment_yaml, header
 
 pytestmark = pytest.mark.conformance
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "examples" / "policies" / "lease-all.yaml"
-
-
-def deployment_yaml(name: str = "web", replicas: int = 2) -> str:
-    return f"""apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec: {{containers: [{{name: {name}, image: "nginx:1.27"}}]}}
-"""
-
-
-def header(output: str) -> list[str]:
-    """The column names of the first line `kubectl get` printed (multi-word names kept whole)."""
-    return [cell.strip() for cell in output.splitlines()[0].split("  ") if cell.strip()]
-
-
-async def apply_ok(kubectl: Kubectl, text: str, *extra: str) -> str:
-    done = await kubectl("apply", "-f", "-", *extra, input=text)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 # ---- 1. watch streams Go clients read ---------------------------------------------------------

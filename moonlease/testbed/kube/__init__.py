@@ -14,7 +14,7 @@ fixtures (`tests/fixtures/kube.py`), `moonlease demo` and the benchmarks. Outsid
 Synchronous programs use `LocalApiServerThread` instead (the server in a thread of its own).
 
 Modules, one concept each: `resources` (the served types), `patches`, `selectors`, `schemas`,
-`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `cel`
+`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `replicasets`, `cel`
 (pure helpers; none touches kmock's internals), `errors` (Status
 bodies), `watches` (the watch cache), `calls` (request log, traffic), `faults` (injected
 failures), `emulator` (the API server: what it emulates is listed there), `simulator` (the
@@ -36,6 +36,7 @@ from moonlease.testbed.kube.resources import (
     LEASES,
     NAMESPACES,
     PODS,
+    REPLICASETS,
     SECRETS,
     SERVICES,
     STATEFULSETS,
@@ -63,7 +64,7 @@ from moonlease.testbed.kube.validation import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_
 
 __all__ = [
     "BUILTIN_RESOURCES", "CONFIGMAPS", "CRDS", "DEPLOYMENTS", "EVENTS", "LEASES", "MAX_ANNOTATIONS_BYTES",
-    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODS", "SECRETS", "SERVICES", "STATEFULSETS",
+    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODS", "REPLICASETS", "SECRETS", "SERVICES", "STATEFULSETS",
     "STRATEGIC_MERGE_KEYS", "ApiCall", "ApiServerEmulator", "ContinueToken", "FieldTerm", "InjectedFault",
     "LocalApiServer", "LocalApiServerThread", "NameRule", "ResourceType", "RolloutBehaviour", "RolloutSimulator",
     "SelectorTerm", "Traffic", "WorkloadRollout", "apply_schema_defaults", "decode_continue", "default_crds",

@@ -87,12 +87,13 @@ PODS = ResourceType("", "v1", "pods", "Pod", True, frozenset({"status"}), ("po",
     "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName"}))
 DEPLOYMENTS = ResourceType("apps", "v1", "deployments", "Deployment", True,
                            frozenset({"status", "scale"}), ("deploy",))
+REPLICASETS = ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, frozenset({"status", "scale"}), ("rs",))
 STATEFULSETS = ResourceType("apps", "v1", "statefulsets", "StatefulSet", True,
                             frozenset({"status", "scale"}), ("sts",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True)
 
 #: Served from the start: what kopf scans (namespaces, CRDs, events) and what the operator touches.
 BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
-    NAMESPACES, CRDS, EVENTS, CONFIGMAPS, SECRETS, SERVICES, PODS, DEPLOYMENTS, STATEFULSETS, LEASES,
+    NAMESPACES, CRDS, EVENTS, CONFIGMAPS, SECRETS, SERVICES, PODS, DEPLOYMENTS, REPLICASETS, STATEFULSETS, LEASES,
 )
 
