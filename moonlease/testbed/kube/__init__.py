@@ -29,15 +29,21 @@ from moonlease.testbed.kube.pagination import ContinueToken, decode_continue
 from moonlease.testbed.kube.patches import STRATEGIC_MERGE_KEYS, merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.resources import (
     BUILTIN_RESOURCES,
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
     CONFIGMAPS,
     CRDS,
     DEPLOYMENTS,
     EVENTS,
     LEASES,
     NAMESPACES,
+    PODDISRUPTIONBUDGETS,
     PODS,
     REPLICASETS,
+    ROLEBINDINGS,
+    ROLES,
     SECRETS,
+    SERVICEACCOUNTS,
     SERVICES,
     STATEFULSETS,
     ResourceType,
@@ -63,8 +69,9 @@ from moonlease.testbed.kube.timestamps import now_rfc3339
 from moonlease.testbed.kube.validation import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES, MAX_REQUEST_BODY_BYTES, NameRule
 
 __all__ = [
-    "BUILTIN_RESOURCES", "CONFIGMAPS", "CRDS", "DEPLOYMENTS", "EVENTS", "LEASES", "MAX_ANNOTATIONS_BYTES",
-    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODS", "REPLICASETS", "SECRETS", "SERVICES", "STATEFULSETS",
+    "BUILTIN_RESOURCES", "CLUSTERROLEBINDINGS", "CLUSTERROLES", "CONFIGMAPS", "CRDS", "DEPLOYMENTS", "EVENTS", "LEASES", "MAX_ANNOTATIONS_BYTES",
+    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODDISRUPTIONBUDGETS", "PODS", "REPLICASETS", "ROLEBINDINGS", "ROLES", "SECRETS",
+    "SERVICEACCOUNTS", "SERVICES", "STATEFULSETS",
     "STRATEGIC_MERGE_KEYS", "ApiCall", "ApiServerEmulator", "ContinueToken", "FieldTerm", "InjectedFault",
     "LocalApiServer", "LocalApiServerThread", "NameRule", "ResourceType", "RolloutBehaviour", "RolloutSimulator",
     "SelectorTerm", "Traffic", "WorkloadRollout", "apply_schema_defaults", "decode_continue", "default_crds",

@@ -26,6 +26,7 @@ JsonObj = dict[str, Any]
 _BUILTIN_PACKAGES = {
     "": "io.k8s.api.core", "apps": "io.k8s.api.apps", "coordination.k8s.io": "io.k8s.api.coordination",
     "apiextensions.k8s.io": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions",
+    "policy": "io.k8s.api.policy", "rbac.authorization.k8s.io": "io.k8s.api.rbac",
 }
 
 _QUERY_PARAMETERS = {
