@@ -271,6 +271,32 @@ async def test_apply_validates_through_openapi_and_explain_reads_it(kube: LocalA
         {"group": "moonlease.io", "version": "v1alpha1", "kind": "MooncakeLeasePolicy"}]
 
 
+async def test_built_in_kinds_explain_and_refuse_unknown_fields(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    explained = await kubectl("explain", "deployment")
+    assert explained.returncode == 0, explained.stderr
+    assert "KIND:       Deployment" in explained.stdout and "spec\t<DeploymentSpec>" in explained.stdout
+    assert "Deployment enables declarative updates for Pods and ReplicaSets." in explained.stdout
+    deeper = await kubectl("explain", "deploy.spec.template.spec.containers.image")
+    assert deeper.returncode == 0 and "FIELD: image <string>" in deeper.stdout, deeper.stderr
+    assert "Container image name." in deeper.stdout
+    surge = await kubectl("explain", "deployment.spec.strategy.rollingUpdate.maxSurge")
+    assert "The maximum number of pods that can be scheduled above the desired number" in surge.stdout
+
+    # kubectl apply validates (strict, on the server): a misspelt field of a built-in kind is refused
+    # as the API server's decoder refuses it; with validation off it is dropped, not stored.
+    typo = deployment_yaml().replace("  replicas: 2\n", "  replicas: 2\n  replicass: 3\n").replace(
+        'image: "nginx:1.27"', 'image: "nginx:1.27", imagePolicy: Always')
+    refused = await kubectl("apply", "-f", "-", input=typo)
+    assert refused.returncode == 1
+    assert ('Deployment in version "v1" cannot be handled as a Deployment: strict decoding error: unknown field'
+            ' "spec.replicass", unknown field "spec.template.spec.containers[0].imagePolicy"') in refused.stderr, \
+        refused.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web") is None
+    await apply_ok(kubectl, typo, "--validate=false")
+    stored = kube.get(DEPLOYMENTS, "default", "web")
+    assert "replicass" not in stored["spec"] and "imagePolicy" not in stored["spec"]["template"]["spec"]["containers"][0]
+
+
 async def test_version_is_one_the_chart_supports(kubectl: Kubectl) -> None:
     version = await kubectl("version", "-o", "json")
     assert version.returncode == 0, version.stderr

@@ -74,7 +74,7 @@ from moonlease.testbed.kube.calls import ApiCall, Traffic, rbac_verb
 from moonlease.testbed.kube.cel import rule_errors
 from moonlease.testbed.kube.faults import FAULT_REASONS, InjectedFault
 from moonlease.testbed.kube.managed_fields import ApplyConflicts, apply_config, record_update
-from moonlease.testbed.kube.openapi import openapi_v2, openapi_v3, openapi_v3_index
+from moonlease.testbed.kube.openapi import definition_name, openapi_v2, openapi_v3, openapi_v3_index, prune_builtin
 from moonlease.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
@@ -718,6 +718,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             problems += workload_errors(obj)
         if problems:
             raise errors.invalid(rtype, name, problems)
+        if not rtype.custom:
+            # A built-in kind decodes into its Go type: unknown fields are dropped, or refused
+            # under fieldValidation=Strict (what kubectl sends by default).
+            obj, dropped = prune_builtin(obj, definition_name(rtype))
+            if dropped and strict_fields:
+                raise errors.bad_request(
+                    f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: strict decoding'
+                    f' error: ' + ", ".join(f'unknown field "{path}"' for path in dropped))
         schema = self._schemas.get(rtype.ref)
         if schema is None:
             return obj
