@@ -36,7 +36,7 @@ against a real cluster and right here otherwise:
 
 - What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
   server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
-  v2/v3 (`openapi`), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
   the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
   a CRD's CEL rules (`cel`), `/version` 1.32.
 - Field managers and server-side apply (`managed_fields`): every HTTP write records its
@@ -1212,7 +1212,7 @@ def _field_manager(request: kmock.Request) -> str:
     server names managers of clients that send none: "kopf", "kubectl")."""
     manager = request.params.get("fieldManager") or (request.headers.get("User-Agent") or "unknown").split("/")[0]
     if len(manager) > 128:
-        raise errors.error(422, "Invalid", f'fieldManager: Too long: may not be more than 128 bytes')
+        raise errors.error(422, "Invalid", 'fieldManager: Too long: may not be more than 128 bytes')
     return manager
 
 

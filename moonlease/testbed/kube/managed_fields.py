@@ -305,17 +305,17 @@ def _merge(live: Any, applied: Any, name: str, schema: Mapping[str, Any] | None)
         if kind == "set":
             return [json.loads(i) for i in dict.fromkeys(json.dumps(i, sort_keys=True) for i in [*live, *applied])]
         if kind == "map" and keys:
-            result = [copy.deepcopy(i) for i in live]
+            items = [copy.deepcopy(i) for i in live]
             for item in applied:
-                index = next((n for n, old in enumerate(result) if isinstance(old, Mapping)
+                index = next((n for n, old in enumerate(items) if isinstance(old, Mapping)
                               and all(old.get(k) == item.get(k) for k in keys)), None)
-                merged = _merge(result[index] if index is not None else None, item, name,
+                merged = _merge(items[index] if index is not None else None, item, name,
                                 _child_schema_items(schema))
                 if index is None:
-                    result.append(merged)
+                    items.append(merged)
                 else:
-                    result[index] = merged
-            return result
+                    items[index] = merged
+            return items
     return copy.deepcopy(applied)
 
 

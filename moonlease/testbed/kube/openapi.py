@@ -67,7 +67,7 @@ def builtin_definitions() -> Mapping[str, JsonObj]:
     """The built-in kinds' definitions by name (`io.k8s.api.apps.v1.Deployment`), in the
     JSON-schema form kubernetes-validate ships; empty when it is not installed."""
     try:
-        import kubernetes_validate
+        import kubernetes_validate  # type: ignore[import-untyped]
     except ImportError:
         return {}
     path = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"{BUILTIN_SCHEMA_RELEASE}-local"
