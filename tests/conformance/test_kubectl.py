@@ -271,6 +271,36 @@ async def test_apply_validates_through_openapi_and_explain_reads_it(kube: LocalA
         {"group": "moonlease.io", "version": "v1alpha1", "kind": "MooncakeLeasePolicy"}]
 
 
+async def test_replace_edit_and_json_patches_validate_and_lock(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    current = (await kubectl("get", "deploy", "web", "-o", "yaml")).stdout
+    # replace (validation on) of the object as read: accepted, and its resourceVersion is the lock.
+    replaced = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 3", 1))
+    assert replaced.returncode == 0 and "deployment.apps/web replaced" in replaced.stdout, replaced.stderr
+    stale = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 4", 1))
+    assert stale.returncode == 1
+    assert ('Operation cannot be fulfilled on deployments.apps "web": the object has been modified; please apply'
+            ' your changes to the latest version and try again') in stale.stderr, stale.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 3
+    # edit: kubectl's editor (a sed here) changes the object; the server validates the result.
+    edited = await kubectl("edit", "deploy/web", extra_env={"KUBE_EDITOR": "sed -i 's/^  replicas: 3$/  replicas: 5/'"})
+    assert edited.returncode == 0 and "deployment.apps/web edited" in edited.stdout, edited.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 5
+    refused = await kubectl("edit", "deploy/web", extra_env={"KUBE_EDITOR": "sed -i 's/^  replicas: 5$/  replicas: -1/'"})
+    # (kubectl writes the server's causes into the file it reopens; stderr names the object.)
+    assert refused.returncode == 1 and 'deployments.apps "web" is invalid' in refused.stderr, refused.stderr
+    assert any(call.verb == "patch" for call in kube.api_calls()[-2:])  # refused by the server, not kubectl
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 5
+    # JSON patches, a failed `test` answered 422 as the API server does.
+    patched = await kubectl("patch", "deploy", "web", "--type=json",
+                            "-p", '[{"op":"test","path":"/spec/replicas","value":5},'
+                                  '{"op":"replace","path":"/spec/replicas","value":1}]')
+    assert patched.returncode == 0, patched.stderr
+    failed = await kubectl("patch", "deploy", "web", "--type=json",
+                           "-p", '[{"op":"test","path":"/spec/replicas","value":5}]')
+    assert failed.returncode == 1 and kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 1
+
+
 async def test_built_in_kinds_explain_and_refuse_unknown_fields(kube: LocalApiServer, kubectl: Kubectl) -> None:
     explained = await kubectl("explain", "deployment")
     assert explained.returncode == 0, explained.stderr
