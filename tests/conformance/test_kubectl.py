@@ -13,36 +13,12 @@ import aiohttp
 import pytest
 
 from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, SERVICES, LocalApiServer
-from tests.conformance.conftest import Kubectl
+from tests.conformance.conftest import Kubectl, apply_ok, deployment_yaml, header
 
 pytestmark = pytest.mark.conformance
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "examples" / "policies" / "lease-all.yaml"
-
-
-def deployment_yaml(name: str = "web", replicas: int = 2) -> str:
-    return f"""apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec: {{containers: [{{name: {name}, image: "nginx:1.27"}}]}}
-"""
-
-
-def header(output: str) -> list[str]:
-    """The column names of the first line `kubectl get` printed (multi-word names kept whole)."""
-    return [cell.strip() for cell in output.splitlines()[0].split("  ") if cell.strip()]
-
-
-async def apply_ok(kubectl: Kubectl, text: str, *extra: str) -> str:
-    done = await kubectl("apply", "-f", "-", *extra, input=text)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 # ---- 1. watch streams Go clients read ---------------------------------------------------------
@@ -293,6 +269,62 @@ async def test_apply_validates_through_openapi_and_explain_reads_it(kube: LocalA
     v2 = json.loads((await kubectl("get", "--raw", "/openapi/v2")).stdout)
     assert v2["definitions"]["io.moonlease.v1alpha1.MooncakeLeasePolicy"]["x-kubernetes-group-version-kind"] == [
         {"group": "moonlease.io", "version": "v1alpha1", "kind": "MooncakeLeasePolicy"}]
+
+
+async def test_replace_edit_and_json_patches_validate_and_lock(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    await apply_ok(kubectl, deployment_yaml(replicas=2))
+    current = (await kubectl("get", "deploy", "web", "-o", "yaml")).stdout
+    # replace (validation on) of the object as read: accepted, and its resourceVersion is the lock.
+    replaced = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 3", 1))
+    assert replaced.returncode == 0 and "deployment.apps/web replaced" in replaced.stdout, replaced.stderr
+    stale = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 4", 1))
+    assert stale.returncode == 1
+    assert ('Operation cannot be fulfilled on deployments.apps "web": the object has been modified; please apply'
+            ' your changes to the latest version and try again') in stale.stderr, stale.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 3
+    # edit: kubectl's editor (a sed here) changes the object; the server validates the result.
+    edited = await kubectl("edit", "deploy/web", extra_env={"KUBE_EDITOR": "sed -i 's/^  replicas: 3$/  replicas: 5/'"})
+    assert edited.returncode == 0 and "deployment.apps/web edited" in edited.stdout, edited.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 5
+    refused = await kubectl("edit", "deploy/web", extra_env={"KUBE_EDITOR": "sed -i 's/^  replicas: 5$/  replicas: -1/'"})
+    # (kubectl writes the server's causes into the file it reopens; stderr names the object.)
+    assert refused.returncode == 1 and 'deployments.apps "web" is invalid' in refused.stderr, refused.stderr
+    assert any(call.verb == "patch" for call in kube.api_calls()[-2:])  # refused by the server, not kubectl
+    assert kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 5
+    # JSON patches, a failed `test` answered 422 as the API server does.
+    patched = await kubectl("patch", "deploy", "web", "--type=json",
+                            "-p", '[{"op":"test","path":"/spec/replicas","value":5},'
+                                  '{"op":"replace","path":"/spec/replicas","value":1}]')
+    assert patched.returncode == 0, patched.stderr
+    failed = await kubectl("patch", "deploy", "web", "--type=json",
+                           "-p", '[{"op":"test","path":"/spec/replicas","value":5}]')
+    assert failed.returncode == 1 and kube.get(DEPLOYMENTS, "default", "web")["spec"]["replicas"] == 1
+
+
+async def test_built_in_kinds_explain_and_refuse_unknown_fields(kube: LocalApiServer, kubectl: Kubectl) -> None:
+    explained = await kubectl("explain", "deployment")
+    assert explained.returncode == 0, explained.stderr
+    assert "KIND:       Deployment" in explained.stdout and "spec\t<DeploymentSpec>" in explained.stdout
+    assert "Deployment enables declarative updates for Pods and ReplicaSets." in explained.stdout
+    deeper = await kubectl("explain", "deploy.spec.template.spec.containers.image")
+    assert deeper.returncode == 0 and "FIELD: image <string>" in deeper.stdout, deeper.stderr
+    assert "Container image name." in deeper.stdout
+    surge = await kubectl("explain", "deployment.spec.strategy.rollingUpdate.maxSurge")
+    assert "The maximum number of pods that can be scheduled above the desired number" in surge.stdout
+
+    # kubectl apply validates (strict, on the server): a misspelt field of a built-in kind is refused
+    # as the API server's decoder refuses it; with validation off it is dropped, not stored.
+    typo = deployment_yaml().replace("  replicas: 2\n", "  replicas: 2\n  replicass: 3\n").replace(
+        'image: "nginx:1.27"', 'image: "nginx:1.27", imagePolicy: Always')
+    refused = await kubectl("apply", "-f", "-", input=typo)
+    assert refused.returncode == 1
+    assert ('Deployment in version "v1" cannot be handled as a Deployment: strict decoding error: unknown field'
+            ' "spec.replicass", unknown field "spec.template.spec.containers[0].imagePolicy"') in refused.stderr, \
+        refused.stderr
+    assert kube.get(DEPLOYMENTS, "default", "web") is None
+    await apply_ok(kubectl, typo, "--validate=false")
+    stored = kube.get(DEPLOYMENTS, "default", "web")
+    assert "replicass" not in stored["spec"] and "imagePolicy" not in stored["spec"]["template"]["spec"]["containers"][0]
 
 
 async def test_version_is_one_the_chart_supports(kubectl: Kubectl) -> None:

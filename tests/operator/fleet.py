@@ -120,9 +120,12 @@ def configured(obj: dict[str, Any]) -> bool:
 
 
 def as_left_by_users(obj: dict[str, Any]) -> dict[str, Any]:
-    """What a restore must bring back exactly: the spec, labels and annotations."""
+    """What a restore must bring back exactly: the spec, labels and annotations (but the
+    Deployment controller's own, `deployment.kubernetes.io/revision`, which counts rollouts)."""
     meta = obj.get("metadata") or {}
-    return {"spec": obj.get("spec"), "labels": meta.get("labels"), "annotations": meta.get("annotations")}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items()
+                   if not k.startswith("deployment.kubernetes.io/")}
+    return {"spec": obj.get("spec"), "labels": meta.get("labels"), "annotations": annotations or None}
 
 
 def operator_writes(kube: LocalApiServer, since: int = 0) -> list[tuple[str | None, str | None]]:

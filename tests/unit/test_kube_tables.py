@@ -162,3 +162,25 @@ def test_strategic_merge_patch_directives() -> None:
     assert removed["metadata"]["finalizers"] == []
     replaced = strategic_merge_patch(current, {"spec": {"$patch": "replace", "new": {"$patch": "x", "k": 1}}})
     assert replaced["spec"] == {"new": {"k": 1}}
+
+
+def test_built_in_kinds_publish_the_kubernetes_definitions_and_prune_unknown_fields() -> None:
+    from moonlease.testbed.kube.openapi import builtin_schemas, prune_builtin
+
+    schemas = builtin_schemas("io.k8s.api.apps.v1.Deployment", "#/components/schemas/")
+    deployment = schemas["io.k8s.api.apps.v1.Deployment"]
+    assert deployment["x-kubernetes-group-version-kind"] == [{"group": "apps", "kind": "Deployment", "version": "v1"}]
+    assert deployment["properties"]["apiVersion"] == {"type": "string", "description": deployment["properties"][
+        "apiVersion"]["description"]}  # one type, no enum
+    assert deployment["properties"]["spec"]["allOf"] == [{"$ref": "#/components/schemas/io.k8s.api.apps.v1.DeploymentSpec"}]
+    containers = schemas["io.k8s.api.core.v1.PodSpec"]["properties"]["containers"]
+    assert (containers["x-kubernetes-list-type"], containers["x-kubernetes-list-map-keys"]) == ("map", ["name"])
+    assert schemas["io.k8s.apimachinery.pkg.util.intstr.IntOrString"]["format"] == "int-or-string"
+    assert "io.k8s.api.core.v1.Container" in schemas and "io.k8s.api.core.v1.Service" not in schemas
+
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w", "labels": {"any": "key"}},
+           "spec": {"replicass": 1, "template": {"spec": {"containers": [{"name": "c", "imagePolicy": "x"}]}}}}
+    pruned, dropped = prune_builtin(obj, "io.k8s.api.apps.v1.Deployment")
+    assert dropped == ["spec.replicass", "spec.template.spec.containers[0].imagePolicy"]
+    assert pruned["spec"] == {"template": {"spec": {"containers": [{"name": "c"}]}}}
+    assert pruned["metadata"]["labels"] == {"any": "key"}  # a map's keys are data, not fields

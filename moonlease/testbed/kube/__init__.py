@@ -14,7 +14,7 @@ fixtures (`tests/fixtures/kube.py`), `moonlease demo` and the benchmarks. Outsid
 Synchronous programs use `LocalApiServerThread` instead (the server in a thread of its own).
 
 Modules, one concept each: `resources` (the served types), `patches`, `selectors`, `schemas`,
-`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `cel`
+`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `replicasets`, `cel`
 (pure helpers; none touches kmock's internals), `errors` (Status
 bodies), `watches` (the watch cache), `calls` (request log, traffic), `faults` (injected
 failures), `emulator` (the API server: what it emulates is listed there), `simulator` (the
@@ -29,14 +29,21 @@ from moonlease.testbed.kube.pagination import ContinueToken, decode_continue
 from moonlease.testbed.kube.patches import STRATEGIC_MERGE_KEYS, merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.resources import (
     BUILTIN_RESOURCES,
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
     CONFIGMAPS,
     CRDS,
     DEPLOYMENTS,
     EVENTS,
     LEASES,
     NAMESPACES,
+    PODDISRUPTIONBUDGETS,
     PODS,
+    REPLICASETS,
+    ROLEBINDINGS,
+    ROLES,
     SECRETS,
+    SERVICEACCOUNTS,
     SERVICES,
     STATEFULSETS,
     ResourceType,
@@ -62,8 +69,9 @@ from moonlease.testbed.kube.timestamps import now_rfc3339
 from moonlease.testbed.kube.validation import MAX_ANNOTATIONS_BYTES, MAX_OBJECT_BYTES, MAX_REQUEST_BODY_BYTES, NameRule
 
 __all__ = [
-    "BUILTIN_RESOURCES", "CONFIGMAPS", "CRDS", "DEPLOYMENTS", "EVENTS", "LEASES", "MAX_ANNOTATIONS_BYTES",
-    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODS", "SECRETS", "SERVICES", "STATEFULSETS",
+    "BUILTIN_RESOURCES", "CLUSTERROLEBINDINGS", "CLUSTERROLES", "CONFIGMAPS", "CRDS", "DEPLOYMENTS", "EVENTS", "LEASES", "MAX_ANNOTATIONS_BYTES",
+    "MAX_OBJECT_BYTES", "MAX_REQUEST_BODY_BYTES", "NAMESPACES", "PODDISRUPTIONBUDGETS", "PODS", "REPLICASETS", "ROLEBINDINGS", "ROLES", "SECRETS",
+    "SERVICEACCOUNTS", "SERVICES", "STATEFULSETS",
     "STRATEGIC_MERGE_KEYS", "ApiCall", "ApiServerEmulator", "ContinueToken", "FieldTerm", "InjectedFault",
     "LocalApiServer", "LocalApiServerThread", "NameRule", "ResourceType", "RolloutBehaviour", "RolloutSimulator",
     "SelectorTerm", "Traffic", "WorkloadRollout", "apply_schema_defaults", "decode_continue", "default_crds",

@@ -36,10 +36,13 @@ against a real cluster and right here otherwise:
 
 - What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
   server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
-  v2/v3 (`openapi`), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
   the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
-  a CRD's CEL rules (`cel`), `/version` 1.32. Not emulated: server-side apply (415), Helm's
-  release kinds beyond those served.
+  a CRD's CEL rules (`cel`), `/version` 1.32.
+- Field managers and server-side apply (`managed_fields`): every HTTP write records its
+  `fieldManager` (else the User-Agent's product) in metadata.managedFields; apply patches
+  (`application/apply-patch+yaml`) merge, conflict (409, `force=true` takes over) and create.
+  In-process writes (test helpers, the simulated controllers) record no manager.
 
 Every HTTP request is recorded as an `ApiCall` (with its RBAC verb) and counted in `traffic`
 (requests and response bytes per verb and resource). `inject_failures` makes the next N requests
@@ -62,6 +65,7 @@ import attrs
 import jsonpatch
 import jsonpointer
 import kmock
+import yaml
 from kmock._internal import apps as kmock_apps
 from kmock._internal import parsing as kmock_parsing
 
@@ -69,7 +73,8 @@ from moonlease.testbed.kube import errors
 from moonlease.testbed.kube.calls import ApiCall, Traffic, rbac_verb
 from moonlease.testbed.kube.cel import rule_errors
 from moonlease.testbed.kube.faults import FAULT_REASONS, InjectedFault
-from moonlease.testbed.kube.openapi import openapi_v2, openapi_v3, openapi_v3_index
+from moonlease.testbed.kube.managed_fields import ApplyConflicts, apply_config, record_update
+from moonlease.testbed.kube.openapi import definition_name, openapi_v2, openapi_v3, openapi_v3_index, prune_builtin
 from moonlease.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease.testbed.kube.patches import merge_patch, strategic_merge_patch
 from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
@@ -408,57 +413,66 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # ---- writes -----------------------------------------------------------------------------
 
     async def create_object(self, what: Any, body: Mapping[str, Any], *, namespace: str | None = None,
-                            strict_fields: bool = False, dry_run: bool = False) -> JsonObj:
+                            strict_fields: bool = False, dry_run: bool = False,
+                            field_manager: str | None = None) -> JsonObj:
         """POST semantics: generated name, uid, resourceVersion, generation; 409 if it exists.
-        `dry_run`: admitted and answered as if created, but nothing is stored or watched."""
+        `dry_run`: admitted and answered as if created, but nothing is stored or watched.
+        `field_manager`: who owns the fields set (HTTP writes; in-process ones record none)."""
         rtype = self.resource_type(what if what is not None else body)
         async with self._lock:
-            obj = copy.deepcopy(dict(body))
-            meta = obj.setdefault("metadata", {})
-            namespace = namespace or meta.get("namespace") or ("default" if rtype.namespaced else None)
-            if rtype.namespaced:
-                meta["namespace"] = namespace
-                self._require_namespace(namespace)
-            else:
-                meta.pop("namespace", None)
-            if not meta.get("name") and meta.get("generateName"):
-                suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-                meta["name"] = generated_name(meta["generateName"], suffix)
-            name = meta.get("name")
-            if not name:
-                raise errors.invalid(rtype, None, [FieldError("metadata.name", ErrorType.REQUIRED,
-                                                              "name or generateName is required")])
-            key = self._key(rtype, namespace, name)
-            if key in self.objects and not self.objects[key].deleted:
-                raise errors.already_exists(rtype, name)
-            obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
-            if rtype == CRDS:
-                self._check_crd_name(obj)
-            obj = self._admit(rtype, obj, strict_fields=strict_fields)
-            meta = obj["metadata"]
-            for server_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
-                meta.pop(server_field, None)
-            meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = now_rfc3339()
-            meta["generation"] = 1
-            if rtype == CRDS:
-                obj = self._establish_crd(obj, serve=not dry_run)
-            self._check_size(obj)
-            if dry_run:
-                return copy.deepcopy(obj)  # no resourceVersion: nothing was written
-            meta = obj["metadata"]
-            meta["resourceVersion"] = self._next_revision()
-            if key in self.objects:
-                self.objects[key].create(obj)
-            else:
-                self.objects[key] = obj
-            self._publish(rtype, "ADDED", obj)
-            return copy.deepcopy(obj)
+            return self._create(rtype, body, namespace, strict_fields, dry_run, field_manager)
+
+    def _create(self, rtype: ResourceType, body: Mapping[str, Any], namespace: str | None, strict_fields: bool,
+                dry_run: bool, field_manager: str | None) -> JsonObj:
+        obj = copy.deepcopy(dict(body))
+        meta = obj.setdefault("metadata", {})
+        namespace = namespace or meta.get("namespace") or ("default" if rtype.namespaced else None)
+        if rtype.namespaced:
+            meta["namespace"] = namespace
+            self._require_namespace(namespace)
+        else:
+            meta.pop("namespace", None)
+        if not meta.get("name") and meta.get("generateName"):
+            suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+            meta["name"] = generated_name(meta["generateName"], suffix)
+        name = meta.get("name")
+        if not name:
+            raise errors.invalid(rtype, None, [FieldError("metadata.name", ErrorType.REQUIRED,
+                                                          "name or generateName is required")])
+        key = self._key(rtype, namespace, name)
+        if key in self.objects and not self.objects[key].deleted:
+            raise errors.already_exists(rtype, name)
+        obj["apiVersion"], obj["kind"] = rtype.api_version, rtype.kind
+        if rtype == CRDS:
+            self._check_crd_name(obj)
+        obj = self._admit(rtype, obj, strict_fields=strict_fields)
+        meta = obj["metadata"]
+        for server_field in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
+            meta.pop(server_field, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = now_rfc3339()
+        meta["generation"] = 1
+        self._manage(rtype, None, obj, field_manager, None)
+        if rtype == CRDS:
+            obj = self._establish_crd(obj, serve=not dry_run)
+        self._check_size(obj)
+        if dry_run:
+            return copy.deepcopy(obj)  # no resourceVersion: nothing was written
+        meta = obj["metadata"]
+        meta["resourceVersion"] = self._next_revision()
+        if key in self.objects:
+            self.objects[key].create(obj)
+        else:
+            self.objects[key] = obj
+        self._publish(rtype, "ADDED", obj)
+        return copy.deepcopy(obj)
 
     async def patch_object(self, what: Any, namespace: str | None, name: str, patch: Any, *,
                            patch_type: str = "merge", subresource: str | None = None,
-                           strict_fields: bool = False, dry_run: bool = False) -> JsonObj:
-        """PATCH semantics. `patch_type`: "merge", "json" or "strategic"."""
+                           strict_fields: bool = False, dry_run: bool = False,
+                           field_manager: str | None = None) -> JsonObj:
+        """PATCH semantics. `patch_type`: "merge", "json" or "strategic" (server-side apply:
+        `apply_object`)."""
         rtype = self.resource_type(what)
         if patch_type == "strategic" and rtype.custom:
             raise errors.error(415, "UnsupportedMediaType",
@@ -486,12 +500,46 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 raise errors.bad_request("the patched object is not a JSON object")
             self._check_precondition(rtype, name, current, patched)
             if subresource == "scale":
-                return self._write_scale(rtype, current, patched, strict_fields, dry_run)
-            return self._store_update(rtype, current, dict(patched), subresource, strict_fields, dry_run)
+                return self._write_scale(rtype, current, patched, strict_fields, dry_run, field_manager)
+            return self._store_update(rtype, current, dict(patched), subresource, strict_fields, dry_run,
+                                      field_manager)
+
+    async def apply_object(self, what: Any, namespace: str | None, name: str, config: Mapping[str, Any], *,
+                           field_manager: str, force: bool = False, strict_fields: bool = False,
+                           dry_run: bool = False) -> tuple[JsonObj, bool]:
+        """Server-side apply (see `managed_fields`): the object, and whether it was created.
+        409 with the conflicting managers and fields unless `force`."""
+        rtype = self.resource_type(what)
+        body_name = (config.get("metadata") or {}).get("name")
+        if body_name != name:
+            raise errors.bad_request(f'the name of the object ({body_name}) does not match the name on the URL'
+                                     f' ({name})')
+        if (config.get("apiVersion"), config.get("kind")) != (rtype.api_version, rtype.kind):
+            raise errors.bad_request(f"the apiVersion and kind of the object ({config.get('apiVersion')}, "
+                                     f"{config.get('kind')}) do not match the URL ({rtype.api_version}, {rtype.kind})")
+        async with self._lock:
+            key = self._key(rtype, namespace, name)
+            exists = key in self.objects and not self.objects[key].deleted
+            current = self._live(rtype, namespace, name) if exists else None
+            if current is not None:
+                self._check_precondition(rtype, name, current, config)
+            entries = list((current or {}).get("metadata", {}).get("managedFields") or [])
+            try:
+                merged, managed = apply_config(
+                    entries, field_manager, current, config, schema=self._schemas.get(rtype.ref),
+                    api_version=rtype.api_version, now=now_rfc3339(), force=force,
+                    has_status="status" in rtype.subresources)
+            except ApplyConflicts as conflicts:
+                raise errors.error(409, "Conflict", conflicts.message, {"causes": conflicts.causes()}) from None
+            merged.setdefault("metadata", {})["managedFields"] = managed
+            if current is None:
+                merged["metadata"].pop("resourceVersion", None)
+                return self._create(rtype, merged, namespace, strict_fields, dry_run, None), True
+            return self._store_update(rtype, current, merged, None, strict_fields, dry_run), False
 
     async def replace_object(self, what: Any, namespace: str | None, name: str, body: Mapping[str, Any], *,
                              subresource: str | None = None, strict_fields: bool = False,
-                             dry_run: bool = False) -> JsonObj:
+                             dry_run: bool = False, field_manager: str | None = None) -> JsonObj:
         """PUT semantics: a full replacement, refused with 409 if resourceVersion is stale (and
         with 422 if a custom resource's is missing)."""
         rtype = self.resource_type(what)
@@ -503,8 +551,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                                                               "must be specified for an update", 0)])
             self._check_precondition(rtype, name, current, new)
             if subresource == "scale":
-                return self._write_scale(rtype, current, new, strict_fields, dry_run)
-            return self._store_update(rtype, current, new, subresource, strict_fields, dry_run)
+                return self._write_scale(rtype, current, new, strict_fields, dry_run, field_manager)
+            return self._store_update(rtype, current, new, subresource, strict_fields, dry_run, field_manager)
 
     async def delete_object(self, what: Any, namespace: str | None, name: str, *,
                             preconditions: Mapping[str, Any] | None = None, dry_run: bool = False) -> JsonObj:
@@ -550,13 +598,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         return scale_view(obj)
 
     def _write_scale(self, rtype: ResourceType, current: JsonObj, scale: Mapping[str, Any], strict_fields: bool,
-                     dry_run: bool) -> JsonObj:
+                     dry_run: bool, field_manager: str | None = None) -> JsonObj:
         """A write to `/scale`: only the replicas change; the answer is the new Scale."""
         replicas = (scale.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise errors.invalid(rtype, current["metadata"]["name"], [FieldError(
                 "spec.replicas", ErrorType.INVALID, "must be greater than or equal to 0", replicas)])
-        return scale_view(self._store_update(rtype, current, scaled(current, scale), None, strict_fields, dry_run))
+        return scale_view(self._store_update(rtype, current, scaled(current, scale), None, strict_fields, dry_run,
+                                             field_manager, manager_subresource="scale"))
 
     def _live(self, rtype: ResourceType, namespace: str | None, name: str) -> JsonObj:
         key = self._key(rtype, namespace, name)
@@ -570,7 +619,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise errors.not_found(NAMESPACES, namespace)
 
     def _store_update(self, rtype: ResourceType, current: JsonObj, new: JsonObj,
-                      subresource: str | None, strict_fields: bool, dry_run: bool = False) -> JsonObj:
+                      subresource: str | None, strict_fields: bool, dry_run: bool = False,
+                      field_manager: str | None = None, *, manager_subresource: str | None = None) -> JsonObj:
         meta_now = current["metadata"]
         has_status = "status" in rtype.subresources
         if subresource == "status":
@@ -605,7 +655,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             new = self._establish_crd(new, serve=not dry_run)
             meta = new["metadata"]
         meta["resourceVersion"] = meta_now["resourceVersion"]
-        if new == current:
+        self._manage(rtype, current, new, field_manager, manager_subresource or subresource)
+        if _without_times(new) == _without_times(current):
             return copy.deepcopy(current)  # a no-op write: no new version, no event (as etcd)
         self._check_size(new)
         if dry_run:
@@ -617,6 +668,24 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self.objects[self._key(rtype, meta.get("namespace"), meta["name"])].history.append(new)
         self._publish(rtype, "MODIFIED", new, current)
         return copy.deepcopy(new)
+
+    def _manage(self, rtype: ResourceType, old: JsonObj | None, new: JsonObj, field_manager: str | None,
+                subresource: str | None) -> None:
+        """Set `new`'s managedFields: those the client sent if it changed them (kubectl's
+        client-side to server-side apply upgrade does), else the stored ones; then the update of
+        `field_manager`, if any, recorded on them (see `managed_fields`)."""
+        meta = new["metadata"]
+        before = (old or {}).get("metadata", {}).get("managedFields")
+        given = meta.get("managedFields") if "managedFields" in meta else before
+        entries = list(given) if isinstance(given, list) else list(before or [])
+        if field_manager is not None and (subresource != "status" or old is not None):
+            entries = record_update(entries, field_manager, old, new, schema=self._schemas.get(rtype.ref),
+                                    api_version=rtype.api_version, now=now_rfc3339(), subresource=subresource,
+                                    has_status="status" in rtype.subresources)
+        if entries:
+            meta["managedFields"] = entries
+        else:
+            meta.pop("managedFields", None)
 
     def _remove(self, rtype: ResourceType, obj: JsonObj) -> None:
         meta = obj["metadata"]
@@ -649,6 +718,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             problems += workload_errors(obj)
         if problems:
             raise errors.invalid(rtype, name, problems)
+        if not rtype.custom:
+            # A built-in kind decodes into its Go type: unknown fields are dropped, or refused
+            # under fieldValidation=Strict (what kubectl sends by default).
+            obj, dropped = prune_builtin(obj, definition_name(rtype))
+            if dropped and strict_fields:
+                raise errors.bad_request(
+                    f'{rtype.kind} in version "{rtype.version}" cannot be handled as a {rtype.kind}: strict decoding'
+                    f' error: ' + ", ".join(f'unknown field "{path}"' for path in dropped))
         schema = self._schemas.get(rtype.ref)
         if schema is None:
             return obj
@@ -987,7 +1064,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if request.data.get("metadata", {}).get("resourceVersion"):
             raise errors.bad_request("resourceVersion should not be set on objects to be created")
         obj = await self.create_object(rtype, request.data, namespace=request.namespace,
-                                       strict_fields=_strict(request), dry_run=_dry_run(request))
+                                       strict_fields=_strict(request), dry_run=_dry_run(request),
+                                       field_manager=_field_manager(request))
         return _json(obj, status=201)
 
     async def _serve_update(self, request: kmock.Request) -> kmock.Payload:
@@ -999,14 +1077,42 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             "application/merge-patch+json": "merge",
             "application/json-patch+json": "json",
             "application/strategic-merge-patch+json": "strategic",
+            "application/apply-patch+yaml": "apply",
         }.get(content_type)
         if patch_type is None:
             raise errors.error(415, "UnsupportedMediaType",
-                               f"the body of the request was in an unknown format ({content_type or 'none'});"
-                               f" server-side apply is not emulated")
+                               f"the body of the request was in an unknown format ({content_type or 'none'}) -"
+                               f" accepted media types include: application/json-patch+json,"
+                               f" application/merge-patch+json, application/apply-patch+yaml,"
+                               f" application/strategic-merge-patch+json")
+        force = request.params.get("force")
+        if patch_type != "apply" and force is not None:
+            raise errors.error(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: force: Forbidden: may not be'
+                                               ' specified for non-apply patch')
+        if patch_type == "apply":
+            return await self._serve_apply(rtype, request, force == "true")
         return _json(await self.patch_object(rtype, request.namespace, request.name, request.data,
                                              patch_type=patch_type, subresource=request.subresource,
-                                             strict_fields=_strict(request), dry_run=_dry_run(request)))
+                                             strict_fields=_strict(request), dry_run=_dry_run(request),
+                                             field_manager=_field_manager(request)))
+
+    async def _serve_apply(self, rtype: ResourceType, request: kmock.Request, force: bool) -> kmock.Payload:
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise errors.error(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required'
+                                               ' value: is required for apply patch')
+        if request.subresource:
+            raise errors.error(405, "MethodNotAllowed", "server-side apply of a subresource is not emulated")
+        try:
+            config = yaml.safe_load(bytes(request.body).decode() or "{}")
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise errors.bad_request(f"error decoding YAML: {exc}") from None
+        if not isinstance(config, Mapping):
+            raise errors.bad_request("the applied configuration must be an object")
+        assert request.name is not None
+        obj, created = await self.apply_object(rtype, request.namespace, request.name, config, field_manager=manager,
+                                               force=force, strict_fields=_strict(request), dry_run=_dry_run(request))
+        return _json(obj, status=201 if created else None)
 
     async def _serve_replace(self, request: kmock.Request) -> kmock.Payload:
         if request.name is None:
@@ -1017,7 +1123,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise errors.bad_request("the request body must be a JSON object")
         return _json(await self.replace_object(rtype, request.namespace, request.name, request.data,
                                                subresource=request.subresource, strict_fields=_strict(request),
-                                               dry_run=_dry_run(request)))
+                                               dry_run=_dry_run(request), field_manager=_field_manager(request)))
 
     async def _serve_delete(self, request: kmock.Request) -> kmock.Payload:
         rtype = self._request_type(request)
@@ -1099,6 +1205,24 @@ def _dry_run(request: kmock.Request) -> bool:
         if value != "All":
             raise errors.bad_request(f'dryRun: Unsupported value: "{value}": supported values: "All"')
     return bool(values)
+
+
+def _field_manager(request: kmock.Request) -> str:
+    """Who a write's fields belong to: `fieldManager`, else the User-Agent's product (as the API
+    server names managers of clients that send none: "kopf", "kubectl")."""
+    manager = request.params.get("fieldManager") or (request.headers.get("User-Agent") or "unknown").split("/")[0]
+    if len(manager) > 128:
+        raise errors.error(422, "Invalid", 'fieldManager: Too long: may not be more than 128 bytes')
+    return manager
+
+
+def _without_times(obj: Mapping[str, Any]) -> Any:
+    """An object with its managers' timestamps left out: a write that changes nothing else is a no-op."""
+    meta = obj.get("metadata") or {}
+    if not meta.get("managedFields"):
+        return obj
+    entries = [{k: v for k, v in e.items() if k != "time"} for e in meta["managedFields"]]
+    return {**obj, "metadata": {**meta, "managedFields": entries}}
 
 
 def _strict(request: kmock.Request) -> bool:

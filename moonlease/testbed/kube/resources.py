@@ -87,12 +87,24 @@ PODS = ResourceType("", "v1", "pods", "Pod", True, frozenset({"status"}), ("po",
     "status.phase", "status.podIP", "status.podIPs", "status.nominatedNodeName"}))
 DEPLOYMENTS = ResourceType("apps", "v1", "deployments", "Deployment", True,
                            frozenset({"status", "scale"}), ("deploy",))
+REPLICASETS = ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, frozenset({"status", "scale"}), ("rs",))
 STATEFULSETS = ResourceType("apps", "v1", "statefulsets", "StatefulSet", True,
                             frozenset({"status", "scale"}), ("sts",))
 LEASES = ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True)
+SERVICEACCOUNTS = ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, short_names=("sa",))
+PODDISRUPTIONBUDGETS = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True,
+                                    frozenset({"status"}), ("pdb",))
+_RBAC = "rbac.authorization.k8s.io"
+ROLES = ResourceType(_RBAC, "v1", "roles", "Role", True, name_rule=NameRule.PATH_SEGMENT)
+ROLEBINDINGS = ResourceType(_RBAC, "v1", "rolebindings", "RoleBinding", True, name_rule=NameRule.PATH_SEGMENT)
+CLUSTERROLES = ResourceType(_RBAC, "v1", "clusterroles", "ClusterRole", False, name_rule=NameRule.PATH_SEGMENT)
+CLUSTERROLEBINDINGS = ResourceType(_RBAC, "v1", "clusterrolebindings", "ClusterRoleBinding", False,
+                                   name_rule=NameRule.PATH_SEGMENT)
 
-#: Served from the start: what kopf scans (namespaces, CRDs, events) and what the operator touches.
+#: Served from the start: what kopf scans (namespaces, CRDs, events), what the operator touches,
+#: and the kinds the Helm chart installs (Secrets hold Helm's releases).
 BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
-    NAMESPACES, CRDS, EVENTS, CONFIGMAPS, SECRETS, SERVICES, PODS, DEPLOYMENTS, STATEFULSETS, LEASES,
+    NAMESPACES, CRDS, EVENTS, CONFIGMAPS, SECRETS, SERVICES, PODS, DEPLOYMENTS, REPLICASETS, STATEFULSETS, LEASES,
+    SERVICEACCOUNTS, PODDISRUPTIONBUDGETS, ROLES, ROLEBINDINGS, CLUSTERROLES, CLUSTERROLEBINDINGS,
 )
 

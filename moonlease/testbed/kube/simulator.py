@@ -24,7 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease.testbed.kube.emulator import ApiServerEmulator
-from moonlease.testbed.kube.resources import DEPLOYMENTS, PODS, STATEFULSETS, ResourceType
+from moonlease.testbed.kube.replicasets import (
+    HASH_LABEL,
+    REVISION,
+    next_revision,
+    promoted_annotations,
+    replicaset_for,
+    replicaset_status,
+    revision_of,
+    to_prune,
+)
+from moonlease.testbed.kube.resources import DEPLOYMENTS, PODS, REPLICASETS, STATEFULSETS, ResourceType
 from moonlease.testbed.kube.timestamps import now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -73,8 +83,20 @@ class WorkloadRollout:
 
 
 def template_revision(template: Mapping[str, Any]) -> str:
-    """A short stable hash of a pod template (like pod-template-hash / controller-revision-hash)."""
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+    """A short stable hash of a pod template (like pod-template-hash / controller-revision-hash).
+    Null and empty fields do not count: a template that comes back through a Go client (as
+    `kubectl rollout undo` sends it: `creationTimestamp: null`, `resources: {}`) is the same
+    template, as the controller's semantic comparison finds it."""
+    return hashlib.sha256(json.dumps(_without_empty(template), sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _without_empty(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        kept = {k: _without_empty(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not None and v != {} and v != []}
+    if isinstance(value, list):
+        return [_without_empty(v) for v in value]
+    return value
 
 
 class RolloutSimulator:
@@ -144,7 +166,7 @@ class RolloutSimulator:
         meta = obj.get("metadata") or {}
         if rtype in (DEPLOYMENTS, STATEFULSETS):
             self._dirty.add((rtype.kind, meta.get("namespace", ""), meta.get("name", "")))
-        elif rtype == PODS:
+        elif rtype in (PODS, REPLICASETS):
             for owner in meta.get("ownerReferences") or []:
                 if owner.get("kind") in (DEPLOYMENTS.kind, STATEFULSETS.kind):
                     self._dirty.add((owner["kind"], meta.get("namespace", ""), owner.get("name", "")))
@@ -245,6 +267,8 @@ class RolloutSimulator:
         old = replicas - st.updated if in_rollout and st.stable_revision is not None else 0
         ready = st.updated - (1 if broken else 0) + old
         await self._sync_pods(rtype, obj, st, revision, old, broken)
+        if rtype == DEPLOYMENTS:
+            await self._sync_replicasets(obj, st, revision, old, broken)
         build = self._deployment_status if rtype == DEPLOYMENTS else self._statefulset_status
         status = build(obj, st, replicas=replicas, ready=ready, old=old, revision=revision)
         if status != obj.get("status"):
@@ -306,6 +330,50 @@ class RolloutSimulator:
             "updateRevision": f"{name}-{revision}",
             "collisionCount": 0,
         }
+
+    async def _sync_replicasets(self, obj: Mapping[str, Any], st: WorkloadRollout, revision: str, old: int,
+                                broken: bool) -> None:
+        """Keep the Deployment's ReplicaSets as its controller does (see `replicasets`): one per
+        template, the current one holding the highest revision (which the Deployment's revision
+        annotation repeats), replicas as the rollout has them, old ones pruned past the limit."""
+        meta, spec = obj["metadata"], obj.get("spec", {})
+        namespace = meta["namespace"]
+        owned = {(rs["metadata"].get("labels") or {}).get(HASH_LABEL): rs
+                 for rs in self.emulator.owned_objects(REPLICASETS, meta["uid"])
+                 if rs["metadata"].get("namespace") == namespace}
+        current = owned.get(revision)
+        others = [rs for h, rs in owned.items() if h != revision]
+        if current is None:
+            created = replicaset_for(obj, spec.get("template", {}), revision, next_revision(others))
+            current = await self.emulator.create_object(REPLICASETS, created, namespace=namespace)
+            owned[revision] = current
+        elif others and revision_of(current) < max(revision_of(rs) for rs in others):
+            annotations = promoted_annotations(current, obj, next_revision(others))
+            current = await self.emulator.patch_object(REPLICASETS, namespace, current["metadata"]["name"],
+                                                       {"metadata": {"annotations": annotations}})
+            owned[revision] = current
+        for template_hash, rs in owned.items():
+            if template_hash == revision:
+                replicas, ready = st.updated, st.updated - (1 if broken else 0)
+            elif template_hash == st.stable_revision:
+                replicas = ready = old
+            else:
+                replicas = ready = 0
+            name = rs["metadata"]["name"]
+            if (rs.get("spec") or {}).get("replicas") != replicas:
+                rs = await self.emulator.patch_object(REPLICASETS, namespace, name, {"spec": {"replicas": replicas}})
+            status = replicaset_status(replicas, ready, rs["metadata"].get("generation", 1))
+            if rs.get("status") != status:
+                rs = await self.emulator.patch_object(REPLICASETS, namespace, name, {"status": status},
+                                                      subresource="status")
+            owned[template_hash] = rs
+        limit = int(spec.get("revisionHistoryLimit", 10))
+        for name in to_prune(owned.values(), revision, limit):
+            await self.emulator.delete_object(REPLICASETS, namespace, name)
+        wanted = str(revision_of(current))
+        if (meta.get("annotations") or {}).get(REVISION) != wanted:
+            await self.emulator.patch_object(DEPLOYMENTS, namespace, meta["name"],
+                                             {"metadata": {"annotations": {REVISION: wanted}}})
 
     async def _sync_pods(self, rtype: ResourceType, obj: Mapping[str, Any], st: WorkloadRollout, revision: str,
                          old: int, broken: bool) -> None:

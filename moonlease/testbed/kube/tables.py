@@ -211,6 +211,13 @@ BUILTIN_COLUMNS: dict[tuple[str, str], tuple[Column, ...]] = {
         Column("Available", "string", lambda o, _: _status(o, "availableReplicas"),
                "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment."),
         AGE, *_WIDE_WORKLOAD),
+    ("apps", "ReplicaSet"): (
+        NAME,
+        Column("Desired", "integer", lambda o, _: (o.get("spec") or {}).get("replicas", 0),
+               "Number of desired pods."),
+        Column("Current", "integer", lambda o, _: _status(o, "replicas"), "Number of actual pods."),
+        Column("Ready", "integer", lambda o, _: _status(o, "readyReplicas"), "Number of ready pods."),
+        AGE, *_WIDE_WORKLOAD),
     ("apps", "StatefulSet"): (
         NAME,
         Column("Ready", "string", lambda o, _: f"{_status(o, 'readyReplicas')}/{(o.get('spec') or {}).get('replicas', 0)}",

@@ -42,6 +42,7 @@ class NameRule(str, enum.Enum):
     DNS1123_SUBDOMAIN = "dns1123-subdomain"  # most resources, custom resources included
     DNS1123_LABEL = "dns1123-label"  # namespaces
     DNS1035_LABEL = "dns1035-label"  # services
+    PATH_SEGMENT = "path-segment"  # RBAC kinds: anything usable in a URL path (`system:auth-delegator`)
 
 
 class ErrorType(str, enum.Enum):
@@ -158,7 +159,15 @@ def label_value_errors(value: str) -> list[str]:
     return problems
 
 
+def path_segment_errors(name: str) -> list[str]:
+    """apimachinery's ValidatePathSegmentName: not `.` or `..`, no `/` or `%`."""
+    if name in (".", ".."):
+        return [f'may not be \'{name}\'']
+    return [f"may not contain '{c}'" for c in ("/", "%") if c in name]
+
+
 _NAME_CHECKS = {
+    NameRule.PATH_SEGMENT: path_segment_errors,
     NameRule.DNS1123_SUBDOMAIN: dns1123_subdomain_errors,
     NameRule.DNS1123_LABEL: dns1123_label_errors,
     NameRule.DNS1035_LABEL: dns1035_label_errors,
