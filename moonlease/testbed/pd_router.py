@@ -15,10 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from moonlease.bench.serve_plan import ROUTER_POLICIES
 from moonlease.testbed.processes import ManagedProcess, free_port, http_get
-
-#: vllm-router's load-balancing policies that make sense for prefill and decode pools here.
-ROUTER_POLICIES = ("round_robin", "random", "consistent_hash", "cache_aware", "power_of_two")
 ROUTER_START_TIMEOUT_S = 120.0
 
 
