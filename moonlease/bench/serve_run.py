@@ -25,7 +25,7 @@ from moonlease.bench.serve_plan import (
     summarize, summarize_repeats)
 from moonlease.testbed.mooncake import (
     MasterSettings, MooncakeMaster, StorePool, parse_metrics, write_engine_store_config)
-from moonlease.testbed.processes import ManagedProcess, free_port, http_get
+from moonlease.testbed.processes import HealthProbedServer, ManagedProcess, free_port, http_get
 from moonlease.testbed.tiny_models import build_tiny_model, spec_for
 
 ENGINE_START_TIMEOUT_S = 600.0
@@ -63,7 +63,7 @@ def engine_counters(metrics_text: str) -> dict[str, float]:
     return {key: _sum_series(samples, prefix) for key, prefix in _ENGINE_SERIES.items()}
 
 
-class ServeEngine:
+class ServeEngine(HealthProbedServer):
     """`vllm serve` on a tiny model with our connector, as a managed process."""
 
     def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, *, kv_cache_mib: int,
@@ -115,14 +115,6 @@ class ServeEngine:
                                       ready=self._ready, env=env, log_dir=workdir,
                                       ready_timeout=ENGINE_START_TIMEOUT_S)
         self.model_path = model_path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _ready(self) -> bool:
-        status, _ = http_get(self.url + "/health", timeout=1.0)
-        return status == 200
 
     def counters(self) -> dict[str, float]:
         status, body = http_get(self.url + "/metrics", timeout=10.0)

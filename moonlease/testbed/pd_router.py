@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from moonlease.bench.serve_plan import ROUTER_POLICIES
-from moonlease.testbed.processes import ManagedProcess, free_port, http_get
+from moonlease.testbed.processes import HealthProbedServer, ManagedProcess, ManagedServer, free_port
 ROUTER_START_TIMEOUT_S = 120.0
 
 
@@ -58,7 +58,7 @@ def router_argv(executable: str, prefill_urls: Sequence[str], decode_urls: Seque
     return argv
 
 
-class PDRouter:
+class PDRouter(HealthProbedServer, ManagedServer):
     """One vllm-router process routing every request through a prefill then a decode engine."""
 
     def __init__(self, prefill_urls: Sequence[str], decode_urls: Sequence[str], *,
@@ -71,18 +71,3 @@ class PDRouter:
                                 decode_policy=decode_policy)
         self.process = ManagedProcess(f"vllm-router-{self.port}", self.argv, ready=self._ready,
                                       log_dir=log_dir, ready_timeout=ROUTER_START_TIMEOUT_S)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _ready(self) -> bool:
-        status, _ = http_get(self.url + "/health", timeout=1.0)
-        return status == 200
-
-    def __enter__(self) -> "PDRouter":
-        self.process.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.process.stop()
