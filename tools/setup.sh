@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
-STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
+STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
               moonlease/devenv/libcuda_stub.c pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
@@ -46,6 +46,8 @@ say "installing pinned packages into $VENV (first time: a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/docs.txt
 # The linters (make lint), pinned apart from lock.txt for the same reason.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lint.txt
+# vllm-router (prefill/decode routing: the P/D engine test, `moonlease bench serve --engines`).
+"$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/router.txt 2> >(grep -v "is ignored: it is neither" >&2)
 
 # 3. Mooncake 0.3.13.post1 (no batch_probe_key) in its own venv, for compatibility tests only:
 #    both versions ship the `mooncake` package, so they cannot share one interpreter.

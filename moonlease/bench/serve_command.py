@@ -41,6 +41,15 @@ def _pressures(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _engines(text: str) -> Any:
+    from moonlease.bench.serve_plan import parse_engines
+
+    try:
+        return parse_engines(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -56,6 +65,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pressures", type=_pressures, default=DEFAULT_PRESSURES,
                         help="NAME:SEGMENT_MIB:WATERMARK,... store pool segment and the master's "
                              f"eviction_high_watermark_ratio (default {default_pressures})")
+    parser.add_argument("--engines", type=_engines, metavar="PREFILL:DECODE",
+                        help="serve each case through vllm-router with this many prefill engines "
+                             "(kv_producer: look up, prefill the rest, save) and decode engines "
+                             "(kv_consumer: load the prompt from the store, answer), e.g. 2:1; "
+                             "default: one engine (kv_both) serving alone")
+    parser.add_argument("--router-policy", default="round_robin",
+                        help="vllm-router's load-balancing policy with --engines: round_robin "
+                             "(default), random, consistent_hash, cache_aware or power_of_two")
     parser.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     parser.add_argument("--duration-s", type=float, default=SERVE_KNOBS["duration_s"],
                         help=f"virtual seconds of trace arrivals (default {SERVE_KNOBS['duration_s']:g})")
@@ -114,6 +131,7 @@ def run_serve(args: argparse.Namespace) -> int:
         _write_report(results, args.out)
         return 0
     os.environ.setdefault("GLOG_minloglevel", "1")
+    engines = _with_policy(args.engines, args.router_policy)
     from moonlease import devenv
 
     devenv.preload()
@@ -169,7 +187,8 @@ def run_serve(args: argparse.Namespace) -> int:
                                           local_prefix_cache=args.engine_prefix_cache == "on",
                                           retention_interval=DENSE_RETENTION_INTERVAL
                                           if plans[case.workload][0].header.retention == "dense" else None,
-                                          say=say, on_done=lambda _r: progress.update(1))
+                                          say=say, on_done=lambda _r: progress.update(1),
+                                          engines=engines)
                     except ServerStartError as error:
                         failed.append(f"{case.model} {case.label} @ {pressure.name}: {error}")
                         say(f"  FAILED to start, skipped:\n{error}")
@@ -183,7 +202,9 @@ def run_serve(args: argparse.Namespace) -> int:
                             f"prompt, medians of {cal['repeats']})")
                     say(f"  {case.model} {case.label} @ {pressure.name} ({args.repeats} runs pooled): TTFT p50 "
                         f"{summary['ttft_p50_s']:.2f} s, p90 {summary['ttft_p90_s']:.2f} s; store hit rate "
-                        f"{_pct(summary['store_hit_rate'])}; {summary['requests_failed']} failed")
+                        f"{_pct(summary['store_hit_rate'])}"
+                        + ("" if engines is None else f" (decode loads {_pct(summary.get('decode_load_rate'))})")
+                        + f"; {summary['requests_failed']} failed")
                     runs.append(record)
         except KeyboardInterrupt:
             interrupted = True
@@ -200,6 +221,7 @@ def run_serve(args: argparse.Namespace) -> int:
                             "max_prompt_tokens": args.max_prompt_tokens,
                             "max_output_tokens": args.max_output_tokens, "kv_cache_mib": args.kv_cache_mib,
                             "lease_ttl_ms": args.lease_ttl_ms, "engine_prefix_cache": args.engine_prefix_cache,
+                            "engines": None if engines is None else asdict(engines),
                             "pressures": [asdict(p) for p in args.pressures]},
                "traces": {w: {"requests": len(p), "left_out": n, "prompt_tokens": sum(len(r.token_ids) for r in p),
                               "virtual_s": t.span_s, "layout": t.header.layout}
@@ -214,6 +236,18 @@ def run_serve(args: argparse.Namespace) -> int:
     if interrupted:
         return 130
     return 1 if failed else 0
+
+
+def _with_policy(layout: Any, policy: str) -> Any:
+    """`--engines` with `--router-policy` applied (a clear exit for an unknown policy)."""
+    if layout is None:
+        return None
+    from moonlease.bench.serve_plan import EngineLayout
+
+    try:
+        return EngineLayout(layout.prefill, layout.decode, policy)
+    except ValueError as error:
+        raise SystemExit(f"moonlease bench serve: --router-policy: {error}") from None
 
 
 def _pct(value: float | None) -> str:

@@ -86,7 +86,7 @@ SERVE_KNOBS: dict[str, Any] = {"p_long": 0.0, "system_blocks": 16, "first_blocks
                                "duration_s": 450.0, "sessions_per_min": 3.0}
 #: Per-repeat figures whose range (lowest, highest) the report shows beside the pooled value.
 SPREAD_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "store_hit_rate", "reuse_served_rate",
-               "keys_leased_per_lookup")
+               "keys_leased_per_lookup", "decode_load_rate")
 
 
 def parse_cases(text: str) -> tuple[ServeCase, ...]:
@@ -120,6 +120,58 @@ def parse_pressures(text: str) -> tuple[Pressure, ...]:
             raise ValueError(f"pressure {item!r}: watermark must be in (0, 1]")
         pressures.append(Pressure(parts[0], int(parts[1]), watermark))
     return tuple(pressures)
+
+
+#: vllm-router's load-balancing policies that `--router-policy` and the testbed's router accept.
+ROUTER_POLICIES = ("round_robin", "random", "consistent_hash", "cache_aware", "power_of_two")
+#: Counters whose prefill-engine sums are the case's store figures behind a router: a prefill
+#: engine's lookup is where reuse across requests shows (the decode engine loads what the
+#: prefill engine has just saved, nearly always, whatever the lease mode).
+_DECODE_PREFIX = "decode_"
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """Engines per case behind vllm-router: prefill engines (kv_producer: look up, prefill the
+    rest, save) and decode engines (kv_consumer: load the prompt from the store, answer)."""
+
+    prefill: int
+    decode: int
+    policy: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError(f"engines {self.prefill}:{self.decode}: want at least one prefill and "
+                             "one decode engine (PREFILL:DECODE, e.g. 2:1)")
+        if self.policy not in ROUTER_POLICIES:
+            raise ValueError(f"router policy {self.policy!r} is not one of {', '.join(ROUTER_POLICIES)}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill} prefill + {self.decode} decode"
+
+
+def parse_engines(text: str, policy: str = "round_robin") -> EngineLayout:
+    """`PREFILL:DECODE` (e.g. `2:1`) → a layout (a clear error for anything else)."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"engines {text!r}: want PREFILL:DECODE, two whole numbers (e.g. 2:1)")
+    return EngineLayout(int(parts[0]), int(parts[1]), policy)
+
+
+def combine_role_counters(prefill: Sequence[Mapping[str, float]],
+                          decode: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One case's counters from its engines: the prefill engines' sums under the usual names
+    (store hit rate, lookups, keys leased: what the lease mode decides), the decode engines'
+    sums with a `decode_` prefix (how much of each prompt the decode side loaded)."""
+    combined: dict[str, float] = {}
+    for counters in prefill:
+        for key, value in counters.items():
+            combined[key] = combined.get(key, 0.0) + value
+    for counters in decode:
+        for key, value in counters.items():
+            combined[_DECODE_PREFIX + key] = combined.get(_DECODE_PREFIX + key, 0.0) + value
+    return combined
 
 
 @dataclass(frozen=True)
@@ -214,6 +266,8 @@ class CaseSummary:
     keys_probed_per_lookup: float | None = None
     lookups: float | None = None
     evictions: float | None = None
+    #: Behind a P/D router: the decode engines' store hits over their queries (tokens).
+    decode_load_rate: float | None = None
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -254,7 +308,9 @@ def summarize(planned: Sequence[PlannedRequest], results: Sequence[RequestResult
         misses_by_age=dict(sorted(misses.items())), reusable_by_age=dict(sorted(reusable.items())),
         keys_leased_per_lookup=_ratio(metric_deltas.get("keys_leased"), lookups),
         keys_probed_per_lookup=_ratio(metric_deltas.get("keys_probed"), lookups),
-        lookups=lookups, evictions=metric_deltas.get("evictions"))
+        lookups=lookups, evictions=metric_deltas.get("evictions"),
+        decode_load_rate=_ratio(metric_deltas.get("decode_external_hits"),
+                                metric_deltas.get("decode_external_queries")))
 
 
 def summarize_repeats(planned: Sequence[PlannedRequest], results: Sequence[Sequence[RequestResult]],

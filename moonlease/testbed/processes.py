@@ -145,3 +145,18 @@ class ManagedServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+class HealthProbedServer:
+    """A loopback HTTP server on `self.port` that is ready once `GET /health` answers 200 (vLLM's
+    OpenAI server, vllm-router)."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _ready(self) -> bool:
+        status, _ = http_get(self.url + "/health", timeout=1.0)
+        return status == 200

@@ -18,6 +18,12 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and (has "*" .Values.operator.watchNamespaces) (gt (len .Values.operator.watchNamespaces) 1) -}}
 {{- fail "operator.watchNamespaces: \"*\" (every namespace) stands alone; list namespaces or give [\"*\"]" -}}
 {{- end -}}
+{{- if and .Values.router.enabled (not .Values.vllm.enabled) -}}
+{{- fail "router.enabled puts vllm-router in front of this release's prefill and decode engines: it needs vllm.enabled true" -}}
+{{- end -}}
+{{- if and .Values.router.enabled .Values.vllm.enabled (not .Values.router.image.repository) -}}
+{{- fail "router.image.repository is required with router.enabled: an image with vllm-router on PATH (no image of this chart ships it; e.g. python:3.11-slim plus pip install vllm-router==0.1.17)" -}}
+{{- end -}}
 {{- $modes := list .Values.vllm.connector.leaseMode -}}
 {{- range .Values.vllm.arms -}}
 {{- $modes = append $modes (default $.Values.vllm.connector.leaseMode .leaseMode) -}}
