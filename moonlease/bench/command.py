@@ -25,6 +25,10 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.split(",") if x)
 
@@ -70,6 +74,15 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--soft-pin-ttl-s", type=float,
                         help="production default_kv_soft_pin_ttl to scale (default 1800, Mooncake's)")
     parser.add_argument("--watermark", type=float, help="eviction_high_watermark_ratio (default 0.8)")
+    parser.add_argument("--engines",
+                        help="the fleet sharing the store: <prefill>p<decode>d (e.g. 4p1d) or a count N "
+                             "(N-1 prefill + 1 decode; 1: one engine alone); default 4p1d")
+    parser.add_argument("--routing", choices=("session", "random", "round-robin"),
+                        help="how requests reach engines: session (a session's turns to one engine), "
+                             "random, round-robin (default session)")
+    parser.add_argument("--value-bytes", type=_ints, metavar="ATTENTION,RECURRENT",
+                        help="stand-in value sizes in bytes (default 16384,65536); smaller values put "
+                             "more objects in the store at the same capacity (production density)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"markdown report; raw .json and PNGs beside it (default {DEFAULT_OUT})")
     parser.add_argument("--log-dir", type=Path, help="server logs (default: a temp dir under the report's)")
@@ -129,6 +142,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     from moonlease.bench.environment import fetch_environment
     from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
+    from moonlease.bench.saves import ValueSizes
     from moonlease.bench.trace import read_trace
     from moonlease.bench.workload import build_named_trace
 
@@ -136,6 +150,17 @@ def run_replay(args: argparse.Namespace) -> int:
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
               "lease_ttl_s": args.lease_ttl_s, "soft_pin_ttl_s": args.soft_pin_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
+    if args.engines is not None or args.routing is not None:
+        settings = replace(settings, engines=args.engines or settings.engines,
+                           routing=args.routing or settings.routing)
+    try:
+        settings.fleet
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    if args.value_bytes is not None:
+        if len(args.value_bytes) != 2 or min(args.value_bytes) <= 0:
+            raise SystemExit("--value-bytes wants two positive sizes: ATTENTION,RECURRENT")
+        settings = replace(settings, sizes=ValueSizes(*args.value_bytes))
     unknown = [m for m in settings.modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
