@@ -57,6 +57,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                         help="presets to generate and replay when no --trace is given "
                              "(default agentic-swa,agentic-hybrid)")
     parser.add_argument("--seed", type=int, default=1, help="seed of generated traces (default 1)")
+    parser.add_argument("--knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
+                        help="override a generator knob of every generated trace (repeatable), e.g. "
+                             "p_resend=0 for the traces drawn before exact re-sends existed")
     parser.add_argument("--capacities", type=_floats,
                         help="shares of the trace's stored bytes that fit below the watermark "
                              "(default 0.05,0.15,0.4: high, medium, low pressure)")
@@ -99,19 +102,25 @@ def _coerce(value: str, current: Any) -> Any:
     return type(current)(value)
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from moonlease.bench.trace import write_trace
+def _build_preset_trace(workload: str, seed: int, overrides: list[tuple[str, str]]) -> Any:
+    """A preset's trace with `--knob` overrides (a clear error for an unknown preset or knob)."""
     from moonlease.bench.workload import WORKLOADS, build_trace
 
-    if args.workload not in WORKLOADS:
-        raise SystemExit(f"unknown workload {args.workload!r}; known: {', '.join(WORKLOADS)}")
-    knobs = WORKLOADS[args.workload]
+    if workload not in WORKLOADS:
+        raise SystemExit(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    knobs = WORKLOADS[workload]
     known = {f.name for f in fields(knobs)}
-    for name, value in args.knob:
+    for name, value in overrides:
         if name not in known:
             raise SystemExit(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
         knobs = replace(knobs, **{name: _coerce(value, getattr(knobs, name))})
-    trace = build_trace(knobs, seed=args.seed, workload=args.workload)
+    return build_trace(knobs, seed=seed, workload=workload)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from moonlease.bench.trace import write_trace
+
+    trace = _build_preset_trace(args.workload, args.seed, args.knob)
     write_trace(trace, args.out)
     print(f"{args.out}: {len(trace.requests)} requests over {trace.span_s / 60:.0f} virtual minutes",
           file=sys.stderr)
@@ -144,7 +153,6 @@ def run_replay(args: argparse.Namespace) -> int:
     from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
     from moonlease.bench.saves import ValueSizes
     from moonlease.bench.trace import read_trace
-    from moonlease.bench.workload import build_named_trace
 
     settings = ReplaySettings()
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
@@ -167,7 +175,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.trace:
         traces = [read_trace(path) for path in args.trace]
     else:
-        traces = [build_named_trace(name, seed=args.seed) for name in args.workloads]
+        traces = [_build_preset_trace(name, args.seed, args.knob) for name in args.workloads]
     started = time.monotonic()
     log_root = args.log_dir or args.out.parent / "tmp"
     log_root.mkdir(parents=True, exist_ok=True)
