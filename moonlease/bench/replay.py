@@ -76,6 +76,9 @@ class ModeSpec:
     lease_mode: LeaseMode
     junction_retention: bool = False
     retention: RetentionSettings = RetentionSettings()
+    # Replay-only design study: one recency order for the whole fleet (every prefill engine's
+    # saves and every decode engine's loads feed it) instead of one per connector.
+    fleet_evict: bool = False
 
     def settings(self) -> MoonleaseConnectorConfig:
         """The connector settings a user turns this mode on with."""
@@ -130,13 +133,20 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              retention=RetentionSettings(pin=True, evict=True)),
     ModeSpec("leaseAll+junctions+pin+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(pin=True, retry=True, evict=True)),
+    # `evict` with the order shared by the fleet (a design study; the connector has no such
+    # channel between engines).
+    ModeSpec("leaseAll+evict@fleet", LeaseMode.LEASE_ALL, retention=RetentionSettings(evict=True),
+             fleet_evict=True),
+    ModeSpec("leaseAll+skip+evict@fleet", LeaseMode.LEASE_ALL,
+             retention=RetentionSettings(skip=True, evict=True), fleet_evict=True),
 )}
 
 
 @dataclass(frozen=True)
 class ReplaySettings:
     capacities: tuple[float, ...] = (0.05, 0.15, 0.4)  # share of the trace's stored bytes that fits
-    modes: tuple[str, ...] = tuple(MODES)  # those that apply to each trace's layout run
+    # Those that apply to each trace's layout run (the fleet-order design study only by name).
+    modes: tuple[str, ...] = tuple(name for name, spec in MODES.items() if not spec.fleet_evict)
     watermark: float = 0.8  # eviction_high_watermark_ratio
     eviction_ratio: float = 0.05
     lease_ttl_s: float = 10.0  # production default_kv_lease_ttl, scaled like the trace
@@ -351,6 +361,8 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
     if fleet.decode and len(ideal.decode_hits) != len(trace.requests):
         raise ValueError("a fleet with decode engines needs the ideal replay's decode hits (decode=True)")
     layout = layout_by_name(trace.header.layout)
+    if new_eviction is not None and mode.fleet_evict:
+        eviction, new_eviction = new_eviction(), None  # one order, shared by every engine
     prefill = [_build_engine(layout, store, mode, trace,
                              new_eviction() if new_eviction is not None else eviction)
                for _ in range(fleet.prefill)]
@@ -396,7 +408,11 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         run.put_failures += saved.put_failures
         run.put_failed_keys += saved.keys_failed
         if decode:
-            loaded = decode[routers[1].pick(request.session)].lookup.lookup(prompt_tokens, hashes)
+            reader = decode[routers[1].pick(request.session)].lookup
+            loaded = reader.lookup(prompt_tokens, hashes)
+            if mode.fleet_evict and eviction is not None:  # the shared order learns the load
+                read = sorted(keys_the_load_reads(reader, hashes, loaded))
+                eviction.saw_exist(read, [1] * len(read))
             run.decode_accounts.append(RequestAccount(prompt_tokens, ideal.decode_hits[step],
                                                       loaded.hit_length, None))
         if after_request is not None:

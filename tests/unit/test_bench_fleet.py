@@ -125,5 +125,11 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
                           fleet=FleetSpec(3, 0), routing="session", new_eviction=Recorder)
     assert len(built) == 3 and all(recorder.touched for recorder in built)
     assert run.decode_accounts == []
+    assert run.removal_refused == 0
+    shared = replay_requests(trace, DictStore(), MODES["leaseAll+evict@fleet"], ideal, sizes,
+                             fleet=FleetSpec(3, 0), routing="session", new_eviction=Recorder)
+    assert len(built) == 4, "the fleet-order study builds one order for every engine"
+    assert built[-1].touched == sum(recorder.touched for recorder in built[:3])
+    assert shared.accounts == run.accounts
     assert [count[0] for count in run.engine_counts] == [
         sum(1 for r in trace.requests if Router("session", 3).pick(r.session) == engine) for engine in range(3)]
