@@ -151,6 +151,7 @@ def run_replay(args: argparse.Namespace) -> int:
 
     from moonlease.bench.environment import fetch_environment
     from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
+    from moonlease.bench.fleet import parse_fleet
     from moonlease.bench.saves import ValueSizes
     from moonlease.bench.trace import read_trace
 
@@ -162,7 +163,7 @@ def run_replay(args: argparse.Namespace) -> int:
         settings = replace(settings, engines=args.engines or settings.engines,
                            routing=args.routing or settings.routing)
     try:
-        settings.fleet
+        parse_fleet(settings.engines)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     if args.value_bytes is not None:

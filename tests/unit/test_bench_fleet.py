@@ -7,7 +7,13 @@ from collections import defaultdict
 
 import pytest
 
-from moonlease.bench.fleet import DEFAULT_FLEET, SINGLE_ENGINE, FleetSpec, Router, parse_fleet
+from moonlease.bench.fleet import (
+    DEFAULT_FLEET,
+    SINGLE_ENGINE,
+    FleetSpec,
+    Router,
+    parse_fleet,
+)
 from moonlease.bench.replay import (
     MODES,
     build_belady_replay,
