@@ -150,8 +150,8 @@ def run_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from moonlease.bench.environment import fetch_environment
-    from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
     from moonlease.bench.fleet import parse_fleet
+    from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
     from moonlease.bench.saves import ValueSizes
     from moonlease.bench.trace import read_trace
 
