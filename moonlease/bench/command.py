@@ -25,6 +25,10 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x for x in text.split(",") if x)
 
@@ -53,6 +57,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
                         help="presets to generate and replay when no --trace is given "
                              "(default agentic-swa,agentic-hybrid)")
     parser.add_argument("--seed", type=int, default=1, help="seed of generated traces (default 1)")
+    parser.add_argument("--knob", type=_knob, action="append", default=[], metavar="NAME=VALUE",
+                        help="override a generator knob of every generated trace (repeatable), e.g. "
+                             "p_resend=0 for the traces drawn before exact re-sends existed")
     parser.add_argument("--capacities", type=_floats,
                         help="shares of the trace's stored bytes that fit below the watermark "
                              "(default 0.05,0.15,0.4: high, medium, low pressure)")
@@ -70,6 +77,15 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--soft-pin-ttl-s", type=float,
                         help="production default_kv_soft_pin_ttl to scale (default 1800, Mooncake's)")
     parser.add_argument("--watermark", type=float, help="eviction_high_watermark_ratio (default 0.8)")
+    parser.add_argument("--engines",
+                        help="the fleet sharing the store: <prefill>p<decode>d (e.g. 4p1d) or a count N "
+                             "(N-1 prefill + 1 decode; 1: one engine alone); default 4p1d")
+    parser.add_argument("--routing", choices=("session", "random", "round-robin"),
+                        help="how requests reach engines: session (a session's turns to one engine), "
+                             "random, round-robin (default session)")
+    parser.add_argument("--value-bytes", type=_ints, metavar="ATTENTION,RECURRENT",
+                        help="stand-in value sizes in bytes (default 16384,65536); smaller values put "
+                             "more objects in the store at the same capacity (production density)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"markdown report; raw .json and PNGs beside it (default {DEFAULT_OUT})")
     parser.add_argument("--log-dir", type=Path, help="server logs (default: a temp dir under the report's)")
@@ -86,19 +102,25 @@ def _coerce(value: str, current: Any) -> Any:
     return type(current)(value)
 
 
-def run_generate(args: argparse.Namespace) -> int:
-    from moonlease.bench.trace import write_trace
+def _build_preset_trace(workload: str, seed: int, overrides: list[tuple[str, str]]) -> Any:
+    """A preset's trace with `--knob` overrides (a clear error for an unknown preset or knob)."""
     from moonlease.bench.workload import WORKLOADS, build_trace
 
-    if args.workload not in WORKLOADS:
-        raise SystemExit(f"unknown workload {args.workload!r}; known: {', '.join(WORKLOADS)}")
-    knobs = WORKLOADS[args.workload]
+    if workload not in WORKLOADS:
+        raise SystemExit(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    knobs = WORKLOADS[workload]
     known = {f.name for f in fields(knobs)}
-    for name, value in args.knob:
+    for name, value in overrides:
         if name not in known:
             raise SystemExit(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
         knobs = replace(knobs, **{name: _coerce(value, getattr(knobs, name))})
-    trace = build_trace(knobs, seed=args.seed, workload=args.workload)
+    return build_trace(knobs, seed=seed, workload=workload)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from moonlease.bench.trace import write_trace
+
+    trace = _build_preset_trace(args.workload, args.seed, args.knob)
     write_trace(trace, args.out)
     print(f"{args.out}: {len(trace.requests)} requests over {trace.span_s / 60:.0f} virtual minutes",
           file=sys.stderr)
@@ -128,21 +150,33 @@ def run_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from moonlease.bench.environment import fetch_environment
+    from moonlease.bench.fleet import parse_fleet
     from moonlease.bench.replay import MODES, ReplaySettings, count_runs, run_trace, settings_record
+    from moonlease.bench.saves import ValueSizes
     from moonlease.bench.trace import read_trace
-    from moonlease.bench.workload import build_named_trace
 
     settings = ReplaySettings()
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
               "lease_ttl_s": args.lease_ttl_s, "soft_pin_ttl_s": args.soft_pin_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
+    if args.engines is not None or args.routing is not None:
+        settings = replace(settings, engines=args.engines or settings.engines,
+                           routing=args.routing or settings.routing)
+    try:
+        parse_fleet(settings.engines)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    if args.value_bytes is not None:
+        if len(args.value_bytes) != 2 or min(args.value_bytes) <= 0:
+            raise SystemExit("--value-bytes wants two positive sizes: ATTENTION,RECURRENT")
+        settings = replace(settings, sizes=ValueSizes(*args.value_bytes))
     unknown = [m for m in settings.modes if m not in MODES]
     if unknown:
         raise SystemExit(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
     if args.trace:
         traces = [read_trace(path) for path in args.trace]
     else:
-        traces = [build_named_trace(name, seed=args.seed) for name in args.workloads]
+        traces = [_build_preset_trace(name, args.seed, args.knob) for name in args.workloads]
     started = time.monotonic()
     log_root = args.log_dir or args.out.parent / "tmp"
     log_root.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,48 @@ def render_losses(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The real master's metadata shards (no flag changes it): objects per shard = keys / this.
+MASTER_SHARDS = 1024
+
+
+def render_fleet(results: dict[str, Any]) -> list[str]:
+    """Per workload and capacity: the fleet, its routing, each mode's decode hits and spread of
+    prefill hit rates over the engines, and the master's objects per metadata shard at the end.
+    Runs recorded before fleets existed (no `fleet` record) give nothing."""
+    lines: list[str] = []
+    for trace in results["traces"]:
+        rows = []
+        for capacity in trace["capacities"]:
+            decode_ideal = trace.get("ideal_decode_rate", {}).get("plain")
+            belady_decode = capacity.get("belady_decode", {}).get("plain")
+            for name, mode in capacity["modes"].items():
+                fleet = mode.get("fleet")
+                if not fleet:
+                    continue
+                rates = fleet["engine_hit_rates"]
+                decode = (f"{_pct(fleet['decode_hit_rate'])} (ideal {_pct(decode_ideal or 0.0)}, "
+                          f"Belady {_pct(belady_decode or 0.0)})" if "decode_hit_rate" in fleet else "–")
+                per_shard = mode["master"]["master_key_count"] / MASTER_SHARDS
+                rows.append(f"| {capacity['fits']:.2f} | {name} | {_pct(mode['hit_rate'])} | "
+                            f"{_pct(min(rates))}–{_pct(max(rates))} | {decode} | "
+                            f"{mode['keys_removed']:g} ({fleet['removal_refused']:g}) | {per_shard:.1f} |")
+        if not rows:
+            continue
+        lines += [f"## Fleet: `{trace['workload']}`, {trace.get('engines', '1p0d')} engines, "
+                  f"routing `{trace.get('routing', 'session')}`", "",
+                  "Every engine is a connector of its own (lookup, save path, retention state) on the "
+                  "one store. Prefill hit rate over the fleet, its range over the prefill engines, "
+                  "the decode engines' hit rate (the prompt a prefill engine just saved, looked up "
+                  "again), keys evict removed (and keys it asked to remove that the master kept, "
+                  "leased), and the master's objects per metadata shard at the end "
+                  f"(`master_key_count` / {MASTER_SHARDS}; below about 200 the master's first "
+                  "eviction pass is close to random, not oldest first).", "",
+                  "| capacity | mode | prefill hit rate | per engine | decode hit rate | evict removed "
+                  "(refused) | objects / shard |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: |", *rows, ""]
+    return lines
+
+
 def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str:
     env = results["environment"]
     settings = results["settings"]
@@ -112,6 +154,7 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
     ]
     lines += render_headline(results)
     lines += render_losses(results)
+    lines += render_fleet(results)
     lines += [
         "## Method",
         "",
@@ -226,8 +269,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "replay") -> str
         "- No engine: prefill time, decode KV (`save_decode_cache` off, upstream's default) and "
         "GPU-local prefix caching are not modelled; every request looks up the store. Saves "
         "happen right after the lookup, not after prefill.",
-        "- One client replays requests one at a time; concurrency shows only through the trace's "
-        "interleaving and the scaled lease TTL.",
+        "- One client replays requests one at a time (a fleet's engines share it; leases are the "
+        "master's, per key); concurrency shows only through the trace's interleaving and the "
+        "scaled lease TTL.",
         "- The machine is a shared 2-core one: latencies compare modes run the same way, not "
         "absolute capacity. The master evicts per metadata shard, so order is only approximately "
         "oldest-lease-first, in every mode alike.",

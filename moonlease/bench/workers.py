@@ -85,6 +85,10 @@ LAYOUTS = [
     Layout("full+swa-ranks", (full_attention(), sliding_window(24)), 16, (2, 1)),
     Layout("full+mamba", (full_attention(), mamba_align(64)), 64, (1, 2)),
     Layout("full+mamba-eagle", (full_attention(), mamba_align(64)), 64, (1, 1), eagle=True),
+    # Tensor parallel 8 (seed 002's prefill workers): every block and state stored once per
+    # rank, so a trace stores 8x the keys: production object counts in the replay.
+    Layout("full+swa-tp8", (full_attention(), sliding_window(40)), 16, (8, 8)),
+    Layout("full+mamba-tp8", (full_attention(), mamba_align(64)), 64, (8, 8)),
 ]
 
 

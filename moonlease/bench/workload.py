@@ -12,6 +12,12 @@ The model of an agent fleet, every knob in `WorkloadKnobs`:
 - **sibling branches**: with `p_branch` a new session forks an existing one at an earlier
   prompt boundary (parallel agents, retries, tree search) and continues from there;
 - **very long contexts**: with `p_long` a new session starts with a document of `long_blocks`;
+- **exact re-sends**: with `p_resend` a request is sent again, token for token, `resend_s`
+  seconds later (log-uniform) — a client retry after a timeout, a "regenerate", the same
+  question asked twice. The re-send is its own request (kind `resend`) and does not move its
+  session on. Re-sends draw from a generator of their own, so turning them on only adds
+  requests to the trace the same seed draws without them. Off by default; the presets send
+  5 % of requests again within a minute;
 - **layout** and **retention**: the model's KV-cache groups (`moonlease.bench.workers.LAYOUTS`:
   `full`, `full+swa`, `full+mamba`, ...) and which tails/states a prompt stores, written into
   the trace header for the replay.
@@ -50,15 +56,20 @@ class WorkloadKnobs:
     p_long: float = 0.05
     long_blocks: tuple[int, int] = (256, 768)
     hash_block_tokens: int = 16
+    p_resend: float = 0.0  # share of requests sent again exactly (retries, regenerations)
+    resend_s: tuple[float, float] = (2.0, 60.0)  # seconds until the re-send (log-uniform)
 
 
 #: The presets: sliding-window model under vLLM's default sparse retention (where junction
 #: retention applies), and a hybrid Mamba model storing a state at every boundary (seed 002's
 #: per-boundary deployment; where last-hit-only applies).
+#: Every preset re-sends `PRESET_RESEND` of its requests exactly (retries, regenerations).
+PRESET_RESEND = 0.05
+
 WORKLOADS: dict[str, WorkloadKnobs] = {
-    "agentic-swa": WorkloadKnobs(layout="full+swa", retention="sparse"),
-    "agentic-hybrid": WorkloadKnobs(layout="full+mamba", retention="dense"),
-    "agentic-full": WorkloadKnobs(layout="full", retention="sparse"),
+    "agentic-swa": WorkloadKnobs(layout="full+swa", retention="sparse", p_resend=PRESET_RESEND),
+    "agentic-hybrid": WorkloadKnobs(layout="full+mamba", retention="dense", p_resend=PRESET_RESEND),
+    "agentic-full": WorkloadKnobs(layout="full", retention="sparse", p_resend=PRESET_RESEND),
     # Issue 21's third shape: many short chat sessions over two very hot system prompts, and
     # long-document questions (a fresh 2k-8k-token document, then a follow-up or two) that
     # stream through the store without being read again by anyone else; a hybrid model storing
@@ -67,7 +78,8 @@ WORKLOADS: dict[str, WorkloadKnobs] = {
                                       agents=2, system_blocks=64, first_blocks=(2, 8),
                                       turn_blocks=(1, 4), output_blocks=(2, 8), mean_turns=2.5,
                                       think_s=(3.0, 30.0), p_pause=0.1, pause_s=(60.0, 900.0),
-                                      p_branch=0.05, p_long=0.3, long_blocks=(128, 512)),
+                                      p_branch=0.05, p_long=0.3, long_blocks=(128, 512),
+                                      p_resend=PRESET_RESEND),
 }
 
 
@@ -87,6 +99,9 @@ def _log_uniform(rng: random.Random, bounds: tuple[float, float]) -> float:
 def build_trace(knobs: WorkloadKnobs, *, seed: int, workload: str = "custom") -> Trace:
     """Draw the trace (pure: a seeded `random.Random`, no clock, no I/O)."""
     rng = random.Random(seed)
+    # Re-sends draw from their own generator: turning them on adds requests to the trace the
+    # same seed draws without them, and changes nothing else.
+    resend_rng = random.Random(f"{seed}-resend")
 
     def fresh(count: int) -> list[str]:
         return [rng.randbytes(HASH_BYTES).hex() for _ in range(count)]
@@ -94,12 +109,14 @@ def build_trace(knobs: WorkloadKnobs, *, seed: int, workload: str = "custom") ->
     system_prompts = [fresh(knobs.system_blocks) for _ in range(knobs.agents)]
     sessions: list[_Session] = []
     pending: list[tuple[float, int, int, str]] = []  # (time, order, session index, kind)
+    resends: dict[int, tuple[tuple[str, ...], int]] = {}  # order -> (prompt, output tokens)
     order = 0
 
-    def schedule(at: float, index: int, kind: str) -> None:
+    def schedule(at: float, index: int, kind: str) -> int:
         nonlocal order
         heapq.heappush(pending, (at, order, index, kind))
         order += 1
+        return order - 1
 
     def turns() -> int:
         # Geometric with mean `mean_turns`, at least 1.
@@ -127,7 +144,7 @@ def build_trace(knobs: WorkloadKnobs, *, seed: int, workload: str = "custom") ->
     schedule(rng.expovariate(knobs.sessions_per_min / 60.0), -1, "arrival")
     requests: list[TraceRequest] = []
     while pending:
-        at, _, index, kind = heapq.heappop(pending)
+        at, number, index, kind = heapq.heappop(pending)
         if at >= knobs.duration_s:
             continue
         if index < 0:
@@ -135,9 +152,16 @@ def build_trace(knobs: WorkloadKnobs, *, seed: int, workload: str = "custom") ->
             schedule(at + rng.expovariate(knobs.sessions_per_min / 60.0), -1, "arrival")
             continue
         session = sessions[index]
+        if kind == "resend":
+            prompt, output_tokens = resends.pop(number)
+            requests.append(TraceRequest(round(at, 3), session.name, prompt, output_tokens, kind))
+            continue
         output_blocks = rng.randint(*knobs.output_blocks)
         requests.append(TraceRequest(round(at, 3), session.name, tuple(session.context),
                                      output_blocks * knobs.hash_block_tokens, kind))
+        if knobs.p_resend > 0 and resend_rng.random() < knobs.p_resend:
+            later = schedule(at + _log_uniform(resend_rng, knobs.resend_s), index, "resend")
+            resends[later] = (tuple(session.context), output_blocks * knobs.hash_block_tokens)
         session.boundaries.append(len(session.context))
         session.turns_left -= 1
         if session.turns_left <= 0:

@@ -33,6 +33,7 @@ def replay_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     out = folder / "results" / "replay.md"
     replay = subprocess.run([*MOONLEASE, "bench", "replay", "--trace", str(trace), "--capacities", "0.1",
                              "--modes", "leaseAll,selective,lastHitOnly", "--wall-s-per-run", "5",
+                             "--engines", "1",
                              "--out", str(out), "--log-dir", str(folder / "logs")],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-6000:]

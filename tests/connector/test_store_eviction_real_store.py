@@ -98,3 +98,35 @@ def test_without_metrics_the_connector_removes_nothing() -> None:
     eviction.after_put(["k"], [KEY_BYTES], [0])
     assert eviction.before_put(["x"], [1 << 40]) == 0
     assert MasterUsage(None)() is None
+
+
+def test_two_connectors_evict_never_removes_what_the_other_leased(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any]) -> None:
+    """Two engines on one store, each with its own client and recency order: keys engine A's
+    lookups read (and so lease) are engine B's oldest, yet B's eviction cannot remove them."""
+    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
+                                                    default_kv_lease_ttl=60_000))
+    store_pool_factory(master, segment_bytes=SEGMENT)
+    client_a, client_b = store_client_factory(master), store_client_factory(master)
+    evict_a = StoreEviction(client_a, MasterUsage(master.metrics_url), 0.8)
+    evict_b = StoreEviction(client_b, MasterUsage(master.metrics_url), 0.8)
+    shared = [f"shared-{i}" for i in range(300)]  # saved by B, read by A
+    b_only = [f"b-only-{i}" for i in range(300)]
+    a_only = [f"a-only-{i}" for i in range(200)]
+    _put(client_b, evict_b, shared)
+    _put(client_b, evict_b, b_only)
+    _put(client_a, evict_a, a_only)
+    assert evict_a.removed_keys == evict_b.removed_keys == 0  # 800 keys fit below 819
+    assert client_a.batch_is_exist(shared) == [1] * 300  # A's lookup: leased for 60 s
+
+    # B's next save needs 281 keys of room; its oldest are the ones A leased.
+    assert _put(client_b, evict_b, [f"b-new-{i}" for i in range(300)]) == [0] * 300
+
+    present = lambda keys: [answer == 1 for answer in client_a.batch_probe_key(keys, "none", 1)]  # noqa: E731
+    assert all(present(shared)), "a key the other connector leased was removed"
+    assert all(present(a_only)), "B removed a key only A's saves wrote"
+    assert evict_b.refused_keys == 300
+    assert 281 <= evict_b.removed_keys <= 283
+    assert present(b_only).count(False) == evict_b.removed_keys
+    assert master.metrics().get("master_evicted_key_count", 0.0) == 0
