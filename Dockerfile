@@ -110,12 +110,12 @@ ENTRYPOINT ["vllm"]
 CMD ["serve", "--help"]
 
 ############################################################################################
-# mooncake-stub: the CPU libcuda stub (moonlease/devenv/libcuda_stub.c). The only Mooncake
+# mooncake-stub: the CPU libcuda stub (moonlease_dev/devenv/libcuda_stub.c). The only Mooncake
 # 0.3.14 on PyPI is the CUDA 13 build, whose binaries link libcuda.so.1 (the driver) even for
 # TCP; the master and the store pool never touch a GPU, so the stub answers "no device" and
 # they run on any node.
 FROM ${PYTHON_BUILD_IMAGE} AS mooncake-stub
-COPY moonlease/devenv/libcuda_stub.c /build/libcuda_stub.c
+COPY moonlease_dev/devenv/libcuda_stub.c /build/libcuda_stub.c
 RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build/libcuda_stub.c
 
 ############################################################################################

@@ -117,7 +117,7 @@ def _prometheus_allowlist(args: argparse.Namespace) -> tuple[str, ...]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from moonlease.demo import DemoOptions, run_demo
+    from moonlease_dev.demo import DemoOptions, run_demo
 
     options = DemoOptions.quick(args.workdir) if args.quick else DemoOptions(workdir=args.workdir)
     changes = {field: value for field, value in (("interval_seconds", args.interval), ("min_samples", args.min_samples),
@@ -129,25 +129,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_generate(args: argparse.Namespace) -> int:
-    from moonlease.bench.command import run_generate
+    from moonlease_dev.bench.command import run_generate
 
     return run_generate(args)
 
 
 def _cmd_bench_replay(args: argparse.Namespace) -> int:
-    from moonlease.bench.command import run_replay
+    from moonlease_dev.bench.command import run_replay
 
     return run_replay(args)
 
 
 def _cmd_bench_serve(args: argparse.Namespace) -> int:
-    from moonlease.bench.serve_command import run_serve
+    from moonlease_dev.bench.serve_command import run_serve
 
     return run_serve(args)
 
 
 def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from moonlease.bench.command import add_generate_arguments, add_replay_arguments
+    from moonlease_dev.bench.command import add_generate_arguments, add_replay_arguments
 
     bench = commands.add_parser("bench", help="lease-policy replay benchmark (traces, real store)")
     actions = bench.add_subparsers(dest="bench_command", required=True)
@@ -157,7 +157,7 @@ def _add_bench_parser(commands: "argparse._SubParsersAction[argparse.ArgumentPar
     replay = actions.add_parser("replay", help="replay traces per lease mode against a real store")
     add_replay_arguments(replay)
     replay.set_defaults(func=_cmd_bench_replay)
-    from moonlease.bench.serve_command import add_serve_arguments
+    from moonlease_dev.bench.serve_command import add_serve_arguments
 
     serve = actions.add_parser("serve", help="TTFT per lease mode: real vllm serve engines, a real store "
                                              "under pressure, an agentic trace over the OpenAI API")

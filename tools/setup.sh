@@ -8,7 +8,7 @@ VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
 STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
-              moonlease/devenv/libcuda_stub.c pyproject.toml)
+              moonlease_dev/devenv/libcuda_stub.c pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
 
@@ -67,12 +67,12 @@ fi
 #     (tests/compat runs them with our classes in place; fetched once into the cache, never
 #     committed). Without network now, the test fetches them on its first run instead.
 say "fetching vLLM's Mooncake store test suites (tests/compat)"
-"$VENV/bin/python" -m moonlease.devenv.upstream_suites \
+"$VENV/bin/python" -m moonlease_dev.devenv.upstream_suites \
     || say "could not fetch them now; tests/compat/test_upstream_store_suites.py will on its first run"
 
 # 4. The libcuda stub that lets the CUDA 13 Mooncake wheel load on a machine without a GPU.
 say "building the CPU libcuda stub"
-"$VENV/bin/python" -m moonlease.devenv build-stub
+"$VENV/bin/python" -m moonlease_dev.devenv build-stub
 
 rm -f "$VENV"/.moonlease-setup-*
 touch "$STAMP"

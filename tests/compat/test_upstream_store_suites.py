@@ -2,7 +2,7 @@
 
 Every Moonlease mode off. The six `tests/v1/kv_connector/unit/test_mooncake_store_*.py` suites
 of each supported release come from that release's source distribution at test time
-(`moonlease.devenv.upstream_suites`: fetched once into the cache directory, never committed;
+(`moonlease_dev.devenv.upstream_suites`: fetched once into the cache directory, never committed;
 `make setup` pre-fetches them) and run in a subprocess with the plugin that binds our classes
 to upstream's module attributes. vLLM 0.33.0's suites run against its modules in
 `.venv-vllm-0.33` (first on PYTHONPATH), as in `test_vllm_033.py`. The pass count is checked
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.devenv.upstream_suites import (
+from moonlease_dev.devenv.upstream_suites import (
     UNIT_DIR,
     ensure_model_stand_in,
     ensure_upstream_suites,
@@ -47,7 +47,7 @@ def run_suites(version: str, *, as_is: bool = False) -> subprocess.CompletedProc
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
          "--rootdir", str(root), f"--confcutdir={UNIT_DIR}", "-rfE", "--tb=short",
-         "-p", "moonlease.devenv.upstream_suites", *suite_paths()],
+         "-p", "moonlease_dev.devenv.upstream_suites", *suite_paths()],
         cwd=root, env=env, capture_output=True, text=True, timeout=1500)
 
 

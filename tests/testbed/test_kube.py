@@ -15,7 +15,7 @@ import kubernetes.config
 import pytest
 import yaml
 
-from moonlease.testbed.kube import (
+from moonlease_dev.testbed.kube import (
     DEPLOYMENTS,
     LocalApiServerThread,
     PODS,
