@@ -33,7 +33,9 @@ ARG PYTHON_BUILD_IMAGE=python:3.11.7-bookworm
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 
 ############################################################################################
-# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image.
+# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image: the
+# command line, the connector and the operator; the development tooling (moonlease_dev/, its own
+# distribution in dev/pyproject.toml) is never copied here.
 FROM ${PYTHON_IMAGE} AS wheel
 # Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
 # a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
