@@ -33,7 +33,9 @@ ARG PYTHON_BUILD_IMAGE=python:3.11.7-bookworm
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 
 ############################################################################################
-# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image.
+# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image: the
+# command line, the connector and the operator; the development tooling (moonlease_dev/, its own
+# distribution in dev/pyproject.toml) is never copied here.
 FROM ${PYTHON_IMAGE} AS wheel
 # Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
 # a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
@@ -110,12 +112,12 @@ ENTRYPOINT ["vllm"]
 CMD ["serve", "--help"]
 
 ############################################################################################
-# mooncake-stub: the CPU libcuda stub (moonlease/devenv/libcuda_stub.c). The only Mooncake
+# mooncake-stub: the CPU libcuda stub (moonlease_dev/devenv/libcuda_stub.c). The only Mooncake
 # 0.3.14 on PyPI is the CUDA 13 build, whose binaries link libcuda.so.1 (the driver) even for
 # TCP; the master and the store pool never touch a GPU, so the stub answers "no device" and
 # they run on any node.
 FROM ${PYTHON_BUILD_IMAGE} AS mooncake-stub
-COPY moonlease/devenv/libcuda_stub.c /build/libcuda_stub.c
+COPY moonlease_dev/devenv/libcuda_stub.c /build/libcuda_stub.c
 RUN gcc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1 -o /build/libcuda.so.1 /build/libcuda_stub.c
 
 ############################################################################################

@@ -1,6 +1,6 @@
 """A/B test calibration (issue 26): false decisions on identical arms, and power, per data shape.
 
-Every cell of `moonlease.bench.ab_cells` (the unit tier's A/A battery, with many more runs) is
+Every cell of `moonlease_dev.bench.ab_cells` (the unit tier's A/A battery, with many more runs) is
 decided three ways, each looking as stated:
 
 * `current`: the operator's rule, through `fold_interval` / `decide`, after every interval up to
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from moonlease.bench.ab_cells import (
+from moonlease_dev.bench.ab_cells import (
     ALPHA,
     CELLS,
     FALSE,

@@ -201,13 +201,13 @@ class LookupChannel:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: every store × divisor, the four paths interleaved."""
-    from moonlease import devenv
+    from moonlease_dev import devenv
 
     devenv.preload()
     import gc
 
-    from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed
-    from moonlease.bench.workers import (
+    from moonlease_dev.bench.stores import CountingStore, DictStore, MooncakeBed
+    from moonlease_dev.bench.workers import (
         Layout,
         build_layout_parts,
         build_lookup,

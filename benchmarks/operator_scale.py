@@ -40,8 +40,8 @@ from typing import Any
 
 import psutil
 
-from moonlease.testbed.connector_pods import ConnectorPods
-from moonlease.testbed.kube import deployment_manifest, local_api_server
+from moonlease_dev.testbed.connector_pods import ConnectorPods
+from moonlease_dev.testbed.kube import deployment_manifest, local_api_server
 
 AGENT = "moonlease-operator/"
 DESIGNS = ("watch", "polling")

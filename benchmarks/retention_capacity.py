@@ -3,7 +3,7 @@
 
 What it measures
 ----------------
-`moonlease bench replay`'s own replay (`moonlease.bench.replay.replay_requests`: the
+`moonlease bench replay`'s own replay (`moonlease_dev.bench.replay.replay_requests`: the
 connector's lookup, upstream's save, a fresh real Mooncake 0.3.14 master and store pool per
 mode) of the `agentic-swa` trace at one capacity, with two lease-free observers
 (`batch_probe_key(..., "none")`: they renew nothing, so eviction is as without them):
@@ -46,7 +46,7 @@ for path in (ROOT, ROOT / "connector", ROOT / "operator"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from moonlease import devenv  # noqa: E402
+from moonlease_dev import devenv  # noqa: E402
 
 SHARED_SESSIONS = 4  # a block in this many sessions' prompts counts as a shared prefix
 
@@ -131,7 +131,7 @@ def classify_miss(request: Any, want: Sequence[str], present: bytes) -> str | No
 
 
 def run_mode(trace: Any, mode_name: str, capacity: float, wall_s: float) -> dict[str, Any]:
-    from moonlease.bench.replay import (
+    from moonlease_dev.bench.replay import (
         MODES,
         Pacer,
         ReplaySettings,
@@ -141,7 +141,7 @@ def run_mode(trace: Any, mode_name: str, capacity: float, wall_s: float) -> dict
         replay_requests,
         segment_mib_for,
     )
-    from moonlease.bench.stores import MooncakeBed, fetch_presence
+    from moonlease_dev.bench.stores import MooncakeBed, fetch_presence
     from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
 
     settings = ReplaySettings(wall_s_per_run=wall_s)
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/retention_capacity.md")
     args = parser.parse_args(argv)
     devenv.preload()
-    from moonlease.bench.workload import build_named_trace
+    from moonlease_dev.bench.workload import build_named_trace
 
     trace = build_named_trace("agentic-swa", seed=args.seed)
     started = time.monotonic()

@@ -33,15 +33,15 @@ for path in (ROOT, ROOT / "connector", ROOT / "operator"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from moonlease import devenv  # noqa: E402
+from moonlease_dev import devenv  # noqa: E402
 
 
 def run(trace: Any, mode_name: str, capacity: float, wall_s: float, *, eviction_ratio: float,
         slack: float) -> dict[str, Any]:
-    from moonlease.bench.replay import (
+    from moonlease_dev.bench.replay import (
         MODES, Pacer, ReplaySettings, build_ideal_replay, build_mode_result, build_replay_eviction,
         replay_requests, segment_mib_for)
-    from moonlease.bench.stores import MooncakeBed
+    from moonlease_dev.bench.stores import MooncakeBed
     from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
 
     settings = ReplaySettings(wall_s_per_run=wall_s)
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--log", type=Path, default=ROOT / "benchmarks/results/retention_evict_experiments.jsonl")
     args = parser.parse_args(argv)
     devenv.preload()
-    from moonlease.bench.workload import build_named_trace
+    from moonlease_dev.bench.workload import build_named_trace
 
     trace = build_named_trace(args.workload, seed=1)
     row = run(trace, args.mode, args.capacity, args.wall_s_per_run, eviction_ratio=args.eviction_ratio,

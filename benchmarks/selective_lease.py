@@ -4,7 +4,7 @@
 What it measures
 ----------------
 Lookup microbenchmark: `MoonleaseStoreWorker.lookup` (vLLM's real coordinator, built without
-   an engine by `moonlease/bench/workers.build_lookup`) for three layouts from that module's
+   an engine by `moonlease_dev/bench/workers.build_lookup`) for three layouts from that module's
    `LAYOUTS` — full attention; full attention + a 40-token sliding window; full attention +
    align-mode Mamba with a checkpoint every 64 tokens (4 hash blocks) on 2 rank namespaces —
    all with 16-token hash blocks, prompts of 16/64/256/512 blocks whose every key is in the
@@ -40,7 +40,7 @@ Knobs
 --iterations N        timed lookups per mode per configuration per process (after warm-up)
 --warmup N            untimed lookups per mode before timing
 --sizes 16,64,...     prompt sizes in hash blocks
---layouts a,b         layout names from moonlease/bench/workers.LAYOUTS
+--layouts a,b         layout names from moonlease_dev/bench/workers.LAYOUTS
 --transports a,b      memory, tcp
 --seed N              hash seed
 --log-dir, --keep-logs  where server/child logs go; they are deleted after a successful run
@@ -73,15 +73,15 @@ for _path in reversed(SOURCE_PATHS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from moonlease.bench.stores import CountingStore, DictStore, MooncakeBed  # noqa: E402  (after the source paths above)
-from moonlease.bench.environment import fetch_environment  # noqa: E402
-from moonlease.bench.stats import percentile  # noqa: E402
+from moonlease_dev.bench.stores import CountingStore, DictStore, MooncakeBed  # noqa: E402  (after the source paths above)
+from moonlease_dev.bench.environment import fetch_environment  # noqa: E402
+from moonlease_dev.bench.stats import percentile  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "selective_lease.md"
 LOG_ROOT = REPO / "benchmarks" / "results" / "tmp"
 MODES = ("leaseAll", "selective")  # the lease modes, named as `moonlease bench` names them
 TRANSPORTS = ("memory", "tcp")
-HASH_BLOCK_TOKENS = 16  # moonlease/bench/workers.HASH_BLOCK
+HASH_BLOCK_TOKENS = 16  # moonlease_dev/bench/workers.HASH_BLOCK
 
 
 # --------------------------------------------------------------------------------- settings
@@ -117,7 +117,7 @@ def median(values: Sequence[float]) -> float:
 
 
 def layout_by_name(name: str) -> Any:
-    from moonlease.bench.workers import layout_by_name as find
+    from moonlease_dev.bench.workers import layout_by_name as find
 
     try:
         return find(name)
@@ -132,7 +132,7 @@ def emit_progress(count: int) -> None:
 
 def build_mode_worker(layout: Any, store: Any, mode: str, retention_interval: int | None = None) -> Any:
     """Our lookup object in `mode`: "leaseAll" or "selective"."""
-    from moonlease.bench.workers import build_lookup
+    from moonlease_dev.bench.workers import build_lookup
     from moonlease_connector.config import LeaseMode
 
     lease_mode = LeaseMode.SELECTIVE if mode == "selective" else LeaseMode.LEASE_ALL
@@ -150,10 +150,10 @@ def candidate_keys(worker: Any, num_tokens: int, hashes: Sequence[bytes]) -> tup
 
 def run_micro_child(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: every layout × size, leaseAll and selective interleaved, per transport."""
-    from moonlease import devenv
+    from moonlease_dev import devenv
 
     devenv.preload()
-    from moonlease.bench.workers import keys_the_load_reads
+    from moonlease_dev.bench.workers import keys_the_load_reads
 
     # vLLM and torch leave a large heap: move it out of the collector's way once, so that the
     # per-configuration collection below is cheap and GC pauses during timing are short.
@@ -392,7 +392,7 @@ METHOD_NOTES = [
     "## Method notes and limits",
     "",
     "- No vLLM engine runs here: lookups go through `MoonleaseStoreWorker.lookup` built around "
-    "vLLM's real coordinator (`moonlease/bench/workers.build_lookup`).",
+    "vLLM's real coordinator (`moonlease_dev/bench/workers.build_lookup`).",
     "- What the leases do under store pressure (which keys survive eviction, hit rates against "
     "Belady) is measured by `moonlease bench replay` (`benchmarks/results/replay.md`), the one "
     "replay of every lease mode.",
@@ -407,7 +407,7 @@ def render_micro(rows: list[dict[str, Any]], micro: dict[str, Any]) -> list[str]
     lines = [
         "## 1. Lookup microbenchmark",
         "",
-        f"Layouts from `moonlease/bench/workers.LAYOUTS` (16-token hash blocks): `full` (one "
+        f"Layouts from `moonlease_dev/bench/workers.LAYOUTS` (16-token hash blocks): `full` (one "
         "full-attention group), `full+swa` (full attention + a 40-token sliding window), "
         "`full+mamba` (full attention + align-mode Mamba, a checkpoint every 64 tokens on 2 rank "
         "namespaces). Every key of the prompt is in the store; the prompt is block-aligned and "

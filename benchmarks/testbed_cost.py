@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import operator_scale as fleet  # noqa: E402  (the fleet's objects come from the scale benchmark)
 
-from moonlease.testbed.connector_pods import ConnectorPods  # noqa: E402
-from moonlease.testbed.kube import local_api_server  # noqa: E402
+from moonlease_dev.testbed.connector_pods import ConnectorPods  # noqa: E402
+from moonlease_dev.testbed.kube import local_api_server  # noqa: E402
 
 
 async def _lag_probe(worst: list[float], period: float = 0.05) -> None:

@@ -1,11 +1,15 @@
 """`moonlease`: the command line. Each subcommand imports only what it needs, so the operator
-image (no torch, no vLLM) runs `moonlease operator` and `moonlease crd` without them."""
+image (no torch, no vLLM) runs `moonlease operator` and `moonlease crd` without them.
+
+Development commands (`demo`, `bench`) are not part of this distribution: the repository's
+development package (`moonlease-dev`) adds them through the `moonlease.commands` entry-point
+group, so this module never imports it."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -116,58 +120,7 @@ def _prometheus_allowlist(args: argparse.Namespace) -> tuple[str, ...]:
     return (*args.prometheus_url_allow, *parse_allowlist(os.environ.get("MOONLEASE_PROMETHEUS_URL_ALLOWLIST")))
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from moonlease.demo import DemoOptions, run_demo
-
-    options = DemoOptions.quick(args.workdir) if args.quick else DemoOptions(workdir=args.workdir)
-    changes = {field: value for field, value in (("interval_seconds", args.interval), ("min_samples", args.min_samples),
-                                                 ("max_samples", args.max_samples)) if value is not None}
-    changes["second_act"] = args.second_act
-    if changes.get("min_samples", options.min_samples) > changes.get("max_samples", options.max_samples):
-        changes["max_samples"] = changes.get("min_samples", options.min_samples)
-    return run_demo(dataclasses.replace(options, **changes))
-
-
-def _cmd_bench_generate(args: argparse.Namespace) -> int:
-    from moonlease.bench.command import run_generate
-
-    return run_generate(args)
-
-
-def _cmd_bench_replay(args: argparse.Namespace) -> int:
-    from moonlease.bench.command import run_replay
-
-    return run_replay(args)
-
-
-def _cmd_bench_serve(args: argparse.Namespace) -> int:
-    from moonlease.bench.serve_command import run_serve
-
-    return run_serve(args)
-
-
-def _add_bench_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from moonlease.bench.command import add_generate_arguments, add_replay_arguments
-
-    bench = commands.add_parser("bench", help="lease-policy replay benchmark (traces, real store)")
-    actions = bench.add_subparsers(dest="bench_command", required=True)
-    generate = actions.add_parser("generate", help="write an agentic multi-turn trace (JSONL)")
-    add_generate_arguments(generate)
-    generate.set_defaults(func=_cmd_bench_generate)
-    replay = actions.add_parser("replay", help="replay traces per lease mode against a real store")
-    add_replay_arguments(replay)
-    replay.set_defaults(func=_cmd_bench_replay)
-    from moonlease.bench.serve_command import add_serve_arguments
-
-    serve = actions.add_parser("serve", help="TTFT per lease mode: real vllm serve engines, a real store "
-                                             "under pressure, an agentic trace over the OpenAI API")
-    add_serve_arguments(serve)
-    serve.set_defaults(func=_cmd_bench_serve)
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
+def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer no smaller than `minimum` (the CRD's own bound)."""
     def parse(text: str) -> int:
         value = int(text)
@@ -216,7 +169,7 @@ def _add_drive_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPar
                         help="also each target as its workload's own labels and annotations tell it")
     status.add_argument("-w", "--watch", action="store_true", help="refresh until Ctrl-C (json: one object a line)")
     status.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch (default 2)")
-    status.add_argument("--count", type=_at_least(1), default=None, help="with --watch: stop after this many screens")
+    status.add_argument("--count", type=at_least(1), default=None, help="with --watch: stop after this many screens")
     status.set_defaults(func=_cmd_status)
 
     plan = commands.add_parser("plan", help="dry run of a policy file against the live cluster, through the "
@@ -235,30 +188,37 @@ def _add_drive_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPar
         parser.set_defaults(func=_cmd_verb)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Entry-point group of subcommand plugins: each names a `register(commands)` function that adds
+#: its subparsers to the `moonlease` command's (the development package's demo and bench).
+PLUGIN_GROUP = "moonlease.commands"
+#: Commands only the development package provides, named in the hint when it is not installed.
+DEVELOPMENT_COMMANDS = ("demo", "bench")
+
+Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+
+
+def installed_plugins() -> tuple[list[Register], list[str]]:
+    """The registration functions of the installed `moonlease.commands` entry points, and one
+    line per plugin that could not be loaded (kept for the hint, not printed: a plugin's missing
+    dependency must not break the product commands)."""
+    from importlib.metadata import entry_points
+
+    loaded: list[Register] = []
+    failures: list[str] = []
+    for point in entry_points(group=PLUGIN_GROUP):
+        try:
+            loaded.append(point.load())
+        except Exception as exc:  # noqa: BLE001 - any failure of a plugin leaves the product CLI working
+            failures.append(f"{point.name} ({point.value}): {type(exc).__name__}: {exc}")
+    return loaded, failures
+
+
+def build_parser(plugins: Sequence[Register] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="moonlease",
         description="Lease policies for vLLM's Mooncake KV store, rolled out across a fleet.")
     parser.add_argument("--version", action="version", version=f"moonlease {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-
-    demo = commands.add_parser("demo", help="run the end-to-end demo on this machine: an A/B test of "
-                               "junction retention against lease-all, decided by the operator, then a bad "
-                               "change it rolls back")
-    demo.add_argument("--quick", action="store_true",
-                      help="shorter: 5 s intervals, a shorter warm-up (about 3 minutes; what CI runs)")
-    demo.add_argument("--interval", type=_at_least(5), default=None,
-                      help="seconds per analysis interval (default 10; 5 with --quick; at least 5)")
-    demo.add_argument("--min-samples", type=_at_least(2), default=None,
-                      help="intervals before any verdict (default 5; 3 with --quick; at least 2)")
-    demo.add_argument("--max-samples", type=_at_least(2), default=None,
-                      help="intervals after which an undecided test holds (default 30; 24 with --quick); "
-                           "more makes the demo longer and a verdict likelier")
-    demo.add_argument("--no-second-act", dest="second_act", action="store_false",
-                      help="stop after the A/B verdict (skip the bad change and its rollback)")
-    demo.add_argument("--workdir", default=None,
-                      help="where logs, the engines' settings and the plot go (default: a temp dir)")
-    demo.set_defaults(func=_cmd_demo)
 
     operator = commands.add_parser("operator", help="run the MooncakeLeasePolicy operator")
     operator.add_argument("--namespace", "-n", action="append", default=[],
@@ -298,13 +258,33 @@ def build_parser() -> argparse.ArgumentParser:
     crd = commands.add_parser("crd", help="print the MooncakeLeasePolicy CRD (YAML)")
     crd.set_defaults(func=_cmd_crd)
 
-    _add_bench_parser(commands)
+    for register in plugins:
+        register(commands)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, plugins: Sequence[Register] | None = None) -> int:
+    """Run one command; `plugins` None: the installed `moonlease.commands` entry points."""
+    failures: list[str] = []
+    if plugins is None:
+        plugins, failures = installed_plugins()
+    parser = build_parser(plugins)
+    words = sys.argv[1:] if argv is None else argv
+    command = next((word for word in words if not word.startswith("-")), None)
+    if command in DEVELOPMENT_COMMANDS and command not in _subcommands(parser):
+        sys.stderr.write(f"moonlease: {command!r} is a development command: it comes with the development "
+                         "package of a repository checkout (`make setup` installs it; see docs/development.md)\n")
+        for failure in failures:
+            sys.stderr.write(f"moonlease: a command plugin failed to load: {failure}\n")
+        return 2
+    args = parser.parse_args(words)
     return int(args.func(args))
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> set[str]:
+    """The subcommands `parser` knows (its own and its plugins')."""
+    return {name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Test bed of real parts. Each fixture module wraps one `moonlease.testbed` component.
+"""Test bed of real parts. Each fixture module wraps one `moonlease_dev.testbed` component.
 
 Tiers are pytest markers (see pyproject.toml); every test gets its tier from the folder or
 module it lives in, and `make test` runs them all. Nothing is skipped for a missing dependency:
@@ -7,7 +7,7 @@ module it lives in, and `make test` runs them all. Nothing is skipped for a miss
 
 from hypothesis import settings
 
-from moonlease import devenv
+from moonlease_dev import devenv
 
 # Property tests assert behaviour, never speed: no per-example deadline (the suite runs on a
 # shared 2-core machine, where one example can take a second under load).

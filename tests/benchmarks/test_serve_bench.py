@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_serve_bench_runs_a_case_and_writes_its_report(tmp_path: Path) -> None:
     out = tmp_path / "results" / "serve.md"
     run = subprocess.run(
-        [sys.executable, "-m", "moonlease.cli", "bench", "serve",
+        [sys.executable, "-m", "moonlease_dev", "bench", "serve",
          "--cases", "swa-serve:agentic-swa:leaseAll", "--pressures", "tiny:16:0.9",
          "--duration-s", "120", "--wall-s", "8", "--calibrate-tokens", "256", "--repeats", "2",
          "--out", str(out), "--log-dir", str(tmp_path / "logs")],

@@ -9,8 +9,8 @@ import kmock
 import pytest
 import pytest_asyncio
 
-from moonlease.testbed.connector_pods import ConnectorPods
-from moonlease.testbed.kube import LocalApiServer, local_api_server
+from moonlease_dev.testbed.connector_pods import ConnectorPods
+from moonlease_dev.testbed.kube import LocalApiServer, local_api_server
 from tests.chart.operator_scenario import OTHER_NAMESPACE
 from tests.chart.rendering import NAMESPACE, load_chart
 

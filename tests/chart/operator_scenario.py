@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moonlease.testbed.kube import (
+from moonlease_dev.testbed.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     STATEFULSETS,

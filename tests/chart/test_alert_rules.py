@@ -32,9 +32,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster
-from moonlease.testbed.processes import free_port
-from moonlease.testbed.prometheus import PrometheusServer
+from moonlease_dev.testbed.mooncake import MasterSettings, MooncakeMaster
+from moonlease_dev.testbed.processes import free_port
+from moonlease_dev.testbed.prometheus import PrometheusServer
 from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.api import ABTestPhase, Phase, PolicyStatus
 from moonlease_operator.api.abtest import ABTestStatus, ConditionResultStatus

@@ -13,7 +13,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from moonlease.testbed.kube import DEPLOYMENTS, REPLICASETS, SECRETS, LocalApiServer, is_rollout_complete
+from moonlease_dev.testbed.kube import DEPLOYMENTS, REPLICASETS, SECRETS, LocalApiServer, is_rollout_complete
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, wait_ready
 from tests.chart.rendering import CHART_DIR, NAMESPACE, RELEASE

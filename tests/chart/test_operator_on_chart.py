@@ -10,7 +10,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, LocalApiServer
+from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
 from moonlease_operator.runner import OperatorThread

@@ -15,7 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from moonlease.testbed.kube import apply_schema_defaults, prune_unknown_fields, schema_errors
+from moonlease_dev.testbed.kube import apply_schema_defaults, prune_unknown_fields, schema_errors
 from moonlease_operator.api import PolicySpecError, parse_spec
 from moonlease_operator.crd import render_crd_yaml
 from tests.chart.rendering import CHART_DIR, REPO, crd, crd_schema, find, render_objects, values_sets

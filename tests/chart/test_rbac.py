@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import helm_python as helm
 import pytest
 
-from moonlease.testbed.kube import ApiCall, LocalApiServer
+from moonlease_dev.testbed.kube import ApiCall, LocalApiServer
 from tests.chart.operator_scenario import OTHER_NAMESPACE, drive_every_call
 from tests.chart.rendering import NAMESPACE, JsonObj, find, one, render_objects
 from tests.fixtures.kube import OPERATOR_API_CALLS, OPERATOR_USER_AGENTS

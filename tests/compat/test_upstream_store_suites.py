@@ -2,7 +2,7 @@
 
 Every Moonlease mode off. The six `tests/v1/kv_connector/unit/test_mooncake_store_*.py` suites
 of each supported release come from that release's source distribution at test time
-(`moonlease.devenv.upstream_suites`: fetched once into the cache directory, never committed;
+(`moonlease_dev.devenv.upstream_suites`: fetched once into the cache directory, never committed;
 `make setup` pre-fetches them) and run in a subprocess with the plugin that binds our classes
 to upstream's module attributes. vLLM 0.33.0's suites run against its modules in
 `.venv-vllm-0.33` (first on PYTHONPATH), as in `test_vllm_033.py`. The pass count is checked
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from moonlease.devenv.upstream_suites import (
+from moonlease_dev.devenv.upstream_suites import (
     UNIT_DIR,
     ensure_model_stand_in,
     ensure_upstream_suites,
@@ -44,7 +44,7 @@ def run_suites(version: str, *, as_is: bool = False, forced_mode: str | None = N
                extra_env: dict[str, str] | None = None,
                select: str | None = None) -> subprocess.CompletedProcess[str]:
     """The release's six suites in a subprocess, with our classes in place (`as_is`: upstream's)
-    and, with `forced_mode`, that mode forced on (`moonlease.devenv.forced_mode`); `select`: a
+    and, with `forced_mode`, that mode forced on (`moonlease_dev.devenv.forced_mode`); `select`: a
     pytest `-k` expression."""
     root = ensure_upstream_suites(version)
     first = [str(VLLM_033)] if version == "0.33.0" else []
@@ -52,10 +52,10 @@ def run_suites(version: str, *, as_is: bool = False, forced_mode: str | None = N
            "PYTHONPATH": os.pathsep.join([*first, str(root), str(REPO), str(REPO / "connector")]),
            "HF_HUB_CACHE": str(ensure_model_stand_in()), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "MOONLEASE_UPSTREAM_SUITES_AS_IS": "1" if as_is else "0"}
-    plugins = ["-p", "moonlease.devenv.upstream_suites"]
+    plugins = ["-p", "moonlease_dev.devenv.upstream_suites"]
     if forced_mode is not None:
         env["MOONLEASE_FORCED_MODE"] = forced_mode
-        plugins += ["-p", "moonlease.devenv.forced_mode"]
+        plugins += ["-p", "moonlease_dev.devenv.forced_mode"]
     env.update(extra_env or {})
     if select is not None:
         plugins += ["-k", select]

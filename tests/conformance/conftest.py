@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 
 Kubectl = Callable[..., Awaitable[subprocess.CompletedProcess[str]]]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, SERVICES, LocalApiServer
+from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, SERVICES, LocalApiServer
 from tests.conformance.conftest import Kubectl, apply_ok, deployment_yaml, header
 
 pytestmark = pytest.mark.conformance

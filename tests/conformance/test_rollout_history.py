@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease.testbed.kube import DEPLOYMENTS, REPLICASETS, LocalApiServer, is_rollout_complete
+from moonlease_dev.testbed.kube import DEPLOYMENTS, REPLICASETS, LocalApiServer, is_rollout_complete
 from tests.conformance.conftest import Kubectl, apply_ok, deployment_yaml, header
 
 pytestmark = pytest.mark.conformance

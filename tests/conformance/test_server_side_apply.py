@@ -10,7 +10,7 @@ import json
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer
+from moonlease_dev.testbed.kube import DEPLOYMENTS, LocalApiServer
 from tests.conformance.conftest import Kubectl, apply_ok, deployment_yaml
 
 pytestmark = pytest.mark.conformance

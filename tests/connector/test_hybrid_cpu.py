@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from moonlease_connector.adapters.vllm_cpu_mamba import (
     chunked_scan_cpu,
     install_cpu_mamba_workarounds,
@@ -320,7 +320,7 @@ LONG_PROMPT = 300
 
 _UNPATCHED_ENGINE = textwrap.dedent(f"""
     import os, sys
-    from moonlease.testbed import vllm_engine as ve
+    from moonlease_dev.testbed import vllm_engine as ve
     os.environ.update(ve.ENGINE_ENV)
     from vllm import LLM
     path, spec = ve.resolve_model("hybrid")

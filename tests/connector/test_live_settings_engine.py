@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.settings import render_settings_file, settings_hash
 from tests.connector.test_store_failures_engine import wait_until

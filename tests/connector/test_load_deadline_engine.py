@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from tests.connector.test_connector_engine import token_prompt, worker_connector
 from tests.connector.test_store_failures_engine import NO_HANG_S, wait_until
 from tests.support.engines import moonlease_transfer_config

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from moonlease.testbed.mooncake import OLD_VERSION
+from moonlease_dev.testbed.mooncake import OLD_VERSION
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
 from moonlease_connector.adapters.vllm_lookup import StoreLookup
 from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_lookup

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from moonlease.bench.serve_plan import LeaseMode, ServeCase
-from moonlease.bench.serve_run import ServeEngine
-from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster, StorePool
-from moonlease.testbed.pd_router import PDRouter
-from moonlease.testbed.tiny_models import spec_for
+from moonlease_dev.bench.serve_plan import LeaseMode, ServeCase
+from moonlease_dev.bench.serve_run import ServeEngine
+from moonlease_dev.testbed.mooncake import MasterSettings, MooncakeMaster, StorePool
+from moonlease_dev.testbed.pd_router import PDRouter
+from moonlease_dev.testbed.tiny_models import spec_for
 from tests.support.numerics import TEST_ENGINE_DTYPE, assert_same_logprobs
 
 pytestmark = pytest.mark.vllm

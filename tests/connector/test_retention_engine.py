@@ -36,8 +36,8 @@ import time
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import connect_store_client, write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import connect_store_client, write_engine_store_config
 from tests.support.engines import moonlease_transfer_config
 from tests.support.numerics import assert_same_logprobs
 
@@ -238,7 +238,7 @@ def fill_and_lease(master) -> list[str]:
 
 def engine_keys(master, fillers: list[str]) -> float:
     """Keys in the store that are not fillers (lease-free probe: renews nothing)."""
-    from moonlease.bench.stores import fetch_presence
+    from moonlease_dev.bench.stores import fetch_presence
 
     client = connect_store_client(master)
     try:
@@ -410,7 +410,7 @@ def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
     # out of A, the conversation used least recently; no filler was touched.
     assert 0 < removed <= per_conversation
     assert engine_keys(master, fillers) == 3 * per_conversation - removed
-    from moonlease.bench.stores import fetch_presence
+    from moonlease_dev.bench.stores import fetch_presence
     client = connect_store_client(master)
     try:
         assert sum(fetch_presence(client, fillers)) == len(fillers)

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from tests.support.engines import assert_same_service, moonlease_transfer_config, serve_fresh
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]

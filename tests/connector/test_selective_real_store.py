@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.mooncake import OLD_VERSION
+from moonlease_dev.testbed.mooncake import OLD_VERSION
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
 from moonlease_connector.adapters.vllm_worker import refuse_unsupported_mode
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig

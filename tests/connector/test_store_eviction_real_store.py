@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.mooncake import MasterSettings
+from moonlease_dev.testbed.mooncake import MasterSettings
 from moonlease_connector.adapters.store_eviction import MasterUsage, StoreEviction
 
 pytestmark = pytest.mark.store

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
 from tests.connector.test_connector_engine import token_prompt, worker_connector
 from tests.support.engines import moonlease_transfer_config

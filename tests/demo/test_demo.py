@@ -64,5 +64,5 @@ def test_quick_demo_promotes_junction_retention_and_rolls_a_bad_change_back(tmp_
         "rolled back in" in lines[-2] and "the store untouched" in lines[-2], lines[-3:]
     assert lines[-1].startswith("Next: "), lines[-3:]
     assert (tmp_path / "logs" / "engine-treatment.log").is_file()
-    left = subprocess.run(["pgrep", "-f", f"moonlease.demo_arm {tmp_path}"], capture_output=True, text=True)
+    left = subprocess.run(["pgrep", "-f", f"moonlease_dev.demo_arm {tmp_path}"], capture_output=True, text=True)
     assert left.stdout.strip() == "", "an arm engine outlived the demo"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moonlease.testbed.mooncake import parse_metrics
-from moonlease.testbed.processes import http_get
+from moonlease_dev.testbed.mooncake import parse_metrics
+from moonlease_dev.testbed.processes import http_get
 from tests.images.podman import Container, Network, run_detached, wait_until
 
 RPC_PORT = 50051

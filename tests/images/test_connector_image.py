@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.processes import http_get
-from moonlease.testbed.tiny_models import build_tiny_model
+from moonlease_dev.testbed.processes import http_get
+from moonlease_dev.testbed.tiny_models import build_tiny_model
 from tests.chart.rendering import container, kv_transfer_config, load_chart, one, render_objects
 from tests.images.conftest import Images
 from tests.images.podman import Container, Network, podman, run_detached, wait_until

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from moonlease import devenv
+from moonlease_dev import devenv
 from tests.images.conftest import Images
 from tests.images.podman import Network, podman
 from tests.images.store import start_store

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.testbed.connector_pods import ConnectorPods
-from moonlease.testbed.kube import local_api_server
+from moonlease_dev.testbed.connector_pods import ConnectorPods
+from moonlease_dev.testbed.kube import local_api_server
 from tests.chart.rendering import CHART_DIR
 from tests.images.conftest import Images
 from tests.images.podman import Network, podman, run_detached

@@ -10,7 +10,7 @@ import datetime
 import json
 from typing import Any
 
-from moonlease.testbed.kube import (
+from moonlease_dev.testbed.kube import (
     DEPLOYMENTS,
     STATEFULSETS,
     LocalApiServer,

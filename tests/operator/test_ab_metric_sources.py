@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client import Histogram as PromHistogram
 
-from moonlease.testbed.prometheus import PrometheusServer
+from moonlease_dev.testbed.prometheus import PrometheusServer
 from moonlease_operator.adapters.metric_sources import (
     MetricSource,
     PrometheusSource,

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
+from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import settings_config_map_name
-from moonlease.testbed.prometheus import PrometheusServer
+from moonlease_dev.testbed.prometheus import PrometheusServer
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import MASTER, NS, condition, phase, policy, reasons, status

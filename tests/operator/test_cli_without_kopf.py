@@ -16,7 +16,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from tests.operator.fleet import NS, create_fleet, policy
 
 pytestmark = pytest.mark.operator

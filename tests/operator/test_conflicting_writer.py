@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from moonlease_operator.runner import OperatorThread
 
-from moonlease.testbed.kube import DEPLOYMENTS, LocalApiServer
+from moonlease_dev.testbed.kube import DEPLOYMENTS, LocalApiServer
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (
     NS,

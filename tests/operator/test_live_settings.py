@@ -1,6 +1,6 @@
 """Live connector settings verified on running connectors: kopf against the local API server,
 each vLLM pod's settings endpoint served by the connector's real watcher and exporter on
-loopback (`moonlease.testbed.connector_pods`), reading the pod's copy of its ConfigMap as the
+loopback (`moonlease_dev.testbed.connector_pods`), reading the pod's copy of its ConfigMap as the
 kubelet would keep it. A pod whose connector never reports the new settings keeps its stage
 Progressing with a per-pod reason, then the stage times out and rolls back: the settings file
 goes back, and the pods report the old settings again — no pod restarted on the way."""
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.connector_pods import ConnectorPods
-from moonlease.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
+from moonlease_dev.testbed.connector_pods import ConnectorPods
+from moonlease_dev.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name

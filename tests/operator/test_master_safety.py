@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, is_rollout_complete
+from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, is_rollout_complete
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.connector_delivery import settings_config_map_name

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from moonlease_operator.adapters.logs import configure_logging
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS

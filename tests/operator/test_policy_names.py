@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from moonlease_operator.core.slots import POLICY_LABEL, policy_label_value
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from moonlease_operator.adapters.metric_sources import MetricSourceError, PrometheusSource
 from moonlease_operator.core.ab_samples import Arm
 from moonlease_operator.runner import OperatorThread

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, LocalApiServer, is_rollout_complete
+from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer, is_rollout_complete
 from moonlease_connector.settings import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.core.slots import POLICY_LABEL

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import NS, phase

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from moonlease.testbed.kube import LocalApiServer
+from moonlease_dev.testbed.kube import LocalApiServer
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS

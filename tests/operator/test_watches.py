@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from moonlease.testbed.kube import LocalApiServer, deployment_manifest
+from moonlease_dev.testbed.kube import LocalApiServer, deployment_manifest
 from moonlease_operator.adapters.kube import KubeClient
 from moonlease_operator.adapters.watch_cache import ObjectCache
 from moonlease_operator.api import LabelSelector

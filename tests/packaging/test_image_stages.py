@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from moonlease import devenv
-from moonlease.testbed.mooncake import parse_metrics
-from moonlease.testbed.processes import ManagedProcess, free_port, http_get
+from moonlease_dev import devenv
+from moonlease_dev.testbed.mooncake import parse_metrics
+from moonlease_dev.testbed.processes import ManagedProcess, free_port, http_get
 from tests.chart.rendering import NAMESPACE, container, kv_transfer_config, load_chart, one, render_objects
 from tests.packaging.image_stages import build_wheel, clean_python, runner
 

@@ -40,7 +40,7 @@ class FreshEngineRun:
 def serve_fresh(vllm_engine: Any, model: str, transfer_config: dict[str, Any], store_config: Any,
                 prompts: list[list[int]], *, operations: tuple[str, ...] = ()) -> FreshEngineRun:
     """Start a fresh engine (empty local cache), serve `prompts` greedily, measure, stop it."""
-    from moonlease.testbed import vllm_engine as ve
+    from moonlease_dev.testbed import vllm_engine as ve
 
     engine = vllm_engine(model, kv_transfer_config=transfer_config, mooncake_config_path=store_config)
     completions = ve.generate_greedy(engine, prompts, max_tokens=8, logprobs=True)

@@ -1,4 +1,4 @@
-"""Test-only recorders around the lookups of `moonlease.bench.workers`.
+"""Test-only recorders around the lookups of `moonlease_dev.bench.workers`.
 
 The lookups themselves (layouts, `build_lookup`, `build_upstream_lookup`, `keys_the_load_reads`)
 are product code of `moonlease bench`; this module re-exports them for the tests and adds stores
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from moonlease.bench import workers as _workers
-from moonlease.bench.workers import (  # noqa: F401  (re-exported for the tests)
+from moonlease_dev.bench import workers as _workers
+from moonlease_dev.bench.workers import (  # noqa: F401  (re-exported for the tests)
     HASH_BLOCK,
     LAYOUTS,
     CLIENT_0_3_14,
@@ -38,7 +38,7 @@ from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 def build_lookup(layout: Layout | LayoutParts, store: Any,
                  settings: MoonleaseConnectorConfig | LeaseMode | None = None, *,
                  junction_retention: bool = False, keep_deadline: bool = False, **kwargs: Any) -> StoreLookup:
-    """`moonlease.bench.workers.build_lookup`, without the deadline unless `keep_deadline` (see above)."""
+    """`moonlease_dev.bench.workers.build_lookup`, without the deadline unless `keep_deadline` (see above)."""
     if not isinstance(settings, MoonleaseConnectorConfig):
         settings = MoonleaseConnectorConfig.for_mode(
             settings or LeaseMode.LEASE_ALL, junction_retention=junction_retention)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from moonlease.testbed.connector_pods import ConfigMapVolume
+from moonlease_dev.testbed.connector_pods import ConfigMapVolume
 
 __all__ = ["ConfigMapVolume", "EndpointSettings", "free_port", "read_settings_endpoint", "scrape",
            "wait_for_endpoint"]

@@ -14,7 +14,7 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 
-from moonlease.testbed.kube import (
+from moonlease_dev.testbed.kube import (
     DEPLOYMENTS,
     LocalApiServerThread,
     PODS,

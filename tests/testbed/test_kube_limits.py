@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moonlease.testbed.kube import (
+from moonlease_dev.testbed.kube import (
     CONFIGMAPS,
     DEPLOYMENTS,
     MAX_ANNOTATIONS_BYTES,
@@ -22,7 +22,7 @@ from moonlease.testbed.kube import (
     deployment_manifest,
     namespace_manifest,
 )
-from moonlease.testbed.kube.validation import (
+from moonlease_dev.testbed.kube.validation import (
     label_value_errors,
     qualified_name_errors,
     dns1035_label_errors,
@@ -30,7 +30,7 @@ from moonlease.testbed.kube.validation import (
     dns1123_subdomain_errors,
     generated_name,
 )
-from moonlease.testbed.kube.pagination import decode_continue, page
+from moonlease_dev.testbed.kube.pagination import decode_continue, page
 
 pytestmark = pytest.mark.operator
 
@@ -105,7 +105,7 @@ def test_pages_cover_every_item_once() -> None:
 def test_importing_the_test_bed_patches_nothing() -> None:
     """The pure helpers (and the package) import without touching kmock's internals."""
     code = ("import kmock._internal.parsing as p; before = p.parse_path; "
-            "import moonlease.testbed.kube, moonlease.testbed.kube.selectors; "
+            "import moonlease_dev.testbed.kube, moonlease_dev.testbed.kube.selectors; "
             "assert p.parse_path is before, 'patched at import'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -13,7 +13,7 @@ import aiohttp
 import kopf
 import pytest
 
-from moonlease.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, local_api_server
+from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, local_api_server
 
 pytestmark = pytest.mark.operator
 

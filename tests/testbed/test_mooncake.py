@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from moonlease.testbed.mooncake import MasterSettings, MooncakeMaster, OLD_VERSION
-from moonlease.testbed.processes import http_get
+from moonlease_dev.testbed.mooncake import MasterSettings, MooncakeMaster, OLD_VERSION
+from moonlease_dev.testbed.processes import http_get
 
 pytestmark = pytest.mark.store
 
@@ -42,11 +42,11 @@ def test_store_pool_holds_data_that_outlives_the_writer(
 
     writer = store_client_factory(mooncake_master)  # brings no segment: data goes to the pool
     payload = bytes(range(256)) * 64
-    assert writer.put("moonlease/testbed/key", payload) == 0
+    assert writer.put("moonlease_dev/testbed/key", payload) == 0
     writer.close()
 
     reader = store_client_factory(mooncake_master)
-    assert reader.get("moonlease/testbed/key") == payload
+    assert reader.get("moonlease_dev/testbed/key") == payload
     assert mooncake_master.metrics()["master_key_count"] == 1
 
 

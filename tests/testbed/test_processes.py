@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from moonlease.testbed.processes import ManagedProcess
+from moonlease_dev.testbed.processes import ManagedProcess
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.testbed import tiny_models as tm
+from moonlease_dev.testbed import tiny_models as tm
 
 pytestmark = pytest.mark.vllm
 
@@ -87,7 +87,7 @@ def test_cache_dir_env_override(tmp_path, monkeypatch):
 
 def test_concurrent_cli_builds_agree_and_are_deterministic(tmp_path, tiny_models):
     """Two processes build the same model at once: one complete copy, same bytes as any build."""
-    cmd = [sys.executable, "-m", "moonlease.testbed.tiny_models", "build", "llama",
+    cmd = [sys.executable, "-m", "moonlease_dev.testbed.tiny_models", "build", "llama",
            "--cache-dir", str(tmp_path)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]

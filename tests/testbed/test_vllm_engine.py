@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from moonlease.testbed import vllm_engine as ve
-from moonlease.testbed.mooncake import write_engine_store_config
+from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.mooncake import write_engine_store_config
 from tests.support.numerics import assert_same_logprobs
 
 pytestmark = pytest.mark.vllm

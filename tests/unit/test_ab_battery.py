@@ -1,7 +1,7 @@
 """The A/A battery (issue 26): identical arms on the data a cache produces never decide more often
 than the test's level, and a real effect of the documented size is found.
 
-Each cell (`moonlease.bench.ab_cells`) draws its per-interval data for every run at once (numpy,
+Each cell (`moonlease_dev.bench.ab_cells`) draws its per-interval data for every run at once (numpy,
 seeded); every run then goes through the operator's own per-interval path — `fold_interval` then
 `decide`, what `core.ab_plan.record_measurement` calls — looking after every interval up to
 maxSamples and stopping at the first final verdict, as the operator does. A false decision is
@@ -19,7 +19,7 @@ import math
 import numpy as np
 import pytest
 
-from moonlease.bench.ab_cells import (
+from moonlease_dev.bench.ab_cells import (
     ALPHA,
     CELLS,
     FALSE,

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moonlease.bench.accounting import (
+from moonlease_dev.bench.accounting import (
     LookupCosts,
     RequestAccount,
     age_bucket,
     state_age,
     summarize_hits,
 )
-from moonlease.bench.belady import BeladyStore, build_read_index, count_key_hits
-from moonlease.bench.stats import percentile
+from moonlease_dev.bench.belady import BeladyStore, build_read_index, count_key_hits
+from moonlease_dev.bench.stats import percentile
 
 pytestmark = pytest.mark.unit
 

@@ -7,14 +7,14 @@ from collections import defaultdict
 
 import pytest
 
-from moonlease.bench.fleet import (
+from moonlease_dev.bench.fleet import (
     DEFAULT_FLEET,
     SINGLE_ENGINE,
     FleetSpec,
     Router,
     parse_fleet,
 )
-from moonlease.bench.replay import (
+from moonlease_dev.bench.replay import (
     MODES,
     build_belady_replay,
     build_ideal_replay,
@@ -22,9 +22,9 @@ from moonlease.bench.replay import (
     build_repeat_summary,
     replay_requests,
 )
-from moonlease.bench.saves import ValueSizes
-from moonlease.bench.stores import DictStore
-from moonlease.bench.workload import PRESET_RESEND, WORKLOADS, build_named_trace
+from moonlease_dev.bench.saves import ValueSizes
+from moonlease_dev.bench.stores import DictStore
+from moonlease_dev.bench.workload import PRESET_RESEND, WORKLOADS, build_named_trace
 
 pytestmark = pytest.mark.unit
 

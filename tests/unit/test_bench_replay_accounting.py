@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease.bench.accounting import summarize_hits
-from moonlease.bench.replay import (
+from moonlease_dev.bench.accounting import summarize_hits
+from moonlease_dev.bench.replay import (
     MODES,
     Pacer,
     build_ideal_replay,
@@ -32,9 +32,9 @@ from moonlease.bench.replay import (
     build_repeat_summary,
     replay_requests,
 )
-from moonlease.bench.saves import ValueSizes
-from moonlease.bench.stores import DictStore
-from moonlease.bench.trace import Trace, TraceHeader, TraceRequest
+from moonlease_dev.bench.saves import ValueSizes
+from moonlease_dev.bench.stores import DictStore
+from moonlease_dev.bench.trace import Trace, TraceHeader, TraceRequest
 
 pytestmark = pytest.mark.unit
 
@@ -142,7 +142,7 @@ def test_repeated_runs_average_every_number_and_keep_each_hit_rate():
 
 
 def test_survival_splits_the_stored_keys_into_loaded_and_passed_over() -> None:
-    from moonlease.bench.accounting import summarize_survival
+    from moonlease_dev.bench.accounting import summarize_survival
 
     universe = ["a", "b", "c", "d", "e"]
     survival = summarize_survival(universe, {"a", "b"}, bytes([1, 0, 1, 1, 0]))

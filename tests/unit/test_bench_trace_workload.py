@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.bench.trace import (
+from moonlease_dev.bench.trace import (
     Trace,
     TraceError,
     TraceHeader,
@@ -17,7 +17,7 @@ from moonlease.bench.trace import (
     read_trace,
     write_trace,
 )
-from moonlease.bench.workload import WORKLOADS, WorkloadKnobs, build_named_trace, build_trace
+from moonlease_dev.bench.workload import WORKLOADS, WorkloadKnobs, build_named_trace, build_trace
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """The CRD's CEL rules, evaluated by cel-python, agree with their pydantic mirrors.
 
-The API server evaluates `x-kubernetes-validations` (the local one too: moonlease.testbed.kube.cel);
+The API server evaluates `x-kubernetes-validations` (the local one too: moonlease_dev.testbed.kube.cel);
 jsonschema does not, and a CRD may be installed without its rules, so the operator mirrors each
 rule in a validator. Here every rule is compiled and run as the API server would (on the defaulted
 object, `self` bound to the node that declares the rule, once per list item), against the
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moonlease.testbed.kube import apply_schema_defaults
-from moonlease.testbed.kube.cel import rule_errors
+from moonlease_dev.testbed.kube import apply_schema_defaults
+from moonlease_dev.testbed.kube.cel import rule_errors
 from moonlease_operator.api import PolicySpecError, parse_spec
 from moonlease_operator.crd import build_crd, validation_schema
 from tests.unit.test_policy_api import AB_ROLLOUT, CEL_VIOLATIONS, VALID, doc, with_changes

@@ -11,7 +11,7 @@ from importlib.metadata import version
 import pytest
 
 from moonlease.cli import main
-from moonlease.terminal import bold, use_color
+from moonlease_dev.terminal import bold, use_color
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from moonlease.demo import (
+from moonlease_dev.demo import (
     BadChangeOutcome,
     DemoOptions,
     StoreState,
@@ -22,7 +22,7 @@ from moonlease.demo import (
     policy_for,
     summarize,
 )
-from moonlease.demo_arm import AgenticWorkload
+from moonlease_dev.demo_arm import AgenticWorkload
 from moonlease_operator.api import LeaseMode, StageName, parse_spec
 from moonlease_operator.core.compatibility import VersionSource, evaluate_compatibility
 

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moonlease.testbed.kube import merge_patch
+from moonlease_dev.testbed.kube import merge_patch
 from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from moonlease_operator.api import ConnectorSpec, LeaseMode, MasterConfigMapSpec, MasterSpec

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moonlease.testbed.kube import strategic_merge_patch
+from moonlease_dev.testbed.kube import strategic_merge_patch
 from moonlease_operator.api import MasterSpec
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_operator.core.connector_delivery import SETTINGS_VOLUME, adoption_hash

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.kube.managed_fields import (
+from moonlease_dev.testbed.kube.managed_fields import (
     ApplyConflicts,
     apply_config,
     field_set,
@@ -18,7 +18,7 @@ from moonlease.testbed.kube.managed_fields import (
     record_update,
     to_fields_v1,
 )
-from moonlease.testbed.kube.replicasets import (
+from moonlease_dev.testbed.kube.replicasets import (
     REVISION,
     REVISION_HISTORY,
     next_revision,

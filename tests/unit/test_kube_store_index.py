@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moonlease.testbed.kube.selectors import match_label_selector, parse_label_selector
-from moonlease.testbed.kube.store_index import StoreIndex
+from moonlease_dev.testbed.kube.selectors import match_label_selector, parse_label_selector
+from moonlease_dev.testbed.kube.store_index import StoreIndex
 
 pytestmark = pytest.mark.unit
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from moonlease.testbed.kube.openapi import definition_name, openapi_v3, openapi_v3_index
-from moonlease.testbed.kube.patches import strategic_merge_patch
-from moonlease.testbed.kube.protobuf import UnreadableBody, decode_object
-from moonlease.testbed.kube.resources import DEPLOYMENTS, ResourceType
-from moonlease.testbed.kube.tables import columns_for, human_duration, json_path, table, wants_table
-from moonlease.testbed.kube.workloads import default_workload, scale_view, scaled, workload_errors
+from moonlease_dev.testbed.kube.openapi import definition_name, openapi_v3, openapi_v3_index
+from moonlease_dev.testbed.kube.patches import strategic_merge_patch
+from moonlease_dev.testbed.kube.protobuf import UnreadableBody, decode_object
+from moonlease_dev.testbed.kube.resources import DEPLOYMENTS, ResourceType
+from moonlease_dev.testbed.kube.tables import columns_for, human_duration, json_path, table, wants_table
+from moonlease_dev.testbed.kube.workloads import default_workload, scale_view, scaled, workload_errors
 
 pytestmark = pytest.mark.unit
 
@@ -165,7 +165,7 @@ def test_strategic_merge_patch_directives() -> None:
 
 
 def test_built_in_kinds_publish_the_kubernetes_definitions_and_prune_unknown_fields() -> None:
-    from moonlease.testbed.kube.openapi import builtin_schemas, prune_builtin
+    from moonlease_dev.testbed.kube.openapi import builtin_schemas, prune_builtin
 
     schemas = builtin_schemas("io.k8s.api.apps.v1.Deployment", "#/components/schemas/")
     deployment = schemas["io.k8s.api.apps.v1.Deployment"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease.testbed.pd_router import router_argv
+from moonlease_dev.testbed.pd_router import router_argv
 
 pytestmark = pytest.mark.unit
 

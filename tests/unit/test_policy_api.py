@@ -396,7 +396,7 @@ def test_defaults_match_the_tracker() -> None:
 
 def test_crd_defaults_equal_model_defaults(crd: dict[str, Any]) -> None:
     # What the API server fills in must be what the model assumes when a field is absent.
-    from moonlease.testbed.kube import apply_schema_defaults  # the API server's defaulting, emulated
+    from moonlease_dev.testbed.kube import apply_schema_defaults  # the API server's defaulting, emulated
 
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     defaulted = apply_schema_defaults(copy.deepcopy(VALID), schema)

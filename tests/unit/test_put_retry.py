@@ -119,7 +119,7 @@ class RefusingStore:
 
 
 def test_the_replay_save_puts_the_refused_keys_again() -> None:
-    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_dev.bench.saves import ChunkKeys, ValueSizes, apply_save
 
     chunks = [ChunkKeys(0, i, 16 * (i + 1), (f"f{i}",), False) for i in range(4)]
     store = RefusingStore(room=[1, 2, 5])
@@ -135,7 +135,7 @@ def test_the_replay_save_puts_the_refused_keys_again() -> None:
 
 
 def test_the_replay_save_gives_up_after_the_last_attempt_and_counts_what_is_lost() -> None:
-    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_dev.bench.saves import ChunkKeys, ValueSizes, apply_save
 
     chunks = [ChunkKeys(0, i, 16 * (i + 1), (f"f{i}",), False) for i in range(3)]
     store = RefusingStore(room=[1, 0, 0])
@@ -185,7 +185,7 @@ def test_only_what_a_continuation_reads_is_put_again() -> None:
 
 
 def test_the_replay_save_does_not_put_again_what_the_plan_leaves_out() -> None:
-    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_dev.bench.saves import ChunkKeys, ValueSizes, apply_save
     from moonlease_connector.core.retention import ChunkRetention, SaveRetentionPlan
 
     chunks = [ChunkKeys(0, 0, 64, ("f0",), False), ChunkKeys(1, 0, 64, ("m0",), True)]

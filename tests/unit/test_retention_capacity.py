@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moonlease.bench.trace import Trace, TraceHeader, TraceRequest
+from moonlease_dev.bench.trace import Trace, TraceHeader, TraceRequest
 
 pytestmark = pytest.mark.unit
 

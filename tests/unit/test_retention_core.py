@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease.bench.workers import build_layout_parts, layout_by_name
+from moonlease_dev.bench.workers import build_layout_parts, layout_by_name
 from moonlease_connector.adapters.vllm_retention import build_resume_set, build_shared_set, chunk_kind
 from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.retention import (
@@ -147,7 +147,7 @@ class RecordingStore:
 
 
 def test_the_replay_save_carries_out_the_plan_call_by_call() -> None:
-    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_dev.bench.saves import ChunkKeys, ValueSizes, apply_save
     from moonlease_connector.core.retention import SaveRetentionPlan
 
     chunks = [ChunkKeys(0, 0, 16, ("f0",), False), ChunkKeys(0, 1, 32, ("f1",), False),
@@ -163,7 +163,7 @@ def test_the_replay_save_carries_out_the_plan_call_by_call() -> None:
 
 
 def test_the_replay_save_without_a_plan_is_upstreams() -> None:
-    from moonlease.bench.saves import ChunkKeys, ValueSizes, apply_save
+    from moonlease_dev.bench.saves import ChunkKeys, ValueSizes, apply_save
 
     store = RecordingStore(present=set())
     apply_save(store, [ChunkKeys(0, 0, 16, ("f0",), False)], ValueSizes())
@@ -188,7 +188,7 @@ class PinRecordingStore:
     """The never-evicting `DictStore`, recording which keys each put soft-pinned (no Mooncake)."""
 
     def __init__(self) -> None:
-        from moonlease.bench.stores import DictStore
+        from moonlease_dev.bench.stores import DictStore
 
         self.inner = DictStore()
         self.pinned: set[str] = set()
@@ -207,9 +207,9 @@ def test_replay_pin_pins_only_the_system_prompts_four_sessions_continue(workload
     """The benchmark runs the connector's plan: over a generated trace, `pin` soft-pins only keys
     of the agents' system prompts (full-attention blocks; for a hybrid model also the state at
     the prompt's end), and only those first written after four sessions continued them."""
-    from moonlease.bench.replay import MODES, build_ideal_replay, replay_requests
-    from moonlease.bench.saves import ValueSizes
-    from moonlease.bench.workload import WORKLOADS, build_named_trace
+    from moonlease_dev.bench.replay import MODES, build_ideal_replay, replay_requests
+    from moonlease_dev.bench.saves import ValueSizes
+    from moonlease_dev.bench.workload import WORKLOADS, build_named_trace
 
     trace = build_named_trace(workload, seed=1, duration_s=900.0)
     knobs = WORKLOADS[workload]

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase, PolicyStatus, StageName, read_spec
-from moonlease.testbed.kube.patches import merge_patch
+from moonlease_dev.testbed.kube.patches import merge_patch
 from moonlease_operator.core.status import dump_status, read_status
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.compatibility import (

@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 
-from moonlease.bench.serve_command import add_serve_arguments
-from moonlease.bench.serve_plan import (
+from moonlease_dev.bench.serve_command import add_serve_arguments
+from moonlease_dev.bench.serve_plan import (
     EngineLayout, PlannedRequest, RequestResult, combine_role_counters, parse_engines, spread_of,
     summarize_repeats)
-from moonlease.bench.serve_report import render_markdown
+from moonlease_dev.bench.serve_report import render_markdown
 
 pytestmark = pytest.mark.unit
 

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from moonlease.bench.serve_plan import (
+from moonlease_dev.bench.serve_plan import (
     LeaseMode, PlannedRequest, RequestResult, Separation, age_bucket, block_tokens, compare_modes,
     parse_cases, parse_pressures, plan_requests, spread_of, summarize, summarize_repeats)
-from moonlease.bench.trace import Trace, TraceHeader, TraceRequest
+from moonlease_dev.bench.trace import Trace, TraceHeader, TraceRequest
 
 pytestmark = pytest.mark.unit
 
@@ -127,7 +127,7 @@ def test_modes_are_compared_with_lease_all_in_the_same_cell_against_the_runs_own
 
 
 def test_the_engine_prefix_cache_stays_on_only_where_the_model_needs_it():
-    from moonlease.bench.serve_run import engine_prefix_cache
+    from moonlease_dev.bench.serve_run import engine_prefix_cache
 
     assert engine_prefix_cache("swa-serve", requested=False) is False
     assert engine_prefix_cache("swa-serve", requested=True) is True

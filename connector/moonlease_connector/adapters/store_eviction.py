@@ -4,7 +4,7 @@ Adapter. `MasterUsage` reads the store's usage from the master's Prometheus endp
 (`master_allocated_bytes`, `master_total_capacity_bytes`); `StoreEviction` keeps the recency
 order of the keys saves touch and, before a put, removes the least recently used ones through
 the real store client (`batch_remove`, not forced). The engine's send thread
-(`adapters.vllm_retention`) and the replay benchmark (`moonlease.bench.saves`) call the same
+(`adapters.vllm_retention`) and the replay benchmark (`moonlease_dev.bench.saves`) call the same
 three methods: `saw_exist`, `before_put`, `after_put`.
 """
 

@@ -2,7 +2,7 @@
 
 I/O adapter (it rebinds names inside vLLM modules). Call `install_cpu_mamba_workarounds()` in
 the process where the model runs, before its first forward pass: our connector does so when vLLM
-builds its worker side, and `moonlease.testbed.vllm_engine.start_engine` does so for engines
+builds its worker side, and `moonlease_dev.testbed.vllm_engine.start_engine` does so for engines
 without a KV connector. It does nothing on other platforms; vLLM's files stay untouched.
 
 With ``mamba_cache_mode="align"``, a prefill longer than one Mamba block asks the SSD scan for

@@ -1,0 +1,5 @@
+import sys
+
+from moonlease_dev.devenv import main
+
+sys.exit(main(sys.argv[1:]))
