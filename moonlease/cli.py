@@ -194,7 +194,7 @@ PLUGIN_GROUP = "moonlease.commands"
 #: Commands only the development package provides, named in the hint when it is not installed.
 DEVELOPMENT_COMMANDS = ("demo", "bench")
 
-Register = Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
 def installed_plugins() -> tuple[list[Register], list[str]]:
