@@ -273,9 +273,14 @@ async def test_apply_validates_through_openapi_and_explain_reads_it(kube: LocalA
 
 async def test_replace_edit_and_json_patches_validate_and_lock(kube: LocalApiServer, kubectl: Kubectl) -> None:
     await apply_ok(kubectl, deployment_yaml(replicas=2))
-    current = (await kubectl("get", "deploy", "web", "-o", "yaml")).stdout
     # replace (validation on) of the object as read: accepted, and its resourceVersion is the lock.
-    replaced = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 3", 1))
+    # The emulated Deployment controller writes status and revision after the apply, as a real one
+    # does, so the object read may go stale before the replace: read again then, as a client would.
+    for _ in range(10):
+        current = (await kubectl("get", "deploy", "web", "-o", "yaml")).stdout
+        replaced = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 3", 1))
+        if "the object has been modified" not in replaced.stderr:
+            break
     assert replaced.returncode == 0 and "deployment.apps/web replaced" in replaced.stdout, replaced.stderr
     stale = await kubectl("replace", "-f", "-", input=current.replace("replicas: 2", "replicas: 4", 1))
     assert stale.returncode == 1
