@@ -127,19 +127,22 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_report(results: dict[str, Any], out: Path) -> None:
-    from moonlease_dev.bench.report import render_markdown, write_plots
+def write_report(results: dict[str, Any], out: Path, report_module: str = "moonlease_dev.bench.report") -> None:
+    """The raw JSON, the markdown and the plots of one run, side by side; `report_module` names
+    the module with the run kind's `render_markdown` and `write_plots` (replay or serve)."""
+    import importlib
 
+    report = importlib.import_module(report_module)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.write_text(render_markdown(results, plot_prefix=out.stem))
-    write_plots(results, out.parent, plot_prefix=out.stem)
+    out.write_text(report.render_markdown(results, plot_prefix=out.stem))
+    report.write_plots(results, out.parent, plot_prefix=out.stem)
     print(f"report: {out}", file=sys.stderr)
 
 
 def run_replay(args: argparse.Namespace) -> int:
     if args.render is not None:
-        _write_report(json.loads(args.render.read_text()), args.out)
+        write_report(json.loads(args.render.read_text()), args.out)
         return 0
     # Quiet the in-process Mooncake client's INFO lines (they would break the progress bar);
     # must be set before the library loads.
@@ -193,7 +196,7 @@ def run_replay(args: argparse.Namespace) -> int:
         else "moonlease bench replay"
     results = {"command": command.strip(), "environment": environment, "settings": settings_record(settings),
                "wall_seconds": time.monotonic() - started, "traces": runs}
-    _write_report(results, args.out)
+    write_report(results, args.out)
     if not args.keep_logs:
         shutil.rmtree(log_dir, ignore_errors=True)
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from moonlease_dev.bench.serve_plan import DEFAULT_CASES, DEFAULT_PRESSURES, SERVE_KNOBS
+from moonlease_dev.bench.command import write_report
 
 DEFAULT_OUT = Path("benchmarks/results/serve.md")
 
@@ -113,22 +114,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "under 'Reading this run' (with --render: replaces the JSON's)")
 
 
-def _write_report(results: dict[str, Any], out: Path) -> None:
-    from moonlease_dev.bench.serve_report import render_markdown, write_plots
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
-    out.write_text(render_markdown(results, plot_prefix=out.stem))
-    write_plots(results, out.parent, plot_prefix=out.stem)
-    print(f"report: {out}", file=sys.stderr)
-
-
 def run_serve(args: argparse.Namespace) -> int:
     if args.render is not None:
         results = json.loads(args.render.read_text())
         if args.notes is not None:
             results["notes"] = args.notes.read_text()
-        _write_report(results, args.out)
+        write_report(results, args.out, "moonlease_dev.bench.serve_report")
         return 0
     os.environ.setdefault("GLOG_minloglevel", "1")
     engines = _with_policy(args.engines, args.router_policy)
@@ -230,7 +221,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.notes is not None:
         results["notes"] = args.notes.read_text()
     if runs:
-        _write_report(results, args.out)
+        write_report(results, args.out, "moonlease_dev.bench.serve_report")
     if not args.keep_logs and not interrupted and not failed:
         shutil.rmtree(log_dir, ignore_errors=True)
     if interrupted:
