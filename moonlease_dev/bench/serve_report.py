@@ -49,6 +49,21 @@ def _find(results: dict[str, Any], workload: str, pressure: str, mode: str) -> d
     return None
 
 
+def _serving_shape(settings: dict[str, Any]) -> str:
+    """The engines of this run in words: which ones ask the store, and whether a local prefix
+    cache answers part of the reuse before it does."""
+    fleet = settings.get("engines")
+    if fleet:
+        engines = (f"{fleet['prefill']} prefill engine{'s' if fleet['prefill'] != 1 else ''} and "
+                   f"{fleet['decode']} decode engine{'s' if fleet['decode'] != 1 else ''} behind a router "
+                   f"({fleet['policy'].replace('_', '-')})")
+    else:
+        engines = "one engine per arm"
+    if settings.get("engine_prefix_cache") == "off":
+        return f"{engines}, with vLLM's own prefix cache off so that every reuse asks the store"
+    return f"{engines}, whose own prefix cache serves part of the reuse before the store is asked"
+
+
 def render_seed_comparison(results: dict[str, Any]) -> list[str]:
     """Where we stand against seed 002's headline (TTFT P90 12.8 s -> 3.83 s at a 95 % watermark)."""
     pressures = [p["name"] for p in results["settings"]["pressures"]]
@@ -73,9 +88,8 @@ def render_seed_comparison(results: dict[str, Any]) -> list[str]:
               "Here everything is scaled down: a small random-weight model on a shared 2-core CPU (the "
               "calibration table above gives the prefill-vs-load gap here, which bounds what any hit "
               "can save), a store of tens of MiB, minutes of trace compressed into under a wall minute, "
-              "one engine with a small prefix cache of its own that serves much of the reuse before the "
-              "store is asked, and CPU contention from other work on the machine (the load average "
-              "above). A lease mode changes TTFT only through the store hits it wins back, so a TTFT "
+              f"{_serving_shape(results['settings'])}, and CPU contention from other work on the machine "
+              "(the load average above). A lease mode changes TTFT only through the store hits it wins back, so a TTFT "
               "difference is at most the hit-rate difference times that gap (plus the queueing it "
               "saves); where the hit rates do not separate, neither can TTFT. The replays of each cell "
               "give the run's own noise (the ranges in brackets, and the separation column above).", ""]

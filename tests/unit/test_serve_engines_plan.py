@@ -90,3 +90,10 @@ def test_the_report_says_how_requests_were_served_and_shows_decode_loads() -> No
     assert header.count("|") == row.count("|")
     alone = render_markdown(_results(None))
     assert "vllm-router" not in alone and "decode loads" not in alone
+
+
+def test_the_seed_comparison_names_the_engines_that_served() -> None:
+    routed = render_markdown(_results({"prefill": 2, "decode": 1, "policy": "round_robin"}))
+    assert "2 prefill engines and 1 decode engine behind a router (round-robin)" in routed
+    alone = render_markdown(_results(None))
+    assert "one engine per arm" in alone and "prefill engines" not in alone
