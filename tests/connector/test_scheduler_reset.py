@@ -9,6 +9,7 @@ deadline, and the lookup channel still works afterwards. No servers: unit tier.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from types import SimpleNamespace
 
@@ -67,3 +68,20 @@ def test_reset_without_a_worker_fails_within_its_deadline_and_lookups_still_work
                                    config))
     result = scheduler.client.lookup("r1", 64, hashes)
     assert result is not None and result.hit_length == 48  # the last token is recomputed
+
+
+def test_stopping_upstreams_lookup_server_logs_no_unknown_request_warning(connector):
+    _, config, _ = connector
+    server = LookupKeyServer(SimpleNamespace(lookup=lambda n, h: None), config)
+    upstream_logger = logging.getLogger(LookupKeyServer.__module__)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    upstream_logger.addHandler(handler)
+    try:
+        assert stop_upstream_lookup_server(server)
+    finally:
+        upstream_logger.removeHandler(handler)
+    assert not server.thread.is_alive()
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+    assert upstream_logger.filters == [], "the filter is only there while stopping"

@@ -143,6 +143,17 @@ class BoundedLookupServer:
             self.ctx.term()
 
 
+_STOP_REQUEST = b"moonlease-stop"
+
+
+class _DropStopRequestWarning(logging.Filter):
+    """Upstream's server logs every request it does not know as a warning; ours, sent only to
+    wake it for shutdown, is not something an operator should be told about."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and _STOP_REQUEST in record.args)
+
+
 def stop_upstream_lookup_server(server: Any, timeout_s: float = 5.0) -> bool:
     """Stop upstream's `LookupKeyServer` (a thread blocked in `recv_multipart`): mark it stopped,
     wake it with one request (it answers RESP_ERR and leaves its loop), then close its socket.
@@ -151,6 +162,9 @@ def stop_upstream_lookup_server(server: Any, timeout_s: float = 5.0) -> bool:
     from another thread is not safe); its unlinked IPC path is then simply unreachable.
     """
     server.running = False
+    upstream_logger = logging.getLogger(type(server).__module__)
+    quiet = _DropStopRequestWarning()
+    upstream_logger.addFilter(quiet)
     waker_ctx = zmq.Context()
     try:
         waker = waker_ctx.socket(zmq.REQ)
@@ -159,7 +173,7 @@ def stop_upstream_lookup_server(server: Any, timeout_s: float = 5.0) -> bool:
         waker.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
         waker.connect(f"ipc://{server._ipc_path}")
         try:
-            waker.send(b"moonlease-stop")
+            waker.send(_STOP_REQUEST)
             waker.recv()
         except zmq.ZMQError:
             pass
@@ -167,6 +181,7 @@ def stop_upstream_lookup_server(server: Any, timeout_s: float = 5.0) -> bool:
     finally:
         waker_ctx.term()
     server.thread.join(timeout=timeout_s)
+    upstream_logger.removeFilter(quiet)
     if server.thread.is_alive():
         logger.warning("upstream's lookup server did not stop; leaving its socket open")
         return False
