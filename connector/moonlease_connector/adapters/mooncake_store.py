@@ -7,6 +7,7 @@ server thread never dies on a store failure.
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import logging
 import threading
@@ -213,8 +214,46 @@ class SoftPinUnsupported(RuntimeError):
     """The Mooncake client cannot soft-pin on put (retention `pin` needs it)."""
 
 
+#: `ReplicateConfig` fields that hold one entry per key of the batch (Mooncake 0.3.14 refuses a
+#: batch whose list is not as long as its keys, every key with INVALID_PARAMS).
+PER_KEY_CONFIG_FIELDS = ("group_ids", "per_key_preferred_hca_names")
+
+
+def _copy_config(base: Any) -> Any:
+    """A field-by-field copy (Mooncake's `ReplicateConfig` cannot be pickled or copied)."""
+    from mooncake.store import ReplicateConfig
+
+    if not isinstance(base, ReplicateConfig):
+        return copy.copy(base)  # a test double: its own copy semantics
+    config = ReplicateConfig()
+    for name in dir(base):
+        value = getattr(base, name)
+        if name.startswith("_") or callable(value):
+            continue
+        try:
+            setattr(config, name, value)
+        except (AttributeError, TypeError):  # read-only in this client version
+            continue
+    return config
+
+
+def config_for_keys(base: Any | None, indices: Sequence[int], batch_len: int) -> Any | None:
+    """`base` for a put of `indices` of a batch of `batch_len` keys: its per-key lists cut to
+    those keys (upstream sets `group_ids` on the whole batch; retention puts parts of it)."""
+    if base is None or (len(indices) == batch_len and list(indices) == list(range(batch_len))):
+        return base
+    cut = {name: [value[i] for i in indices] for name in PER_KEY_CONFIG_FIELDS
+           if isinstance(value := getattr(base, name, None), list) and len(value) == batch_len}
+    if not cut:
+        return base
+    config = _copy_config(base)
+    for name, value in cut.items():
+        setattr(config, name, value)
+    return config
+
+
 def build_soft_pin_config(base: Any | None = None) -> Any:
-    """A `ReplicateConfig` like `base` (replicas, preferred segment) whose puts soft-pin.
+    """A `ReplicateConfig` like `base` (every field, per-key lists included) whose puts soft-pin.
 
     Mooncake 0.3.14 spells it `soft_pin_action = SoftPinAction.ENABLE` (the master then keeps
     the object pinned for `default_kv_soft_pin_ttl`, renewed by every lease); older clients
@@ -222,12 +261,7 @@ def build_soft_pin_config(base: Any | None = None) -> Any:
     """
     from mooncake.store import ReplicateConfig
 
-    config = ReplicateConfig()
-    for name in ("replica_num", "preferred_segment", "preferred_segments"):
-        if base is not None and hasattr(base, name) and hasattr(config, name):
-            value = getattr(base, name)
-            if value is not None:
-                setattr(config, name, value)
+    config = _copy_config(base) if isinstance(base, ReplicateConfig) else ReplicateConfig()
     if hasattr(config, "soft_pin_action"):
         import mooncake.store as store_module
 

@@ -19,7 +19,11 @@ from typing import Any, cast
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.coordinator import MooncakeStoreCoordinator
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
-from moonlease_connector.adapters.mooncake_store import build_soft_pin_config
+from moonlease_connector.adapters.mooncake_store import (
+    PER_KEY_CONFIG_FIELDS,
+    build_soft_pin_config,
+    config_for_keys,
+)
 from moonlease_connector.adapters.store_eviction import StoreEviction
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread, JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import junctions_of
@@ -150,18 +154,22 @@ class _RetentionStore:
         return getattr(self._store, name)
 
     def _pin_config(self, config: Any) -> Any:
+        if any(isinstance(getattr(config, name, None), list) for name in PER_KEY_CONFIG_FIELDS):
+            return build_soft_pin_config(config)  # upstream rewrites its per-key lists every batch
         if id(config) not in self._configs:
             self._configs = {id(config): build_soft_pin_config(config)}
         return self._configs[id(config)]
 
     def _put(self, keys: list[str], addrs: list[Any], sizes: list[Any], config: Any,
              args: tuple[Any, ...], indices: Sequence[int], results: list[int]) -> None:
-        """Put `indices` of the batch (pinned ones with the pin config), answers into `results`."""
+        """Put `indices` of the batch (pinned ones with the pin config), answers into `results`.
+        Each part carries the per-key fields of its own keys only."""
         pinned = [i for i in indices if self._pinned(keys[i])]
         plain = [i for i in indices if not self._pinned(keys[i])]
-        for group, put_config in ((pinned, self._pin_config(config) if pinned else None), (plain, config)):
+        for group, pin in ((pinned, True), (plain, False)):
             if not group:
                 continue
+            put_config = config_for_keys(self._pin_config(config) if pin else config, group, len(keys))
             answers = self._store.batch_put_from_multi_buffers(
                 [keys[i] for i in group], [addrs[i] for i in group], [sizes[i] for i in group],
                 put_config, *args)
