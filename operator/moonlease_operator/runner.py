@@ -1,5 +1,5 @@
-"""Starting the operator: in its own process (`run_operator`, behind `moonlease operator` and
-`python -m moonlease_operator`), as a coroutine in a loop of its own (`operate`), or in a
+"""Starting the operator: in its own process (`run_operator`, behind `moonlease operator`, the
+operator's one command line), as a coroutine in a loop of its own (`operate`), or in a
 background thread of another program (`OperatorThread`, used by the tests and `moonlease demo`
 against the local API server).
 
