@@ -25,8 +25,6 @@ from moonlease_operator.api import GROUP
 from moonlease_operator.options import OperatorOptions
 
 OPERATOR_NAME = "moonlease-operator"
-#: The kopf peering object the chart installs for the operator's replicas.
-DEFAULT_PEERING = "moonlease"
 
 
 def choose_priority() -> int:

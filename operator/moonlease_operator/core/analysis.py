@@ -458,14 +458,6 @@ class ArmTotals:
         return sums.estimate() if sums is not None else None
 
 
-def estimate_metric(metric: str, samples: Sequence[ArmSample]) -> Estimate | None:
-    """One arm's estimate of a named metric over its measured intervals; None when missing."""
-    totals = ArmTotals()
-    for sample in samples:
-        totals = totals.add(sample)
-    return totals.estimate(metric)
-
-
 # ---- the interval series: paired differences and their autocorrelation ----------------------------
 #
 # Why. Consecutive intervals of a cache are not independent: a session outlives an interval, a
