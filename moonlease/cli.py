@@ -25,15 +25,17 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     from moonlease_operator.options import OperatorOptions
     from moonlease_operator.runner import run_operator
 
+    try:
+        options = OperatorOptions(reconcile_interval=args.reconcile_interval, resync_interval=args.resync_interval,
+                                  listed_targets=args.listed_targets, conflict_reverts=args.conflict_reverts,
+                                  conflict_backoff=args.conflict_backoff,
+                                  prometheus_url_allowlist=_prometheus_allowlist(args))
+    except ValueError as error:  # a bad flag stops start-up, naming the flag (exit 2, as argparse does)
+        args.parser.error(str(error))
     configure_logging(args.log_format, args.log_level)
     run_operator(namespaces=args.namespace, all_namespaces=args.all_namespaces,
                  standalone=args.standalone, peering=args.peering, liveness_endpoint=args.liveness,
-                 metrics_port=args.metrics_port,
-                 options=OperatorOptions(reconcile_interval=args.reconcile_interval,
-                                         resync_interval=args.resync_interval, listed_targets=args.listed_targets,
-                                         conflict_reverts=args.conflict_reverts,
-                                         conflict_backoff=args.conflict_backoff,
-                                         prometheus_url_allowlist=_prometheus_allowlist(args)))
+                 metrics_port=args.metrics_port, options=options)
     return 0
 
 
@@ -220,6 +222,8 @@ def build_parser(plugins: Sequence[Register] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moonlease {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    # The operator's one command line: the image, the chart, the docs and the tests run it. Its
+    # defaults are OperatorOptions' (tests/unit/test_operator_options.py holds them together).
     operator = commands.add_parser("operator", help="run the MooncakeLeasePolicy operator")
     operator.add_argument("--namespace", "-n", action="append", default=[],
                           help="namespace to watch (repeatable); default: all namespaces")
@@ -251,7 +255,7 @@ def build_parser(plugins: Sequence[Register] = ()) -> argparse.ArgumentParser:
                           help="a Prometheus server A/B tests may read (repeatable; also "
                                "MOONLEASE_PROMETHEUS_URL_ALLOWLIST, comma-separated); default: none")
     _add_log_flags(operator)
-    operator.set_defaults(func=_cmd_operator)
+    operator.set_defaults(func=_cmd_operator, parser=operator)
 
     _add_drive_parsers(commands)
 

@@ -1,6 +1,6 @@
 """The MooncakeLeasePolicy CustomResourceDefinition, generated from the pydantic models.
 
-Pure apart from `write_crd`. Kubernetes requires a *structural* schema: every node typed, no
+Pure. Kubernetes requires a *structural* schema: every node typed, no
 `$ref`, no `anyOf` with null, `exclusiveMinimum` as a boolean (OpenAPI 3.0). `build_crd` turns
 pydantic's JSON Schema into that; `crds/mooncakeleasepolicies.yaml` is its committed output
 (a unit test fails when the file is stale).
@@ -9,7 +9,6 @@ pydantic's JSON Schema into that; `crds/mooncakeleasepolicies.yaml` is its commi
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -144,13 +143,6 @@ def render_crd_yaml() -> str:
     `yaml.safe_dump` in the models' key order, so any caller that dumps `build_crd()` the same
     way writes the same file."""
     return yaml.safe_dump(build_crd(), sort_keys=False)
-
-
-def write_crd(path: str | Path) -> Path:
-    """Write the CRD YAML to `path`; returns the path."""
-    target = Path(path)
-    target.write_text(render_crd_yaml(), encoding="utf-8")
-    return target
 
 
 def validation_schema(crd: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:

@@ -39,8 +39,6 @@ from moonlease_operator.adapters.settings_scrape import fetch_settings_reports
 from moonlease_operator.adapters.workloads import (
     apply_changes,
     apply_status,
-    fetch_managed,
-    fetch_observed,
     object_path,
     post_event,
 )
@@ -184,7 +182,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
         namespace, name = meta.get("namespace", ""), meta.get("name", "")
         old = fleet.forget_policy(namespace, name) if type == "DELETED" else fleet.remember_policy(raw)
         new = None if type == "DELETED" else raw
-        if not wakes_on_policy_change(old, new) and not context.options.polling:
+        if not wakes_on_policy_change(old, new):
             return
         _wake(memo).set()
         if old is None or new is None or (old.get("metadata") or {}).get("generation") != meta.get("generation"):
@@ -199,9 +197,7 @@ def register(registry: kopf.OperatorRegistry, context: OperatorContext) -> None:
             client = context.client()
             async with _lock(memo):
                 try:
-                    managed = (await fetch_managed(client, namespace, name, read_spec(spec))
-                               if context.options.polling
-                               else await context.fleet().managed(namespace, name, read_spec(spec)))
+                    managed = await context.fleet().managed(namespace, name, read_spec(spec))
                     policy = await client.get(object_path(KIND, namespace, name))  # approvals arrive after the delete
                     plan = plan_release(policy=_ref(policy), spec=read_spec(spec),
                                         previous=read_status(body.get("status")), managed=managed,
@@ -263,22 +259,16 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     started = time.monotonic()
     client = context.client()
     fleet = context.fleet()
-    polling = context.options.polling  # benchmark only: the design before issue 16
-    if polling:
-        policies = await client.list(object_path(KIND, namespace))
-        policy = next((p for p in policies if p["metadata"]["name"] == name), None)
-    else:
-        policy = fleet.policy(namespace, name)
-        if policy is None:  # not delivered yet (the daemon started first): read it once
-            policy = await _read_policy(context, namespace, name)
+    policy = fleet.policy(namespace, name)
+    if policy is None:  # not delivered yet (the daemon started first): read it once
+        policy = await _read_policy(context, namespace, name)
     if policy is None or policy["metadata"].get("deletionTimestamp"):
         return context.options.resync_interval  # gone, or being deleted: release_policy owns it now
     previous = read_status(policy.get("status"))
     now = context.clock()
     spec = read_spec(policy.get("spec") or {})  # read once; every step below gets this result
     fetch = plan_fetch(spec, previous, now, policy=name)
-    observed = (await fetch_observed(client, namespace, fetch, policies=policies) if polling
-                else await fleet.observed(namespace, fetch))
+    observed = await fleet.observed(namespace, fetch)
     if observed.pods is not None:  # verifying a stage: what do the connectors run?
         contact = pods_to_contact(observed.workloads.values(), PodSet(observed.pods, observed.pod_index))
         observed = dataclasses.replace(observed, settings_reports=await fetch_settings_reports(contact))
@@ -324,8 +314,7 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
         logger.info("%s: %s", note.reason, note.message)
     report = await apply_changes(client, namespace, plan.changes, lambda c: _current(observed, c),
                                  concurrency=context.options.write_concurrency)
-    if not polling:
-        fleet.record_written(report.written)
+    fleet.record_written(report.written)
     for _ in range(report.conflicts):
         context.metrics.observe_retry("conflict")
     final = plan.status
@@ -344,8 +333,6 @@ async def reconcile_policy(context: OperatorContext, namespace: str, name: str, 
     context.metrics.observe_reconcile(result, time.monotonic() - started)
     due_in = None if plan.status.paused_at is not None else (  # paused: no measurement falls due
         seconds_until_measurement(plan.status.ab_test, ab_spec, context.clock()))
-    if polling:
-        return min(context.options.reconcile_interval, due_in if due_in is not None else float("inf"))
     return seconds_until_next_reconcile(plan.status, ab_due_in=due_in,
                                         reconcile_interval=context.options.reconcile_interval,
                                         resync_interval=context.options.resync_interval, now=context.clock())

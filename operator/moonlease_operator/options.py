@@ -38,11 +38,6 @@ class OperatorOptions:
     listed_targets: int = 20
     conflict_reverts: int = 3
     conflict_backoff: float = 300.0
-    polling: bool = False
-    """Benchmark only (`benchmarks/operator_scale.py`): the design before issue 16, measured side
-    by side — every reconcile LISTs the namespace's policies, Deployments and StatefulSets (and
-    pods while verifying), a policy rests `reconcile_interval` whatever its phase, and every
-    event of the policy, its own status writes included, wakes it."""
 
     def __post_init__(self) -> None:
         """Refuse settings the operator cannot run with, naming the flag to fix."""

@@ -1,5 +1,5 @@
-"""Starting the operator: in its own process (`run_operator`, behind `moonlease operator` and
-`python -m moonlease_operator`), as a coroutine in a loop of its own (`operate`), or in a
+"""Starting the operator: in its own process (`run_operator`, behind `moonlease operator`, the
+operator's one command line), as a coroutine in a loop of its own (`operate`), or in a
 background thread of another program (`OperatorThread`, used by the tests and `moonlease demo`
 against the local API server).
 
@@ -25,8 +25,6 @@ from moonlease_operator.api import GROUP
 from moonlease_operator.options import OperatorOptions
 
 OPERATOR_NAME = "moonlease-operator"
-#: The kopf peering object the chart installs for the operator's replicas.
-DEFAULT_PEERING = "moonlease"
 
 
 def choose_priority() -> int:

@@ -8,7 +8,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import sys
 from typing import Any
 
@@ -24,7 +23,7 @@ from moonlease_operator.core.connector_delivery import (
     SETTINGS_VOLUME,
     settings_config_map_name,
 )
-from tests.support.settings_volume import read_settings_endpoint
+from tests.support.settings_volume import free_port, read_settings_endpoint
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.slots import CONFIG_HASH_ANNOTATION, ORIGINAL_ANNOTATION, POLICY_LABEL
 from moonlease_operator.handlers import OperatorContext
@@ -507,18 +506,16 @@ async def test_master_settings_in_a_config_map(kube: LocalApiServer, running_ope
 
 
 async def test_the_operator_process_serves_its_metrics(kube: LocalApiServer, tmp_path: Any) -> None:
-    """`python -m moonlease_operator --metrics-port`: the runner serves the operator's metrics."""
+    """`moonlease operator --metrics-port`: the runner serves the operator's metrics."""
     await create_fleet(kube)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port, health = free_port(), free_port()
     env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig"))}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     log = tmp_path / "operator.log"
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "moonlease_operator", "--standalone", "--metrics-port", str(port),
-            "--reconcile-interval", "0.2", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
+            sys.executable, "-m", "moonlease", "operator", "--standalone", "--metrics-port", str(port),
+            f"--liveness=http://127.0.0.1:{health}/healthz", "--reconcile-interval", "0.2", env=env, stdout=out, stderr=asyncio.subprocess.STDOUT)
     try:
         await kube.create(policy())
         await kube.wait_for(lambda: proc.returncode is not None or phase(kube) == "Ready", timeout=30,

@@ -41,3 +41,26 @@ def test_no_package_shadows_the_standard_library() -> None:
     result = subprocess.run([sys.executable, "-c", "import operator; print(operator.__file__)"],
                             cwd=REPO, capture_output=True, text=True, check=True)
     assert "/lib/python3" in result.stdout and str(REPO) not in result.stdout
+
+
+@pytest.mark.parametrize("package", ["core/rollout", "core/analysis"])
+def test_the_planners_are_packages_of_small_modules_over_frozen_inputs(package: str) -> None:
+    """The rollout planner and the A/B analysis: one concept per module, none over 500 lines,
+    and every dataclass frozen (each step returns new values; nothing is written in place)."""
+    import ast
+
+    modules = sorted((REPO / "operator" / "moonlease_operator" / package).glob("*.py"))
+    assert len(modules) > 3
+    for path in modules:
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) <= 500, f"{path.name}: {len(text.splitlines())} lines"
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Name) and decorator.id == "dataclass":
+                    raise AssertionError(f"{path.name}: {node.name} is a mutable dataclass")
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", "") == "dataclass":
+                    frozen = [k for k in decorator.keywords if k.arg == "frozen"]
+                    assert frozen and getattr(frozen[0].value, "value", False) is True, \
+                        f"{path.name}: {node.name} is a mutable dataclass"

@@ -67,8 +67,8 @@ def test_the_product_wheel_holds_no_development_code(tmp_path: Path) -> None:
         points = entry_points(wheel)
     assert {n.split("/")[0] for n in names} == PRODUCT_PACKAGES, sorted({n.split("/")[0] for n in names})
     cli = sorted(n for n in names if n.startswith("moonlease/"))
-    assert cli == ["moonlease/__init__.py", "moonlease/cli.py", "moonlease/drive.py", "moonlease/plan_view.py",
-                   "moonlease/py.typed", "moonlease/status_view.py"], cli
+    assert cli == ["moonlease/__init__.py", "moonlease/__main__.py", "moonlease/cli.py", "moonlease/drive.py",
+                   "moonlease/plan_view.py", "moonlease/py.typed", "moonlease/status_view.py"], cli
     for module in DEVELOPMENT_MODULES:
         assert not [n for n in names if f"/{module}" in n], module
     assert "moonlease = moonlease.cli:main" in points and "kubectl-moonlease = moonlease.cli:kubectl_plugin" in points

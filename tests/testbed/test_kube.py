@@ -32,6 +32,7 @@ from moonlease_dev.testbed.kube import (
     statefulset_manifest,
     strategic_merge_patch,
 )
+from moonlease_dev.testbed.processes import free_port
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS
 
@@ -490,7 +491,7 @@ async def test_restarted_operator_resumes_without_repeating_itself(kube: LocalAp
 
 
 async def test_operator_process_logs_in_with_a_kubeconfig(kube: LocalApiServer, tmp_path: Path) -> None:
-    """`python -m moonlease_operator` as the image runs it: kopf's own login from KUBECONFIG."""
+    """`moonlease operator` as the image runs it: kopf's own login from KUBECONFIG."""
     import os
     import signal
     import sys
@@ -499,7 +500,8 @@ async def test_operator_process_logs_in_with_a_kubeconfig(kube: LocalApiServer, 
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "moonlease_operator", "--standalone", env=env,
+        sys.executable, "-m", "moonlease", "operator", "--standalone", f"--metrics-port={free_port()}",
+        f"--liveness=http://127.0.0.1:{free_port()}/healthz", env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         await kube.create(policy())

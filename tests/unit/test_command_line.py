@@ -12,7 +12,7 @@ import pytest
 from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.api import ConnectorSpec, LeaseMode, Reason
-from moonlease_operator.core.command_line import runs_vllm, script_commands, starts_vllm, vllm_invocations
+from moonlease_operator.core.command_line import script_commands, starts_vllm, vllm_invocations
 from moonlease_operator.core.connector_delivery import (
     SCRIPT_KV_TRANSFER_CONFIG,
     expected_settings_hash,
@@ -108,13 +108,13 @@ def test_the_expected_hash_counts_the_keys_the_script_passes() -> None:
 
 
 def test_vllm_images_run_without_a_command_are_vllm_by_their_exact_name() -> None:
-    assert runs_vllm({"image": "vllm/vllm-openai:v0.9.1", "args": ["m"]})
-    assert runs_vllm({"image": "registry.local/vllm:0.9.1", "args": ["serve", "m"]})
-    assert not runs_vllm({"image": "ghcr.io/vllm-project/vllm-router:0.1", "args": ["--port", "8000"]})
-    assert not runs_vllm({"image": "vllm/vllm-openai:v0.9.1", "command": ["redis-server"]})
+    assert vllm_invocations({"image": "vllm/vllm-openai:v0.9.1", "args": ["m"]})
+    assert vllm_invocations({"image": "registry.local/vllm:0.9.1", "args": ["serve", "m"]})
+    assert not vllm_invocations({"image": "ghcr.io/vllm-project/vllm-router:0.1", "args": ["--port", "8000"]})
+    assert not vllm_invocations({"image": "vllm/vllm-openai:v0.9.1", "command": ["redis-server"]})
     assert len(vllm_invocations({"image": "vllm/vllm-openai:v0.9.1", "args": ["m"]})) == 1
 
 
 def test_moonleases_own_connector_image_runs_vllm_without_a_command() -> None:
     """The Dockerfile's connector stage has ENTRYPOINT ["vllm"]: args `serve MODEL` start vLLM."""
-    assert runs_vllm({"image": "registry.local/moonlease/vllm-connector:0.1.0", "args": ["serve", "/models/m"]})
+    assert vllm_invocations({"image": "registry.local/moonlease/vllm-connector:0.1.0", "args": ["serve", "/models/m"]})

@@ -15,7 +15,6 @@ from moonlease_connector.core.lookup import (
     leading_present_run,
     present_units,
     resolve_hit,
-    store_key,
 )
 
 pytestmark = pytest.mark.unit
@@ -83,7 +82,7 @@ def test_no_hit_no_tail_keys() -> None:
 
 
 def test_store_key_format() -> None:
-    assert store_key("model@tp_rank:0", b"\xab\xcd") == "model@tp_rank:0@abcd"
+    assert GroupNamespaces(0, 16, ("model@tp_rank:0",)).keys_for(b"\xab\xcd") == ("model@tp_rank:0@abcd",)
 
 
 @pytest.mark.parametrize(("num_tokens", "longest", "expected"), [

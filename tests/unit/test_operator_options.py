@@ -1,10 +1,11 @@
-"""A bad operator flag stops start-up with a message naming the flag (no operator runs)."""
+"""A bad operator flag stops start-up with a message naming the flag (no operator runs); the
+operator's one command line (`moonlease operator`) defaults to what `OperatorOptions` does."""
 
 from __future__ import annotations
 
 import pytest
 
-from moonlease_operator.__main__ import main
+from moonlease.cli import build_parser, main
 from moonlease_operator.options import OperatorOptions
 
 pytestmark = pytest.mark.unit
@@ -25,6 +26,15 @@ def test_options_refuse_what_the_operator_cannot_run_with(changes, flag) -> None
 @pytest.mark.parametrize("argv", [["--listed-targets", "-3"], ["--resync-interval", "0"]])
 def test_a_bad_flag_stops_start_up_with_what_to_fix(argv, capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
-        main(argv)
+        main(["operator", *argv], plugins=())
     assert exit_.value.code == 2
-    assert argv[0] in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert argv[0] in error and "moonlease operator: error:" in error
+
+
+def test_the_command_line_defaults_are_the_options_defaults() -> None:
+    args = build_parser(()).parse_args(["operator"])
+    defaults = OperatorOptions()
+    assert (args.reconcile_interval, args.resync_interval, args.listed_targets, args.conflict_reverts,
+            args.conflict_backoff) == (defaults.reconcile_interval, defaults.resync_interval,
+                                       defaults.listed_targets, defaults.conflict_reverts, defaults.conflict_backoff)

@@ -83,10 +83,6 @@ class CheckpointCandidates:
     units: tuple[tuple[Unit, ...], ...]  # the recurrent units each checkpoint stands for
     candidate_size: int
 
-    def keys_of(self, index: int) -> tuple[str, ...]:
-        start = index * self.candidate_size
-        return self.keys[start:start + self.candidate_size]
-
 
 def build_checkpoint_candidates(recurrent_groups: Sequence[GroupNamespaces], positions: Sequence[int],
                                 state_hash: Callable[[GroupNamespaces, int], bytes]

@@ -23,10 +23,6 @@ from enum import Enum
 Unit = tuple[int, bytes]
 
 
-def store_key(namespace_prefix: str, chunk_hash: bytes) -> str:
-    return f"{namespace_prefix}@{chunk_hash.hex()}"
-
-
 @dataclass(frozen=True)
 class GroupNamespaces:
     """One KV-cache group as the store sees it: its block size and rank namespaces."""

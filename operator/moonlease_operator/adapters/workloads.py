@@ -23,22 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moonlease_operator.adapters.kube import ApiError, KubeClient
-from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicySpec, PolicySpecError, PolicyStatus
+from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
 from moonlease_operator.core.slots import (
     build_merge_patch,
     build_strategic_merge_patch,
     build_update,
-    managed_by,
-    policy_label_value,
 )
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import (
     FetchPlan,
     Observed,
-    config_maps_to_restore,
     settings_config_maps_to_read,
 )
 from moonlease_operator.core.write_failures import WriteFailure
@@ -103,18 +100,6 @@ def _with_kind(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     # List items carry no kind on every server (kmock's don't); the planner reads it.
     obj.setdefault("kind", kind)
     return obj
-
-
-async def fetch_managed(client: KubeClient, namespace: str, policy: str,
-                        spec: PolicySpec | PolicySpecError) -> list[dict[str, Any]]:
-    """Every workload and ConfigMap of the namespace that carries this policy's label. The
-    workloads are listed; the ConfigMaps it may have changed are read by name
-    (`config_maps_to_restore`: `get`, never `list`, on ConfigMaps) and kept when labelled."""
-    label = policy_label_value(policy)
-    answers = await asyncio.gather(*(client.list(object_path(k, namespace)) for k in WORKLOAD_KINDS))
-    workloads = [_with_kind(obj, kind) for kind, items in zip(WORKLOAD_KINDS, answers, strict=True) for obj in items]
-    config_maps = await fetch_config_maps(client, namespace, config_maps_to_restore(spec, workloads))
-    return [obj for obj in (*workloads, *config_maps.values()) if managed_by(obj) == label]
 
 
 @dataclass

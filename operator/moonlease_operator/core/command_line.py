@@ -180,10 +180,6 @@ def vllm_invocations(container: Mapping[str, Any]) -> list[Invocation]:
     return [c for c in container_commands(container) or () if starts_vllm(c.argv)]
 
 
-def runs_vllm(container: Mapping[str, Any]) -> bool:
-    return bool(vllm_invocations(container))
-
-
 def runs_mooncake_master(container: Mapping[str, Any]) -> bool:
     """Whether a command of the container starts `mooncake_master` (or, with no command of its
     own, the image is a Mooncake master image)."""
