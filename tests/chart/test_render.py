@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from moonlease.cli import build_parser
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.config import SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from tests.chart.rendering import (
     CHART_DIR,
@@ -387,7 +387,7 @@ def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
         labels = engine["spec"]["template"]["metadata"]["labels"]
         assert (labels["moonlease.io/role"], labels["moonlease.io/arm"]) == (role, arm)
         extra = kv_transfer_config(engine)["kv_connector_extra_config"]
-        assert running_settings(objects, engine).mooncake_selective_lease is (arm == "treatment")
+        assert (running_settings(objects, engine).lease_mode is LeaseMode.SELECTIVE) is (arm == "treatment")
         assert extra["load_async"] is True  # upstream keys reach every arm
         # Each arm's Service selects its own pods and no other arm's.
         service = one(objects, "Service", name)
@@ -425,7 +425,7 @@ def test_ab_test_set_renders_an_ab_test_policy_over_the_two_managed_arms(chart: 
     assert analysis == values["policy"]["abTest"]["analysis"]
     # Both arms run what the policy declares: the operator finds the release in sync.
     for name in deployments & {f"moonlease-{r}-{a}" for r in ("prefill", "decode") for a in ("control", "treatment")}:
-        assert running_settings(objects, one(objects, "Deployment", name)).mooncake_selective_lease is False
+        assert running_settings(objects, one(objects, "Deployment", name)).lease_mode is LeaseMode.LEASE_ALL
 
 
 def test_an_ab_test_with_defaults_renders_only_the_arms(chart: helm.Chart) -> None:
@@ -473,7 +473,7 @@ def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     extra = kv_transfer_config(prefill)["kv_connector_extra_config"]
     assert extra["cache_prefix"] == "team's fleet" and extra["mooncake_max_lease_rounds"] == 5
     running = running_settings(objects, prefill)
-    assert running.mooncake_junction_retention is True and running.mooncake_selective_lease is True
+    assert running.mooncake_junction_retention is True and running.lease_mode is LeaseMode.SELECTIVE
     assert policy["spec"]["connector"] == {"leaseMode": "selective", "junctionRetention": True}
     assert "--tensor-parallel-size=2" in container(prefill, "vllm")["args"]
     assert "--served-model-name=llama" in container(prefill, "vllm")["args"]

@@ -21,7 +21,7 @@ def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
     cluster = rolled_to("decode")
     name = settings_config_map_name("prefill")
     applied = copy.deepcopy(cluster.config_maps[name]["data"][SETTINGS_FILE_NAME])
-    edited = {**json.loads(applied), "mooncake_selective_lease": False}
+    edited = {**json.loads(applied), "mooncake_lease_mode": "leaseAll"}
     cluster.config_maps[name]["data"][SETTINGS_FILE_NAME] = json.dumps(edited)
     cluster.settle("decode")
     cluster.reconcile(SPEC)
@@ -33,7 +33,7 @@ def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
     assert "Stage prefill: re-applying to Deployment/prefill, which drifted" in ready.message
     drifted = [m for _, r, m in cluster.events if r == "StageDrifted"]
     assert drifted and drifted[0].startswith("Stage prefill drifted after it succeeded: Deployment/prefill")
-    assert "mooncake_selective_lease: false -> true" in drifted[0]
+    assert 'mooncake_lease_mode: "leaseAll" -> "selective"' in drifted[0]
     assert json.loads(cluster.config_maps[name]["data"][SETTINGS_FILE_NAME]) == json.loads(applied)
     assert cluster.run(SPEC).phase is Phase.READY
     assert status.revision == cluster.status.revision  # the same attempt, repaired in place
