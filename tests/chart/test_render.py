@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from moonlease.cli import build_parser
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.config import LEASE_MODE_KEY, SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.lease_modes import ALIAS_KEYS, strategy_of
 from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from tests.chart.rendering import (
     CHART_DIR,
@@ -329,6 +330,31 @@ def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Ch
     with pytest.raises(Exception, match="sets retention skip=false,pin=false,retry=false,evict=true"):
         render_objects(chart, {"vllm": {"arms": [{"name": "control"},
                                                  {"name": "treatment", "retention": {"evict": True}}]}})
+
+
+@pytest.mark.parametrize("mode", list(LeaseMode), ids=[m.value for m in LeaseMode])
+@pytest.mark.parametrize("arm", [False, True], ids=["release", "arm"])
+def test_each_lease_mode_renders_as_its_strategy_says(chart: helm.Chart, mode: LeaseMode, arm: bool) -> None:
+    """`_validate.tpl` refuses a model not declared hybrid exactly for the modes whose strategy
+    needs one (set on the release or on one arm), and the settings file carries the mode as
+    `mooncake_lease_mode`, spelled as in the values (`core.lease_modes` is the one source)."""
+    connector = {} if arm else {"leaseMode": mode.value}
+    arms = {"arms": [{"name": "control"}, {"name": "treatment", "leaseMode": mode.value,
+                                            "managedByPolicy": False}]} if arm else {}
+    plain = {"vllm": {"connector": connector, **arms}}
+    if strategy_of(mode).needs_hybrid_model:
+        with pytest.raises(helm.HelmRenderError, match=f"leaseMode {mode.value} is for hybrid models"):
+            render(chart, plain)
+    else:
+        render(chart, plain)
+    objects = render_objects(chart, {"vllm": {"hybrid": True, "connector": connector, **arms}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    ran = {running_settings(objects, engine).lease_mode for engine in engines}
+    assert ran == ({LeaseMode.LEASE_ALL, mode} if arm else {mode})
+    for config_map in find(objects, "ConfigMap"):
+        if SETTINGS_FILE_NAME in config_map.get("data", {}):
+            file = json.loads(config_map["data"][SETTINGS_FILE_NAME])
+            assert file[LEASE_MODE_KEY] in {m.value for m in ran} and not set(file) & set(ALIAS_KEYS)
 
 
 def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
