@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
+from moonlease_connector.core.last_hit import LAST_HIT_ONLY_POLICY
+
 
 class LeaseMode(str, Enum):
     """Which keys a lookup leases. The names are the CRD's `spec.connector.leaseMode`."""
@@ -79,7 +81,7 @@ class LastHitOnly(LeaseModeStrategy):
     summary = ("KV keys as vLLM, recurrent states through one LastHitOnly probe: only the selected "
                "recurrent checkpoint is leased (hybrid models only)")
     # Also a lease-free question when the final-token pass depends on it.
-    probe_policies = ("LastHitOnly", "none")
+    probe_policies = (LAST_HIT_ONLY_POLICY, "none")
     needs_hybrid_model = True
     detects_probe_contract = True
     alias_key = "mooncake_kda_last_hit_only"
