@@ -211,7 +211,7 @@ class MoonleaseConnectorConfig(BaseModel):
         try:
             choice = choose_lease_mode(extra, environ)
         except LeaseModeError as error:
-            raise ConnectorConfigError(f"lease mode in kv_connector_extra_config: {error}") from None
+            raise ConnectorConfigError(f"lease-mode settings at start-up: {error}") from None
         if choice.mode is not None or choice.excluded:
             ours[LEASE_MODE_KEY] = choice.over(LeaseMode.LEASE_ALL)
         warn_deprecated(choice, "kv_connector_extra_config")

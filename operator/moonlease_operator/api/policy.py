@@ -343,7 +343,7 @@ def _hybrid_modes_rule() -> CelRule:
     """The CEL rule generated from the strategies: a mode that needs a hybrid model needs every
     target declared hybrid."""
     others = " && ".join(f"self.connector.leaseMode != '{mode.value}'" for mode in HYBRID_MODES)
-    guard = others if len(HYBRID_MODES) == 1 else f"({others})"
+    guard = others if len(HYBRID_MODES) == 1 else f"({others or 'true'})"
     return CelRule(
         rule=f"{guard} || self.targets.all(t, t.hybrid)",
         message=f"leaseMode {' or '.join(m.value for m in HYBRID_MODES)} needs every target to be hybrid"
