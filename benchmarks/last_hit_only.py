@@ -111,13 +111,6 @@ def profile_lookup(lookup: Any, num_tokens: int, hashes: list[bytes], calls: int
             for (file, line, name), (_, count, own, cumulative, _) in entries]
 
 
-def mode_settings(mode: Any) -> Any:
-    """A lease mode's settings with the default deadline (1000 ms)."""
-    from moonlease_connector.config import MoonleaseConnectorConfig
-
-    return MoonleaseConnectorConfig.for_mode(mode)
-
-
 def settle_helper_threads(threads: int, limit_s: float = 0.05) -> None:
     """Wait (briefly, bounded) until no more threads run than `threads`."""
     deadline = time.perf_counter() + limit_s
@@ -249,9 +242,9 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
                     inner = bed.client
                 counting = CountingStore(inner)
                 # As the worker runs them: inline, the deadline held by the scheduler's client.
-                ours = {mode: build_lookup(parts, counting, mode_settings(mode), served_by_client=True)
+                ours = {mode: build_lookup(parts, counting, mode, served_by_client=True)
                         for mode in (LeaseMode.LEASE_ALL, LeaseMode.LAST_HIT_ONLY, LeaseMode.SELECTIVE)}
-                handoff = build_lookup(parts, counting, mode_settings(LeaseMode.LAST_HIT_ONLY))
+                handoff = build_lookup(parts, counting, LeaseMode.LAST_HIT_ONLY)
                 assert handoff.deadline is not None and ours[LeaseMode.LAST_HIT_ONLY].deadline is None
                 upstream = build_upstream_lookup(parts, counting)
                 candidates = [f"{prefix}@{h.hex()}" for group in parts.groups

@@ -135,8 +135,7 @@ def build_mode_worker(layout: Any, store: Any, mode: str, retention_interval: in
     from moonlease_dev.bench.workers import build_lookup
     from moonlease_connector.config import LeaseMode
 
-    lease_mode = LeaseMode.SELECTIVE if mode == "selective" else LeaseMode.LEASE_ALL
-    return build_lookup(layout, store, lease_mode, retention_interval=retention_interval)
+    return build_lookup(layout, store, LeaseMode(mode), retention_interval=retention_interval)
 
 
 def candidate_keys(worker: Any, num_tokens: int, hashes: Sequence[bytes]) -> tuple[str, ...]:

@@ -2,24 +2,37 @@
 
 Pure: pydantic only, so the operator imports it to render exactly these keys.
 
-Read from `kv_connector_extra_config` (next to upstream's own keys, which are left alone) and,
-for selective lease, from the environment variable the upstream proposal names. Every mode is
-off by default, which is upstream's behaviour.
+Read from `kv_connector_extra_config` (next to upstream's own keys, which are left alone). The
+lease mode is one key, `mooncake_lease_mode` (`core.lease_modes`); the booleans that picked it
+before (and selective lease's environment variable) are read as deprecated aliases. Every
+setting defaults to upstream's behaviour.
 """
 
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from moonlease_connector.core.lease_modes import (
+    ALIAS_KEYS,
+    LEASE_MODE_KEY,
+    SELECTIVE_LEASE_ENV,
+    LeaseMode,
+    LeaseModeError,
+    LeaseModeStrategy,
+    ModeChoice,
+    choose_lease_mode,
+    parse_lease_mode,
+    strategy_of,
+)
 from moonlease_connector.core.retention import RetentionSettings
 
-#: Seed 002's switch, honoured as an alternative to the config key.
-SELECTIVE_LEASE_ENV = "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE"
+__all__ = ["LEASE_MODE_KEY", "SELECTIVE_LEASE_ENV", "ConnectorConfigError", "DeprecatedSettingWarning",
+           "LeaseMode", "MoonleaseConnectorConfig", "warn_deprecated"]
 
 #: Keys upstream's MooncakeStoreConnector reads from kv_connector_extra_config (vLLM 0.32/0.33).
 UPSTREAM_EXTRA_CONFIG_KEYS = frozenset({
@@ -34,16 +47,19 @@ UPSTREAM_EXTRA_CONFIG_KEYS = frozenset({
 DELIVERY_EXTRA_CONFIG_KEYS = frozenset({"mooncake_settings_file", "mooncake_settings_metrics_port"})
 
 
-class LeaseMode(str, Enum):
-    """Which keys a lookup leases. The names match the CRD's `spec.connector.leaseMode`."""
-
-    LEASE_ALL = "leaseAll"  # upstream: batch_is_exist leases every existing candidate
-    SELECTIVE = "selective"  # seed 002: probe without lease, lease only the hit's load set
-    LAST_HIT_ONLY = "lastHitOnly"  # seed 000: recurrent states via LastHitOnly probing
-
-
 class ConnectorConfigError(ValueError):
     """A bad connector setting; the message says what to change."""
+
+
+class DeprecatedSettingWarning(FutureWarning):
+    """A deprecated connector setting was read (shown by default: it is addressed to users)."""
+
+
+def warn_deprecated(choice: ModeChoice, where: str) -> None:
+    """The one warning for the lease-mode aliases a source used (none when it used none)."""
+    message = choice.deprecation(where)
+    if message is not None:
+        warnings.warn(message, DeprecatedSettingWarning, stacklevel=3)
 
 
 class MoonleaseConnectorConfig(BaseModel):
@@ -51,12 +67,12 @@ class MoonleaseConnectorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    mooncake_selective_lease: bool = Field(
-        False, description="Seed 002: probe candidates without a lease, then lease only the keys "
-                           "loading the hit reads. Needs Mooncake >= 0.3.14 everywhere.")
-    mooncake_kda_last_hit_only: bool = Field(
-        False, description="Seed 000: for full-attention + align-mode Mamba models, look up and "
-                           "lease only the selected recurrent checkpoint.")
+    mooncake_lease_mode: LeaseMode = Field(
+        LeaseMode.LEASE_ALL,
+        description="Which keys a lookup leases: " + "; ".join(
+            f"{mode.value}: {strategy_of(mode).summary}" for mode in LeaseMode)
+        + ". Modes that probe need Mooncake >= 0.3.14 everywhere. Replaces mooncake_selective_lease, "
+          "mooncake_kda_last_hit_only and VLLM_MOONCAKE_STORE_SELECTIVE_LEASE (still read, deprecated).")
     mooncake_junction_retention: bool = Field(
         False, description="Seed 004: keep sliding-window tails at shared-prefix junctions so "
                            "sibling prompts hit in the store.")
@@ -112,20 +128,32 @@ class MoonleaseConnectorConfig(BaseModel):
                     "(under 'fail' a failed load fails the request, so the connector leaves the "
                     "wait unbounded, as upstream's, and warns). Read at start-up. 0 turns it off.")
 
-    @model_validator(mode="after")
-    def _one_lease_mode(self) -> MoonleaseConnectorConfig:
-        if self.mooncake_selective_lease and self.mooncake_kda_last_hit_only:
-            raise ValueError("mooncake_selective_lease and mooncake_kda_last_hit_only are "
-                             "alternative lease modes: enable at most one")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _lease_mode_aliases(cls, data: Any) -> Any:
+        """The mode's name as users write it; deprecated aliases laid over the key (a dict that
+        merges an alias over a whole dump says that mode). The user-facing sources
+        (`from_sources`, the settings file) refuse contradictions before they get here."""
+        if not isinstance(data, Mapping):
+            return data
+        values = {k: v for k, v in data.items() if k not in ALIAS_KEYS}
+        if LEASE_MODE_KEY in values:
+            values[LEASE_MODE_KEY] = parse_lease_mode(values[LEASE_MODE_KEY])
+        aliases = {k: data[k] for k in ALIAS_KEYS if k in data}
+        if aliases:
+            choice = choose_lease_mode(aliases)
+            values[LEASE_MODE_KEY] = choice.over(values.get(LEASE_MODE_KEY, LeaseMode.LEASE_ALL))
+            warn_deprecated(choice, "kv_connector_extra_config")
+        return values
 
     @property
     def lease_mode(self) -> LeaseMode:
-        if self.mooncake_selective_lease:
-            return LeaseMode.SELECTIVE
-        if self.mooncake_kda_last_hit_only:
-            return LeaseMode.LAST_HIT_ONLY
-        return LeaseMode.LEASE_ALL
+        return self.mooncake_lease_mode
+
+    @property
+    def strategy(self) -> type[LeaseModeStrategy]:
+        """The lease mode's facts (`core.lease_modes`)."""
+        return strategy_of(self.mooncake_lease_mode)
 
     @property
     def finds_junctions(self) -> bool:
@@ -155,13 +183,12 @@ class MoonleaseConnectorConfig(BaseModel):
         if retention.evict:  # later still: rendered only when on, with the watermark it keeps
             pieces["mooncake_retention_evict"] = True
             pieces["mooncake_retention_evict_watermark"] = retention.evict_watermark
-        return cls(mooncake_selective_lease=mode is LeaseMode.SELECTIVE,
-                   mooncake_kda_last_hit_only=mode is LeaseMode.LAST_HIT_ONLY,
-                   mooncake_junction_retention=junction_retention, **pieces)
+        return cls(mooncake_lease_mode=mode, mooncake_junction_retention=junction_retention, **pieces)
 
     def to_extra_config(self) -> dict[str, Any]:
-        """The keys to put in `kv_connector_extra_config` (what the operator renders)."""
-        return self.model_dump()
+        """The keys to put in `kv_connector_extra_config` (what the operator renders), as JSON
+        values (the lease mode by its name)."""
+        return self.model_dump(mode="json")
 
     @classmethod
     def from_sources(cls, extra_config: Mapping[str, Any] | None,
@@ -169,7 +196,7 @@ class MoonleaseConnectorConfig(BaseModel):
         """Validate our keys in the extra config plus the environment; upstream keys pass."""
         extra = dict(extra_config or {})
         ours = {k: v for k, v in extra.items() if k in cls.model_fields}
-        unknown = sorted(k for k in extra if k not in cls.model_fields
+        unknown = sorted(k for k in extra if k not in cls.model_fields and k not in ALIAS_KEYS
                          and k not in UPSTREAM_EXTRA_CONFIG_KEYS and k not in DELIVERY_EXTRA_CONFIG_KEYS
                          and k.startswith("mooncake_"))
         if unknown:
@@ -181,14 +208,13 @@ class MoonleaseConnectorConfig(BaseModel):
                 "unknown Moonlease key(s) in kv_connector_extra_config: " + ", ".join(hints)
                 + f". Known keys: {', '.join(sorted(set(cls.model_fields) | DELIVERY_EXTRA_CONFIG_KEYS))}.")
 
-        env_value = (environ or {}).get(SELECTIVE_LEASE_ENV)
-        if env_value is not None and env_value.strip() != "":
-            env_on = _parse_env_bool(env_value)
-            if "mooncake_selective_lease" in ours and ours["mooncake_selective_lease"] is not env_on:
-                raise ConnectorConfigError(
-                    f"{SELECTIVE_LEASE_ENV}={env_value} contradicts kv_connector_extra_config "
-                    f"mooncake_selective_lease={ours['mooncake_selective_lease']}: set one of them")
-            ours.setdefault("mooncake_selective_lease", env_on)
+        try:
+            choice = choose_lease_mode(extra, environ)
+        except LeaseModeError as error:
+            raise ConnectorConfigError(f"lease-mode settings at start-up: {error}") from None
+        if choice.mode is not None or choice.excluded:
+            ours[LEASE_MODE_KEY] = choice.over(LeaseMode.LEASE_ALL)
+        warn_deprecated(choice, "kv_connector_extra_config")
         try:
             return cls(**ours)
         except ValidationError as error:
@@ -197,13 +223,4 @@ class MoonleaseConnectorConfig(BaseModel):
                 for e in error.errors())
             raise ConnectorConfigError(
                 f"invalid Moonlease connector settings in kv_connector_extra_config: {problems}. "
-                "Use JSON booleans (true/false) for the mode switches.") from None
-
-
-def _parse_env_bool(value: str) -> bool:
-    normalized = value.strip().lower()
-    if normalized in {"1", "true", "yes", "on"}:
-        return True
-    if normalized in {"0", "false", "no", "off"}:
-        return False
-    raise ConnectorConfigError(f"{SELECTIVE_LEASE_ENV}={value!r} is not a boolean: use 1 or 0")
+                "Use JSON booleans (true/false) for the switches.") from None

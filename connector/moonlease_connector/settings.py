@@ -6,8 +6,10 @@ byte: the operator renders the file into a ConfigMap with `render_settings_file`
 `parse_settings_file` and exports `settings_hash` of what it runs.
 
 Precedence (decided here, once): the settings file, when the connector has one and it is valid
-and servable, wins over the start-up defaults (`kv_connector_extra_config` and
-`VLLM_MOONCAKE_STORE_SELECTIVE_LEASE`); a key the file leaves out keeps its start-up default.
+and servable, wins over the start-up defaults (`kv_connector_extra_config` and the deprecated
+`VLLM_MOONCAKE_STORE_SELECTIVE_LEASE`); a key the file leaves out keeps its start-up default. A
+file may still say the lease mode with the deprecated booleans (an operator of an earlier
+release writes them): read as `mooncake_lease_mode`, with a warning.
 A file the connector refuses leaves the settings it runs unchanged.
 """
 
@@ -26,6 +28,13 @@ from moonlease_connector.config import (
     DELIVERY_EXTRA_CONFIG_KEYS,
     ConnectorConfigError,
     MoonleaseConnectorConfig,
+    warn_deprecated,
+)
+from moonlease_connector.core.lease_modes import (
+    ALIAS_KEYS,
+    LEASE_MODE_KEY,
+    LeaseModeError,
+    choose_lease_mode,
 )
 
 #: `kv_connector_extra_config` key naming the settings file (what the operator mounts there).
@@ -60,10 +69,16 @@ def canonical_settings(config: MoonleaseConnectorConfig) -> str:
 
     Defaults are left out so that a setting added in a later release, at its default, does not
     change the hash: an operator one release ahead of the connector images it rolls out to still
-    computes the hash those connectors report.
+    computes the hash those connectors report. For the same reason the lease mode is spelled
+    here as it was before `mooncake_lease_mode` existed (its strategy's alias switched on): a
+    connector that reads the new key reports the hash an operator writing the old keys expects.
     """
-    return json.dumps(config.model_dump(mode="json", exclude_defaults=True), sort_keys=True,
-                      separators=(",", ":"))
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    mode = data.pop(LEASE_MODE_KEY, None)
+    if mode is not None:
+        alias = config.strategy.alias_key
+        data.update({alias: True} if alias is not None else {LEASE_MODE_KEY: mode})
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 def settings_hash(config: MoonleaseConnectorConfig) -> str:
@@ -80,7 +95,7 @@ def parse_settings_file(text: str, defaults: MoonleaseConnectorConfig) -> Moonle
     """The settings a file asks for: its keys over `defaults`, validated by the config model.
 
     Raises `ConnectorConfigError` saying what is wrong (not JSON, not an object, an unknown key
-    with a suggestion, a bad value, two lease modes at once).
+    with a suggestion, a bad value, lease-mode settings that contradict each other).
     """
     try:
         data = json.loads(text)
@@ -90,7 +105,7 @@ def parse_settings_file(text: str, defaults: MoonleaseConnectorConfig) -> Moonle
         raise ConnectorConfigError(
             f"settings file must hold a JSON object of connector settings, not {type(data).__name__}")
     fields = list(MoonleaseConnectorConfig.model_fields)
-    unknown = sorted(k for k in data if k not in MoonleaseConnectorConfig.model_fields)
+    unknown = sorted(k for k in data if k not in MoonleaseConnectorConfig.model_fields and k not in ALIAS_KEYS)
     if unknown:
         hints = []
         for key in unknown:
@@ -98,6 +113,14 @@ def parse_settings_file(text: str, defaults: MoonleaseConnectorConfig) -> Moonle
             hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConnectorConfigError(f"unknown key(s) in the settings file: {', '.join(hints)}. "
                                    f"Known keys: {', '.join(sorted(fields))}.")
+    try:
+        choice = choose_lease_mode(data)
+    except LeaseModeError as error:
+        raise ConnectorConfigError(f"invalid settings file: {error}") from None
+    data = {k: v for k, v in data.items() if k not in ALIAS_KEYS}
+    if choice.mode is not None or choice.excluded:
+        data[LEASE_MODE_KEY] = choice.over(defaults.lease_mode)
+    warn_deprecated(choice, "the settings file")
     merged = {**defaults.model_dump(), **data}
     try:
         return MoonleaseConnectorConfig(**merged)

@@ -87,7 +87,7 @@ class ModeSpec:
 
     def applies_to(self, layout: Layout, retention: str) -> bool:
         kinds = {type(spec).__name__ for spec in layout.specs}
-        if self.lease_mode is LeaseMode.LAST_HIT_ONLY and kinds != {"FullAttentionSpec", "MambaSpec"}:
+        if self.settings().strategy.needs_hybrid_model and kinds != {"FullAttentionSpec", "MambaSpec"}:
             return False  # start-up refuses it for anything but full attention + align Mamba
         if self.retention.skip and retention == "sparse":
             return False  # sparse retention writes (almost) nothing outside the resume set

@@ -20,17 +20,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from moonlease_connector.core.lease_modes import LEASE_MODE_KEY, LeaseMode
 from moonlease_dev.bench.stats import percentile
 from moonlease_dev.bench.trace import Trace
 
 TOKEN_RANGE = (4, 1000)  # avoid the tokenizer's special ids (0..3)
 AGE_BUCKETS_S = (1.0, 5.0, 20.0, math.inf)  # wall seconds (scaled), upper bounds
-
-
-class LeaseMode(str, Enum):
-    LEASE_ALL = "leaseAll"
-    SELECTIVE = "selective"
-    LAST_HIT_ONLY = "lastHitOnly"
 
 
 @dataclass(frozen=True)
@@ -48,9 +43,7 @@ class ServeCase:
 
     def extra_config(self) -> dict[str, Any]:
         """`kv_connector_extra_config` selecting this case's mode."""
-        return {"mooncake_selective_lease": self.mode is LeaseMode.SELECTIVE,
-                "mooncake_kda_last_hit_only": self.mode is LeaseMode.LAST_HIT_ONLY,
-                "mooncake_junction_retention": self.junctions}
+        return {LEASE_MODE_KEY: self.mode.value, "mooncake_junction_retention": self.junctions}
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ def build_lookup(layout: Layout | LayoutParts, store: Any,
         settings = MoonleaseConnectorConfig.for_mode(settings or LeaseMode.LEASE_ALL,
                                                      junction_retention=junction_retention)
     probe_contract = ProbeContractDetector(store)
-    if settings.lease_mode is LeaseMode.LAST_HIT_ONLY:
+    if settings.strategy.detects_probe_contract:
         probe_contract.detect()
     return build_store_lookup(LookupInputs(
         groups=parts.groups, coordinator=parts.coordinator, hash_block_size=parts.hash_block_size,

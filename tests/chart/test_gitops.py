@@ -11,6 +11,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
+from moonlease_connector.core.lease_modes import ALIAS_KEYS, LEASE_MODE_KEY
 from moonlease_connector.settings import SETTINGS_FILE_KEY, SETTINGS_FILE_PATH
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_CONFIG_MAP_LABEL,
@@ -91,5 +92,4 @@ def test_policy_owned_settings_render_adopted_workloads_and_data_less_config_map
         extra: dict[str, Any] = kv_transfer_config(deployment)["kv_connector_extra_config"]
         assert extra[SETTINGS_FILE_KEY] == SETTINGS_FILE_PATH
         # No lease key the operator would change is rendered into the start-up config.
-        assert not {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
-                    "mooncake_junction_retention"} & set(extra), deployment["metadata"]["name"]
+        assert not {LEASE_MODE_KEY, *ALIAS_KEYS, "mooncake_junction_retention"} & set(extra), deployment["metadata"]["name"]

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from moonlease.cli import build_parser
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_connector.config import LEASE_MODE_KEY, SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
+from moonlease_connector.core.lease_modes import ALIAS_KEYS, strategy_of
 from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from tests.chart.rendering import (
     CHART_DIR,
@@ -331,6 +332,31 @@ def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Ch
                                                  {"name": "treatment", "retention": {"evict": True}}]}})
 
 
+@pytest.mark.parametrize("mode", list(LeaseMode), ids=[m.value for m in LeaseMode])
+@pytest.mark.parametrize("arm", [False, True], ids=["release", "arm"])
+def test_each_lease_mode_renders_as_its_strategy_says(chart: helm.Chart, mode: LeaseMode, arm: bool) -> None:
+    """`_validate.tpl` refuses a model not declared hybrid exactly for the modes whose strategy
+    needs one (set on the release or on one arm), and the settings file carries the mode as
+    `mooncake_lease_mode`, spelled as in the values (`core.lease_modes` is the one source)."""
+    connector = {} if arm else {"leaseMode": mode.value}
+    arms = {"arms": [{"name": "control"}, {"name": "treatment", "leaseMode": mode.value,
+                                            "managedByPolicy": False}]} if arm else {}
+    plain = {"vllm": {"connector": connector, **arms}}
+    if strategy_of(mode).needs_hybrid_model:
+        with pytest.raises(helm.HelmRenderError, match=f"leaseMode {mode.value} is for hybrid models"):
+            render(chart, plain)
+    else:
+        render(chart, plain)
+    objects = render_objects(chart, {"vllm": {"hybrid": True, "connector": connector, **arms}})
+    engines = [o for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]]
+    ran = {running_settings(objects, engine).lease_mode for engine in engines}
+    assert ran == ({LeaseMode.LEASE_ALL, mode} if arm else {mode})
+    for config_map in find(objects, "ConfigMap"):
+        if SETTINGS_FILE_NAME in config_map.get("data", {}):
+            file = json.loads(config_map["data"][SETTINGS_FILE_NAME])
+            assert file[LEASE_MODE_KEY] in {m.value for m in ran} and not set(file) & set(ALIAS_KEYS)
+
+
 def test_a_hybrid_model_can_run_last_hit_only(chart: helm.Chart) -> None:
     """lastHitOnly reaches every engine as the connector's own switch, and the policy declares the
     targets hybrid (the operator's compatibility gate asks for it)."""
@@ -387,7 +413,7 @@ def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
         labels = engine["spec"]["template"]["metadata"]["labels"]
         assert (labels["moonlease.io/role"], labels["moonlease.io/arm"]) == (role, arm)
         extra = kv_transfer_config(engine)["kv_connector_extra_config"]
-        assert running_settings(objects, engine).mooncake_selective_lease is (arm == "treatment")
+        assert (running_settings(objects, engine).lease_mode is LeaseMode.SELECTIVE) is (arm == "treatment")
         assert extra["load_async"] is True  # upstream keys reach every arm
         # Each arm's Service selects its own pods and no other arm's.
         service = one(objects, "Service", name)
@@ -425,7 +451,7 @@ def test_ab_test_set_renders_an_ab_test_policy_over_the_two_managed_arms(chart: 
     assert analysis == values["policy"]["abTest"]["analysis"]
     # Both arms run what the policy declares: the operator finds the release in sync.
     for name in deployments & {f"moonlease-{r}-{a}" for r in ("prefill", "decode") for a in ("control", "treatment")}:
-        assert running_settings(objects, one(objects, "Deployment", name)).mooncake_selective_lease is False
+        assert running_settings(objects, one(objects, "Deployment", name)).lease_mode is LeaseMode.LEASE_ALL
 
 
 def test_an_ab_test_with_defaults_renders_only_the_arms(chart: helm.Chart) -> None:
@@ -473,7 +499,7 @@ def test_namespaced_rdma_set(chart: helm.Chart) -> None:
     extra = kv_transfer_config(prefill)["kv_connector_extra_config"]
     assert extra["cache_prefix"] == "team's fleet" and extra["mooncake_max_lease_rounds"] == 5
     running = running_settings(objects, prefill)
-    assert running.mooncake_junction_retention is True and running.mooncake_selective_lease is True
+    assert running.mooncake_junction_retention is True and running.lease_mode is LeaseMode.SELECTIVE
     assert policy["spec"]["connector"] == {"leaseMode": "selective", "junctionRetention": True}
     assert "--tensor-parallel-size=2" in container(prefill, "vllm")["args"]
     assert "--served-model-name=llama" in container(prefill, "vllm")["args"]

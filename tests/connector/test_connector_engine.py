@@ -59,11 +59,11 @@ def test_a_fresh_engine_loads_what_the_first_stored(vllm_engine, mooncake_master
 
 def test_a_bad_connector_flag_stops_start_up_with_advice(vllm_engine, mooncake_master, tmp_path):
     config = write_engine_store_config(mooncake_master, tmp_path / "mooncake.json")
-    bad = {**OUR_CONNECTOR, "kv_connector_extra_config": {"mooncake_selectiv_lease": True}}
+    bad = {**OUR_CONNECTOR, "kv_connector_extra_config": {"mooncake_lease_mod": "selective"}}
     with pytest.raises(Exception) as raised:
         vllm_engine("llama", kv_transfer_config=bad, mooncake_config_path=config)
     assert any(isinstance(e, ConnectorConfigError) for e in error_chain(raised.value)) or \
-        "did you mean 'mooncake_selective_lease'" in str(raised.value)
+        "did you mean 'mooncake_lease_mode'" in str(raised.value)
 
 
 class ForwardFailure(RuntimeError):

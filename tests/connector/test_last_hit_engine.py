@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
 
 def connector(last_hit_only: bool) -> dict:
-    return moonlease_transfer_config(mooncake_kda_last_hit_only=last_hit_only)
+    return moonlease_transfer_config(mooncake_lease_mode="lastHitOnly" if last_hit_only else "leaseAll")
 
 
 def test_fresh_hybrid_engine_same_hits_and_output_with_one_checkpoint_leased(

@@ -19,7 +19,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import ConnectorConfigError, LeaseMode
+from moonlease_connector.config import LEASE_MODE_KEY, ConnectorConfigError, DeprecatedSettingWarning, LeaseMode
+from moonlease_connector.core.lease_modes import strategy_of
 from tests.support.lookup_workers import LAYOUTS, PatternStore, build_lookup
 
 pytestmark = pytest.mark.unit
@@ -48,7 +49,7 @@ def rpc_base(tmp_path, monkeypatch):
     vllm.envs.disable_envs_cache()
 
 
-LAST_HIT_ONLY = {"mooncake_kda_last_hit_only": True}
+LAST_HIT_ONLY = {LEASE_MODE_KEY: "lastHitOnly"}
 
 
 def test_a_worker_built_directly_refuses_a_model_without_a_mamba_group():
@@ -83,7 +84,7 @@ def test_a_scheduler_for_a_layout_the_mode_serves_is_built():
 
 @pytest.mark.parametrize("layout", [FULL, FULL_SWA], ids=lambda layout: layout.name)
 def test_the_lookup_object_refuses_a_layout_last_hit_only_cannot_serve(layout):
-    with pytest.raises(ConnectorConfigError, match="mooncake_kda_last_hit_only cannot run"):
+    with pytest.raises(ConnectorConfigError, match="mooncake_lease_mode=lastHitOnly cannot run"):
         build_lookup(layout, PatternStore({}), LeaseMode.LAST_HIT_ONLY)
 
 
@@ -92,8 +93,24 @@ def test_the_lookup_object_is_built_for_full_attention_and_align_mamba():
     assert lookup.mode is LeaseMode.LAST_HIT_ONLY
 
 
-@pytest.mark.parametrize("mode", [{}, {"mooncake_selective_lease": True}], ids=["leaseAll", "selective"])
-def test_modes_that_do_not_depend_on_the_layout_build_on_any_layout(mode):
-    config, kv_cache_config = configs(FULL_SWA, mode)
+@pytest.mark.parametrize("mode", list(LeaseMode), ids=[m.value for m in LeaseMode])
+def test_the_layout_gate_refuses_a_non_hybrid_model_exactly_for_modes_that_need_one(mode):
+    """Mode by mode, as its strategy says (`core.lease_modes`): built for a sliding-window model,
+    a scheduler refuses a mode that needs a hybrid model and builds for any other."""
+    config, kv_cache_config = configs(FULL_SWA, {LEASE_MODE_KEY: mode.value})
+    if strategy_of(mode).needs_hybrid_model:
+        with pytest.raises(ConnectorConfigError, match=f"{LEASE_MODE_KEY}={mode.value} cannot run"):
+            MoonleaseStoreScheduler(config, kv_cache_config)
+        return
     scheduler = MoonleaseStoreScheduler(config, kv_cache_config)
-    scheduler.close()
+    try:
+        assert scheduler.moonlease_config.lease_mode is mode
+    finally:
+        scheduler.close()
+
+
+def test_the_deprecated_switch_still_gates_the_same_way():
+    config, kv_cache_config = configs(FULL, {"mooncake_kda_last_hit_only": True})
+    with pytest.warns(DeprecatedSettingWarning, match='"mooncake_lease_mode": "lastHitOnly"'), \
+            pytest.raises(ConnectorConfigError, match="no recurrent \\(Mamba\\) group"):
+        MoonleaseStoreScheduler(config, kv_cache_config)

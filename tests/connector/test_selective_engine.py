@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.store]
 
 
 def connector(selective: bool) -> dict:
-    return moonlease_transfer_config(mooncake_selective_lease=selective)
+    return moonlease_transfer_config(mooncake_lease_mode="selective" if selective else "leaseAll")
 
 
 def test_fresh_engine_same_hits_and_output_with_fewer_keys_leased(vllm_engine, mooncake_master, store_pool,

@@ -23,8 +23,8 @@ def test_quick_demo_promotes_junction_retention_and_rolls_a_bad_change_back(tmp_
     # Act 1: the operator rolled junction retention out to the treatment only, through its
     # settings files, and each engine's running connector switched to it live (same process).
     assert re.search(r"treatment's connector settings file now: \{\"mooncake_junction_retention\": true, .*"
-                     r"\"mooncake_selective_lease\": false", out), out
-    assert re.search(r"control's, untouched: +\{\"mooncake_junction_retention\": false, .*\"mooncake_selective_lease\": false",
+                     r"\"mooncake_lease_mode\": \"leaseAll\"", out), out
+    assert re.search(r"control's, untouched: +\{\"mooncake_junction_retention\": false, .*\"mooncake_lease_mode\": \"leaseAll\"",
                      out), out
     assert re.search(r"treatment's engine's connector runs: leaseAll, junction retention true, settings \w+ "
                      r"\(same process", out), out

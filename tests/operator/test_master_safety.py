@@ -166,7 +166,7 @@ async def test_a_hand_edit_of_a_finished_stage_while_a_later_one_runs_is_caught_
     await wait_for_stage_start(kube, "decode", "llama-decode")
     name = settings_config_map_name("llama-prefill")
     applied = kube.get(CONFIGMAPS, NS, name)["data"][SETTINGS_FILE_NAME]
-    edited = json.dumps({**json.loads(applied), "mooncake_selective_lease": False})
+    edited = json.dumps({**json.loads(applied), "mooncake_lease_mode": "leaseAll"})
     await kube.patch(CONFIGMAPS, NS, name, {"data": {SETTINGS_FILE_NAME: edited}})
     await kube.wait_for(lambda: bool(events(kube, "StageDrifted")), timeout=WAIT,
                         what="the drift noticed while decode still runs")

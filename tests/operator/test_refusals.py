@@ -256,7 +256,7 @@ async def test_overlapping_policies_the_later_one_is_refused(
     await kube.delete("mlp", NS, "first")
     await kube.wait_for(lambda: phase(kube, "second") == "Ready", timeout=WAIT, what="the second Ready")
     settings = kube.get(CONFIGMAPS, NS, settings_config_map_name("llama-prefill"))["data"][SETTINGS_FILE_NAME]
-    assert json.loads(settings)["mooncake_selective_lease"] is False
+    assert json.loads(settings)["mooncake_lease_mode"] == "leaseAll"
 
 
 async def test_a_policy_waits_for_its_workloads(kube: LocalApiServer, running_operator: OperatorThread) -> None:

@@ -118,8 +118,7 @@ def test_connector_settings_come_from_the_connector_config(mode: LeaseMode) -> N
     assert config.lease_mode.value == mode.value and config.mooncake_junction_retention is True
     # Only the switches the policy decides (every one, off included); mooncake_max_lease_rounds
     # stays the user's.
-    assert set(settings.file) == {"mooncake_selective_lease", "mooncake_kda_last_hit_only",
-                                  "mooncake_junction_retention", "mooncake_retention_pin",
+    assert set(settings.file) == {"mooncake_lease_mode", "mooncake_junction_retention", "mooncake_retention_pin",
                                   "mooncake_retention_skip", "mooncake_retention_retry", "mooncake_retention_evict"}
     assert config.mooncake_max_lease_rounds == 5
 

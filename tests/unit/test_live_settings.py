@@ -47,8 +47,8 @@ def test_hash_is_stable_and_sensitive_to_every_setting() -> None:
     base = settings_hash(DEFAULTS)
     assert base == settings_hash(MoonleaseConnectorConfig(**DEFAULTS.model_dump()))
     assert len(base) == 16 and int(base, 16) >= 0
-    variants = {settings_hash(MoonleaseConnectorConfig(mooncake_selective_lease=True)),
-                settings_hash(MoonleaseConnectorConfig(mooncake_kda_last_hit_only=True)),
+    variants = {settings_hash(MoonleaseConnectorConfig(mooncake_lease_mode=LeaseMode.SELECTIVE)),
+                settings_hash(MoonleaseConnectorConfig(mooncake_lease_mode=LeaseMode.LAST_HIT_ONLY)),
                 settings_hash(MoonleaseConnectorConfig(mooncake_junction_retention=True)),
                 settings_hash(MoonleaseConnectorConfig(mooncake_max_lease_rounds=4))}
     assert len(variants) == 4 and base not in variants
@@ -60,7 +60,7 @@ def test_a_setting_added_later_at_its_default_leaves_the_hash_unchanged() -> Non
     class NextReleaseConfig(MoonleaseConnectorConfig):
         mooncake_setting_of_a_later_release: bool = False
 
-    for config in (DEFAULTS, MoonleaseConnectorConfig(mooncake_selective_lease=True, mooncake_max_lease_rounds=4)):
+    for config in (DEFAULTS, MoonleaseConnectorConfig(mooncake_lease_mode=LeaseMode.SELECTIVE, mooncake_max_lease_rounds=4)):
         later = NextReleaseConfig(**config.model_dump())
         assert settings_hash(later) == settings_hash(config)
         assert settings_hash(later.model_copy(update={"mooncake_setting_of_a_later_release": True})) \
@@ -70,7 +70,7 @@ def test_a_setting_added_later_at_its_default_leaves_the_hash_unchanged() -> Non
 def test_rendered_file_parses_back_to_the_same_settings_whatever_the_defaults() -> None:
     wanted = MoonleaseConnectorConfig.for_mode(LeaseMode.SELECTIVE, junction_retention=True)
     text = render_settings_file(wanted)
-    odd_defaults = MoonleaseConnectorConfig(mooncake_kda_last_hit_only=True, mooncake_max_lease_rounds=7)
+    odd_defaults = MoonleaseConnectorConfig(mooncake_lease_mode=LeaseMode.LAST_HIT_ONLY, mooncake_max_lease_rounds=7)
     assert parse_settings_file(text, DEFAULTS) == wanted
     assert parse_settings_file(text, odd_defaults) == wanted
     assert settings_hash(parse_settings_file(text, odd_defaults)) == settings_hash(wanted)
@@ -78,16 +78,16 @@ def test_rendered_file_parses_back_to_the_same_settings_whatever_the_defaults() 
 
 def test_keys_the_file_leaves_out_keep_their_startup_default() -> None:
     defaults = MoonleaseConnectorConfig(mooncake_max_lease_rounds=5)
-    parsed = parse_settings_file('{"mooncake_selective_lease": true}', defaults)
+    parsed = parse_settings_file('{"mooncake_lease_mode": "selective"}', defaults)
     assert parsed.lease_mode is LeaseMode.SELECTIVE and parsed.mooncake_max_lease_rounds == 5
 
 
 @pytest.mark.parametrize(("text", "needle"), [
     ("{not json", "not JSON"),
     ("[1, 2]", "JSON object"),
-    ('{"mooncake_selective_leese": true}', "did you mean 'mooncake_selective_lease'"),
-    ('{"mooncake_selective_lease": "yes"}', "mooncake_selective_lease"),
-    ('{"mooncake_selective_lease": true, "mooncake_kda_last_hit_only": true}', "at most one"),
+    ('{"mooncake_lease_mood": "selective"}', "did you mean 'mooncake_lease_mode'"),
+    ('{"mooncake_lease_mode": true}', "True is not a lease mode"),
+    ('{"mooncake_lease_mode": "selective", "mooncake_kda_last_hit_only": true}', "contradicts"),
     ('{"mooncake_max_lease_rounds": 0}', "mooncake_max_lease_rounds"),
 ])
 def test_bad_files_are_refused_with_what_is_wrong(text: str, needle: str) -> None:

@@ -21,7 +21,7 @@ def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
     cluster = rolled_to("decode")
     name = settings_config_map_name("prefill")
     applied = copy.deepcopy(cluster.config_maps[name]["data"][SETTINGS_FILE_NAME])
-    edited = {**json.loads(applied), "mooncake_selective_lease": False}
+    edited = {**json.loads(applied), "mooncake_lease_mode": "leaseAll"}
     cluster.config_maps[name]["data"][SETTINGS_FILE_NAME] = json.dumps(edited)
     cluster.settle("decode")
     cluster.reconcile(SPEC)
@@ -33,7 +33,7 @@ def test_a_hand_edit_of_a_finished_stages_settings_reopens_it() -> None:
     assert "Stage prefill: re-applying to Deployment/prefill, which drifted" in ready.message
     drifted = [m for _, r, m in cluster.events if r == "StageDrifted"]
     assert drifted and drifted[0].startswith("Stage prefill drifted after it succeeded: Deployment/prefill")
-    assert "mooncake_selective_lease: false -> true" in drifted[0]
+    assert 'mooncake_lease_mode: "leaseAll" -> "selective"' in drifted[0]
     assert json.loads(cluster.config_maps[name]["data"][SETTINGS_FILE_NAME]) == json.loads(applied)
     assert cluster.run(SPEC).phase is Phase.READY
     assert status.revision == cluster.status.revision  # the same attempt, repaired in place
@@ -73,3 +73,21 @@ def test_a_drifted_master_waits_for_approval_before_it_restarts() -> None:
     assert status.phase is Phase.AWAITING_APPROVAL and cluster.stage_phases()["master"] == "AwaitingApproval"
     assert ("Deployment", "mooncake-master") not in cluster.writes
     assert "--eviction_ratio: 0.3 -> 0.1" in (status.condition("Ready").message if status.condition("Ready") else "")
+
+
+def test_a_settings_file_an_earlier_release_wrote_gets_the_one_lease_mode_key() -> None:
+    """An operator of the previous release wrote the lease mode as booleans; this one owns them
+    as absent: the file is rewritten once, with `mooncake_lease_mode` and without the aliases
+    (the connector never sees the mode said twice), and the policy ends Ready."""
+    cluster = fleet()
+    assert cluster.run(SPEC).phase is Phase.READY
+    data = cluster.config_maps[settings_config_map_name("decode")]["data"]
+    current = json.loads(data[SETTINGS_FILE_NAME])
+    old = {k: v for k, v in current.items() if k != "mooncake_lease_mode"}
+    data[SETTINGS_FILE_NAME] = json.dumps({**old, "mooncake_selective_lease": True,
+                                           "mooncake_kda_last_hit_only": False})
+    cluster.writes.clear()
+    assert cluster.run(SPEC).phase is Phase.READY
+    assert cluster.writes == [("ConfigMap", settings_config_map_name("decode"))]
+    rewritten = cluster.config_maps[settings_config_map_name("decode")]["data"][SETTINGS_FILE_NAME]
+    assert json.loads(rewritten) == current

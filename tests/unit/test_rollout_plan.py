@@ -676,7 +676,7 @@ def test_a_drifted_workload_is_brought_back_alone() -> None:
     cluster = fleet()
     cluster.run(SPEC)
     data = cluster.config_maps["decode-moonlease"]["data"]
-    data["connector-settings.json"] = data["connector-settings.json"].replace("true", "false")
+    data["connector-settings.json"] = data["connector-settings.json"].replace('"selective"', '"leaseAll"')
     cluster.writes.clear()
     status = cluster.run(SPEC)
     assert status.phase is Phase.READY and status.revision == 2

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_dev.bench.serve_plan import (
     LeaseMode, PlannedRequest, RequestResult, Separation, age_bucket, block_tokens, compare_modes,
     parse_cases, parse_pressures, plan_requests, spread_of, summarize, summarize_repeats)
@@ -70,8 +71,8 @@ def test_age_buckets():
 def test_cases_and_pressures_parse_with_clear_errors():
     (case,) = parse_cases("swa-serve:agentic-swa:leaseAll+junctions")
     assert case.mode is LeaseMode.LEASE_ALL and case.junctions and case.label == "leaseAll+junctions"
-    assert case.extra_config() == {"mooncake_selective_lease": False, "mooncake_kda_last_hit_only": False,
-                                   "mooncake_junction_retention": True}
+    assert case.extra_config() == {"mooncake_lease_mode": "leaseAll", "mooncake_junction_retention": True}
+    assert MoonleaseConnectorConfig.from_sources(case.extra_config()).lease_mode is case.mode
     with pytest.raises(ValueError, match="not one of"):
         parse_cases("m:w:everything")
     with pytest.raises(ValueError, match="MODEL:WORKLOAD:MODE"):

@@ -136,7 +136,8 @@ in the settings file (a ConfigMap per workload, mounted at /etc/moonlease/connec
 running connector re-reads when the operator changes it; the kv-transfer-config only names it. */}}
 {{- define "moonlease.connectorSettings" -}}
 {{- $v := .ctx.Values.vllm -}}
-{{- $file := dict "mooncake_selective_lease" (eq .arm.leaseMode "selective") "mooncake_kda_last_hit_only" (eq .arm.leaseMode "lastHitOnly") "mooncake_junction_retention" .arm.junctionRetention -}}
+{{- /* leaseMode is the connector's mooncake_lease_mode, same spelling (one vocabulary). */ -}}
+{{- $file := dict "mooncake_lease_mode" .arm.leaseMode "mooncake_junction_retention" .arm.junctionRetention -}}
 {{- /* Every retention switch, off included, as the operator renders them (a switch left out
 would fall back to the engine's start-up settings); the watermark only with evict on. */ -}}
 {{- $retention := .arm.retention | default dict -}}

@@ -1,6 +1,6 @@
 """vLLM binding of last-hit-only recurrent lookup (seed 000); the decisions are in core.last_hit.
 
-I/O adapter, called by `MoonleaseStoreWorker` when `mooncake_kda_last_hit_only` is on: it
+I/O adapter, called by `MoonleaseStoreWorker` when `mooncake_lease_mode` is lastHitOnly: it
 gathers vLLM's inputs (which groups are recurrent, their chunk hashes, the lookup mask, the
 coordinator's hit rule) and makes its store calls — upstream's leasing existence check for the
 KV keys, then LastHitOnly probes for the recurrent keys of the legal checkpoints (the last one
@@ -21,6 +21,7 @@ from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
 from moonlease_connector.config import ConnectorConfigError
+from moonlease_connector.core.lease_modes import LEASE_MODE_KEY, LeaseMode
 from moonlease_connector.core.last_hit import (
     LAST_HIT_ONLY_POLICY,
     CheckpointCandidates,
@@ -82,29 +83,30 @@ def serving_of(group_id: int, group: Any) -> GroupServing:
                         if kind is ManagerKind.RECURRENT else None)
 
 
-def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dict[str, Any]) -> None:
-    """Start-up gate (decision in core.last_hit_layout): refuse with every reason at once."""
+def check_last_hit_only_layout(kv_cache_groups: Sequence[Any], extra_config: dict[str, Any],
+                               mode: LeaseMode = LeaseMode.LAST_HIT_ONLY) -> None:
+    """Start-up gate of a mode that needs a hybrid model (decision in core.last_hit_layout):
+    refuse with every reason at once."""
     problems = last_hit_only_layout_problems(
         [serving_of(group_id, group) for group_id, group in enumerate(kv_cache_groups)],
         enable_group_semantics=str(extra_config.get("enable_group_semantics", "False")
                                    ).strip().lower() == "true")
     if problems:
-        raise ConnectorConfigError("mooncake_kda_last_hit_only cannot run on this model: "
-                                   + "; ".join(problems) + ". Turn the mode off for this model.")
+        raise ConnectorConfigError(f"{LEASE_MODE_KEY}={mode.value} cannot run on this model: "
+                                   + "; ".join(problems) + ". Choose another lease mode for this model.")
 
 
 def refuse_unservable_mode(settings: Any, vllm_config: Any, kv_cache_groups: Sequence[Any]) -> None:
     """The layout gate of `settings`' lease mode, for every object that runs it (the worker, the
     scheduler, the connector through them): built for a model its mode cannot serve, it refuses
     at construction, before connecting anywhere, instead of missing on every lookup.
-    Only last-hit-only depends on the layout."""
-    from moonlease_connector.config import LeaseMode
-
-    if settings.lease_mode is not LeaseMode.LAST_HIT_ONLY:
+    Only modes that need a hybrid model depend on the layout (their strategy says so)."""
+    if not settings.strategy.needs_hybrid_model:
         return
     transfer = vllm_config.kv_transfer_config
     check_last_hit_only_layout(kv_cache_groups,
-                               dict(transfer.kv_connector_extra_config or {}) if transfer else {})
+                               dict(transfer.kv_connector_extra_config or {}) if transfer else {},
+                               settings.lease_mode)
 
 
 def rule_reads_off_existence(coord: Any) -> bool:

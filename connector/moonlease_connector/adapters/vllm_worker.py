@@ -77,6 +77,7 @@ from moonlease_connector.adapters.vllm_threads import stop_transfer_threads
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
 from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
+from moonlease_connector.core.lease_modes import strategy_of
 from moonlease_connector.core.load_deadline import LoadPins, load_deadline_s
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource, SwitchDecision
 from moonlease_connector.core.lookup import GroupNamespaces
@@ -154,7 +155,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         self.lookups_served_by_client = type(self.lookup_server) is LookupKeyServer
         self.lookup_deadline = lookup_deadline_for(
             config, served_by_client=self.lookups_served_by_client)
-        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and not self._capacity_only:
+        if config.strategy.detects_probe_contract and not self._capacity_only:
             self._detect_probe_contract(config)
         #: The current lookup; replaced as a whole (`apply_settings`), never modified.
         self.store_lookup: StoreLookup | None = (
@@ -176,7 +177,7 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def apply_settings(self, config: MoonleaseConnectorConfig) -> None:
         """Run `config` from the next lookup on: its mode's lookup object replaces the current one
         whole. The watcher has checked that the client and the model can serve it."""
-        if config.lease_mode is LeaseMode.LAST_HIT_ONLY and self.probe_contract.contract is None \
+        if config.strategy.detects_probe_contract and self.probe_contract.contract is None \
                 and not self._capacity_only:
             self._detect_probe_contract(config)  # as at start-up in this mode
         lookup = None if self._capacity_only else build_store_lookup(self.lookup_inputs(config))
@@ -202,10 +203,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         extra_config = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
 
         def layout_problem(mode: LeaseMode) -> str | None:
-            if mode is not LeaseMode.LAST_HIT_ONLY:
+            if not strategy_of(mode).needs_hybrid_model:
                 return None
             try:
-                check_last_hit_only_layout(self._kv_cache_groups, extra_config)
+                check_last_hit_only_layout(self._kv_cache_groups, extra_config, mode)
             except ConnectorConfigError as error:
                 return str(error)
             return None

@@ -19,7 +19,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, model_validator
 
-from moonlease_connector.config import LeaseMode  # one enum for the CRD and the connector's settings
+# One vocabulary for the CRD and the connector's settings; each mode's needs on its strategy.
+from moonlease_connector.core.lease_modes import STRATEGIES, LeaseMode
 
 from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
@@ -334,11 +335,24 @@ _ROLES_STAGED = CelRule(
     message="every target role must have a stage in rollout.stages",
     field_path=".rollout.stages",
 )
-_LAST_HIT_NEEDS_HYBRID = CelRule(
-    rule="self.connector.leaseMode != 'lastHitOnly' || self.targets.all(t, t.hybrid)",
-    message="leaseMode lastHitOnly needs every target to be hybrid (full attention + align-mode Mamba)",
-    field_path=".connector.leaseMode",
-)
+#: The lease modes whose strategy needs a hybrid model (`core.lease_modes`), in enum order.
+HYBRID_MODES = tuple(mode for mode, strategy in STRATEGIES.items() if strategy.needs_hybrid_model)
+
+
+def _hybrid_modes_rule() -> CelRule:
+    """The CEL rule generated from the strategies: a mode that needs a hybrid model needs every
+    target declared hybrid."""
+    others = " && ".join(f"self.connector.leaseMode != '{mode.value}'" for mode in HYBRID_MODES)
+    guard = others if len(HYBRID_MODES) == 1 else f"({others or 'true'})"
+    return CelRule(
+        rule=f"{guard} || self.targets.all(t, t.hybrid)",
+        message=f"leaseMode {' or '.join(m.value for m in HYBRID_MODES)} needs every target to be hybrid"
+                " (full attention + align-mode Mamba)",
+        field_path=".connector.leaseMode",
+    )
+
+
+_MODE_NEEDS_HYBRID = _hybrid_modes_rule()
 _PIN_NEEDS_EVICTABLE_PINS = CelRule(
     rule="!self.connector.retentionPin || !has(self.master.allowEvictSoftPinnedObjects)"
     " || self.master.allowEvictSoftPinnedObjects",
@@ -395,7 +409,7 @@ class PolicySpec(ApiModel):
     """How changes are rolled out."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        _ROLES_STAGED, _LAST_HIT_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS, _ARMS_ARE_TARGETS,
+        _ROLES_STAGED, _MODE_NEEDS_HYBRID, _MASTER_NOT_TARGET, _UNIQUE_TARGETS, _ARMS_ARE_TARGETS,
         _TARGETS_IN_ARMS, _PIN_NEEDS_EVICTABLE_PINS, _EVICT_NEEDS_WATERMARK,
     )
 
@@ -403,8 +417,8 @@ class PolicySpec(ApiModel):
     def _check_cross_fields(self) -> PolicySpec:
         if any(StageName(t.role.value) not in self.rollout.stages for t in self.targets):
             raise _ROLES_STAGED.violation()
-        if self.connector.lease_mode is LeaseMode.LAST_HIT_ONLY and not all(t.hybrid for t in self.targets):
-            raise _LAST_HIT_NEEDS_HYBRID.violation()
+        if self.connector.lease_mode in HYBRID_MODES and not all(t.hybrid for t in self.targets):
+            raise _MODE_NEEDS_HYBRID.violation()
         if self.connector.retention_pin and self.master.allow_evict_soft_pinned_objects is False:
             raise _PIN_NEEDS_EVICTABLE_PINS.violation()
         if self.connector.retention_evict and self.master.eviction_high_watermark_ratio is None:

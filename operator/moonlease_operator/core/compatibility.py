@@ -1,9 +1,10 @@
 """The compatibility gate: whether the fleet can run the policy's lease mode at all. Pure.
 
-Checked before any change (by `core.rollout`): `selective` and `lastHitOnly` probe keys without
-leasing them (`batch_probe_key`), which Mooncake has from 0.3.14 on, on the master and on every
-client; `lastHitOnly` also needs hybrid models (full attention + align-mode Mamba), which the
-spec must declare (a CEL rule says so; it is checked here again for specs that bypassed it).
+Checked before any change (by `core.rollout`), from the mode's strategy in the connector's
+`core.lease_modes`: modes that probe keys without leasing them (`batch_probe_key`: selective,
+lastHitOnly) need Mooncake 0.3.14 on the master and on every client; modes that need hybrid
+models (full attention + align-mode Mamba: lastHitOnly) need every target declared hybrid (a
+CEL rule says so; it is checked here again for specs that bypassed it).
 
 A version comes from what the policy declares (`master.version`, `targets[].mooncakeVersion`),
 else from the image tag of an image whose name says Mooncake (`.../mooncake-master:v0.3.14`). A
@@ -18,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_operator.api import LeaseMode, PolicySpec, StageName
+from moonlease_connector.core.lease_modes import strategy_of
+from moonlease_operator.api import PolicySpec, StageName
 
 #: The first Mooncake release with batch_probe_key (Mooncake PR 3801).
 PROBE_KEY_VERSION = (0, 3, 14)
-MODES_NEEDING_PROBE = frozenset({LeaseMode.SELECTIVE, LeaseMode.LAST_HIT_ONLY})
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(.*)$")
 
@@ -85,6 +86,7 @@ class VersionSource:
 def evaluate_compatibility(spec: PolicySpec, sources: Sequence[VersionSource]) -> list[str]:
     """What stops this fleet from running `spec.connector.leaseMode`; empty when nothing does."""
     mode = spec.connector.lease_mode
+    strategy = strategy_of(mode)
     problems: list[str] = []
     if spec.connector.retention_pin and spec.master.allow_evict_soft_pinned_objects is False:
         # Soft-pinned objects would leave only when their pin expires (default_kv_soft_pin_ttl):
@@ -96,10 +98,10 @@ def evaluate_compatibility(spec: PolicySpec, sources: Sequence[VersionSource]) -
         # above the real one (the master's near-random pass runs first) or below it (room wasted).
         problems.append("connector.retentionEvict needs master.evictionHighWatermarkRatio declared "
                         "(the connector keeps the store under it; Mooncake's default is 0.9)")
-    if mode is LeaseMode.LAST_HIT_ONLY:
-        problems.extend(f"targets[{i}] is not declared hybrid: lastHitOnly needs full attention +"
+    if strategy.needs_hybrid_model:
+        problems.extend(f"targets[{i}] is not declared hybrid: {mode.value} needs full attention +"
                         f" align-mode Mamba" for i, t in enumerate(spec.targets) if not t.hybrid)
-    if mode not in MODES_NEEDING_PROBE:
+    if not strategy.needs_probe_key():
         return problems
     wanted = ".".join(map(str, PROBE_KEY_VERSION))
     for source in sources:

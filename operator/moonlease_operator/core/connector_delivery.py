@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
+from moonlease_connector.core.lease_modes import ALIAS_KEYS
 from moonlease_connector.settings import (
     DEFAULT_SETTINGS_METRICS_PORT,
     SETTINGS_FILE_ENV,
@@ -73,8 +74,15 @@ def settings_config_map_stub(name: str, namespace: str | None) -> dict[str, Any]
 
 
 def build_settings_file_desired(file: Mapping[str, Any]) -> dict[str, Wrapped]:
-    """The owned keys of the settings file (typed values, the connector's key names)."""
-    return {f"doc:{key}": {"v": value} for key, value in file.items()}
+    """The owned keys of the settings file (typed values, the connector's key names).
+
+    The lease mode's deprecated aliases are owned too, as absent: a file an operator of an
+    earlier release wrote them into loses them when `mooncake_lease_mode` arrives (a rollback
+    restores them), so the file never says the mode twice.
+    """
+    desired: dict[str, Wrapped] = {f"doc:{key}": None for key in ALIAS_KEYS if key not in file}
+    desired.update({f"doc:{key}": {"v": value} for key, value in file.items()})
+    return desired
 
 
 def adoption_hash(config_map: str) -> str:

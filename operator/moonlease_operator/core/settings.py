@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_connector.config import LEASE_MODE_KEY, MoonleaseConnectorConfig
 from moonlease_connector.core.retention import RetentionSettings
 from moonlease_operator.api import ConnectorSpec, MasterConfigMapSpec, MasterSpec, build_master_flags
 from moonlease_operator.api.policy import MASTER_FLAGS
@@ -29,8 +29,8 @@ from moonlease_operator.core.workload_args import (
     kv_doc,
 )
 
-#: The connector switches `spec.connector` decides, written whether on or off.
-MANAGED_SWITCHES = frozenset({"mooncake_selective_lease", "mooncake_kda_last_hit_only", "mooncake_junction_retention",
+#: The connector settings `spec.connector` decides, written whether on or off.
+MANAGED_SWITCHES = frozenset({LEASE_MODE_KEY, "mooncake_junction_retention",
                               "mooncake_retention_pin", "mooncake_retention_skip", "mooncake_retention_retry",
                               "mooncake_retention_evict"})
 DEFAULT_KV_ROLE = "kv_both"
