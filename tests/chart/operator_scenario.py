@@ -28,7 +28,6 @@ from moonlease_dev.testbed.kube import (
     statefulset_manifest,
 )
 from moonlease_operator.options import OperatorOptions
-from moonlease_operator.peering import build_peering_crds
 from moonlease_operator.runner import OperatorThread
 from tests.chart.rendering import CHART_DIR, NAMESPACE, RELEASE, JsonObj, manifests
 
