@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from moonlease_dev.testbed.kube import DEPLOYMENTS, REPLICASETS, SECRETS, LocalApiServer, is_rollout_complete
+from moonlease_operator.crd import CRD_NAME, build_crd
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, wait_ready
 from tests.chart.rendering import CHART_DIR, NAMESPACE, RELEASE
@@ -86,3 +87,16 @@ async def test_helm_install_upgrade_and_uninstall_with_the_operator_running(
     assert kube.list(REPLICASETS, NAMESPACE) == []
     # Helm never deletes the CRDs of crds/.
     assert kube.get("customresourcedefinitions", None, "mooncakeleasepolicies.moonlease.io") is not None
+
+
+async def test_the_crd_helm_installs_is_the_one_the_models_build(release_kube: LocalApiServer) -> None:
+    """Helm reads crds/ with Go's YAML 1.1 reader, to which an unquoted `n:` is the boolean
+    false: a status property named `n` arrived as `false`, and the API server pruned the A/B
+    analysis' counts from every status. What Helm applies must be the models' CRD, key for key."""
+    kube = release_kube
+    await kube.delete("customresourcedefinitions", None, CRD_NAME)  # the server's own copy: Helm creates it
+    config = helm.Config(kubeconfig_content=yaml.safe_dump(kube.kubeconfig(namespace=NAMESPACE)), namespace=NAMESPACE)
+    await asyncio.to_thread(config.install, str(CHART_DIR), RELEASE, {"policy": {"enabled": False}},
+                            namespace=NAMESPACE, timeout=60)
+    installed = kube.get("customresourcedefinitions", None, CRD_NAME)
+    assert installed is not None and installed["spec"] == build_crd()["spec"]
