@@ -13,6 +13,7 @@ import pytest
 from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_operator.core.conflicts import FIELD_MANAGER
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, current, helm_install, wait_ready
 from tests.chart.rendering import (
@@ -109,8 +110,15 @@ async def test_in_gitops_mode_the_operator_alone_writes_the_settings_and_restore
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
         await wait_ready(kube)
         for name in names:
-            text = kube.get(CONFIGMAPS, NAMESPACE, name)["data"][SETTINGS_FILE_NAME]
+            config_map = kube.get(CONFIGMAPS, NAMESPACE, name)
+            text = config_map["data"][SETTINGS_FILE_NAME]
             assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective", name
+            # Helm's server-side apply owns only what it rendered (metadata), the operator the data
+            # (and its own labels and annotations).
+            owners = {e["operation"] if e["manager"] != FIELD_MANAGER else FIELD_MANAGER: e["fieldsV1"]
+                      for e in config_map["metadata"]["managedFields"]}
+            assert set(owners) == {"Apply", FIELD_MANAGER} and set(owners["Apply"]) == {"f:metadata"}, owners
+            assert "f:data" in owners[FIELD_MANAGER], owners
         for obj in find(objects, "Deployment"):  # adopted as rendered: not one rolling update
             assert current(kube, obj)["metadata"]["generation"] == 1, obj["metadata"]["name"]
         await kube.delete("mlp", NAMESPACE, "moonlease")
