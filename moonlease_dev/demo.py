@@ -497,8 +497,12 @@ def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: di
             engine = ArmEngine(arm, spec, workdir)
             stack.callback(engine.stop)
             engines[arm] = engine
-        # Both engines are told to stop before either is waited for: they shut down together.
-        stack.callback(lambda: [engine.terminate() for engine in engines.values()])
+        def terminate_all() -> None:
+            """Both engines are told to stop before either is waited for: they shut down together."""
+            for engine in engines.values():
+                engine.terminate()
+
+        stack.callback(terminate_all)
         # Stopped before the engines (an ExitStack unwinds last in, first out): nothing is
         # measured once they go, so the end of a run posts no MeasurementFailed warnings.
         stack.callback(cluster.operator.stop)

@@ -125,9 +125,9 @@ async def drive_every_call(kube: LocalApiServer, values: Mapping[str, Any], *,
     """
     statefulset, target = extra_statefulset_target()
     await kube.create(statefulset)
-    values = copy.deepcopy(dict(values))
-    values.setdefault("policy", {}).setdefault("targets", []).append(target)
-    objects = await helm_install(kube, values)  # the CRDs of crds/ first, the peering object(s) with the rest
+    with_target: dict[str, Any] = copy.deepcopy(dict(values))
+    with_target.setdefault("policy", {}).setdefault("targets", []).append(target)
+    objects = await helm_install(kube, with_target)  # the CRDs of crds/ first, the peering object(s) with the rest
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     peering = next(a.split("=", 1)[1] for a in args if a.startswith("--peering="))
