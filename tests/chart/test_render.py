@@ -429,6 +429,24 @@ def test_ab_set_renders_two_arms_of_each_role(chart: helm.Chart) -> None:
     assert policy["spec"]["connector"]["leaseMode"] == "leaseAll"
 
 
+def test_pod_annotations_of_an_arm_override_its_roles_and_the_scrape_port(chart: helm.Chart) -> None:
+    """Each arm's own `podAnnotations` (its metrics port, say) override the role's, which
+    override the scrape annotations: one value per key, never a key rendered twice."""
+    values = {"vllm": {"decode": {"podAnnotations": {"team": "serving", "prometheus.io/port": "9100"}},
+                       "arms": [{"name": "control"},
+                                {"name": "treatment", "podAnnotations": {"prometheus.io/port": "9200",
+                                                                          "team": "research"}}]}}
+    objects = render_objects(chart, values)  # refuses a key given twice in one mapping
+    annotations = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["annotations"]
+                   for o in find(objects, "Deployment") if "moonlease.io/role" in o["metadata"]["labels"]}
+    port_and_team = {name: (a["prometheus.io/port"], a.get("team")) for name, a in annotations.items()}
+    assert port_and_team == {"moonlease-prefill-control": ("8000", None), "moonlease-prefill-treatment": ("9200", "research"),
+                             "moonlease-decode-control": ("9100", "serving"), "moonlease-decode-treatment": ("9200", "research")}
+    assert all(a["prometheus.io/scrape"] == "true" and a["checksum/store-config"] for a in annotations.values())
+    with pytest.raises(helm.HelmError, match="podAnnotations"):
+        chart.validate_schema({"vllm": {"arms": [{"name": "treatment", "podAnnotations": {"port": 9200}}]}})
+
+
 def test_ab_test_set_renders_an_ab_test_policy_over_the_two_managed_arms(chart: helm.Chart) -> None:
     """Strategy ABTest: both arms are targets, each arm's Deployments are its workloads (named as
     the chart names them), and the analysis values reach spec.rollout.abTest unchanged."""

@@ -38,8 +38,26 @@ def test_quick_demo_promotes_junction_retention_and_rolls_a_bad_change_back(tmp_
     # shows it: the CRD's printer columns come only from kubectl and the server's Table response.
     assert re.search(r"\$ kubectl get mlp -n \S+\n +NAME +MODE +PHASE +STAGE +READY +A/B +VERDICT +AGE\n", out), out
     assert re.search(r"junction-ab +\S+ +Ready +(?:\S+ +)?True +Promoted +Success +\d+[smh]", out), out
-    assert re.search(r"\$ kubectl get deploy -n \S+ -L moonlease.io/arm\n +NAME +READY +UP-TO-DATE +AVAILABLE +AGE +ARM\n",
-                     out), out
+    # The chart was installed by Helm (its SDK's install, waited on): what the install returned,
+    # its NOTES, and, read back by kubectl, Helm's release record and what the release created,
+    # labelled and annotated as its own.
+    assert re.search(r"Installing charts/moonlease with Helm .*\n +release moonlease in namespace (\S+): revision 1, "
+                     r"status deployed, chart moonlease-\S+\n +NOTES:\n +Moonlease \S+ is installed as release "
+                     r"\"moonlease\" in namespace \"\1\"", out), out
+    assert re.search(r"\$ kubectl get secrets -n \S+ -l owner=helm\n +NAME +TYPE +DATA +AGE\n"
+                     r" +sh\.helm\.release\.v1\.moonlease\.v1 +helm\.sh/release\.v1 +1 +\d+s\n", out), out
+    deploys = re.search(r"\$ kubectl get deploy -n \S+ -L moonlease.io/arm -L app.kubernetes.io/managed-by\n"
+                        r" +NAME +READY +UP-TO-DATE +AVAILABLE +AGE +ARM +MANAGED-BY\n((?: +moonlease-\S+ .*\n)+)", out)
+    assert deploys, out
+    rows = [line.split() for line in deploys.group(1).splitlines()]
+    assert {row[0] for row in rows} == {"moonlease-mooncake-master"} | {
+        f"moonlease-{role}-{arm}" for role in ("prefill", "decode") for arm in ("control", "treatment")}, rows
+    assert all(row[1] == "1/1" and row[-1] == "Helm" for row in rows), rows
+    released = re.search(r"custom-columns=KIND:.kind,NAME:.metadata.name,RELEASE:.*\n +KIND +NAME +RELEASE\n"
+                         r"((?: +(?:Deployment|ConfigMap) .*\n)+)", out)
+    assert released, out
+    objects = [line.split() for line in released.group(1).splitlines()]
+    assert len(objects) == 10 and all(row[2] == "moonlease" for row in objects), objects
     assert re.search(r"\$ kubectl apply -f \S+junction-ab.yaml\n +mooncakeleasepolicy.moonlease.io/junction-ab created",
                      out), out
     rates = {arm: float(rate) for arm, rate in re.findall(

@@ -334,3 +334,34 @@ async def test_traffic_counts_requests_and_bytes(kube_manual: LocalApiServer) ->
     served = kube_manual.traffic.since(before)
     assert served.requests == {("list", "deployments"): 1}
     assert served.bytes_served == {("list", "deployments"): size} and size > 500
+
+
+async def test_serving_a_request_never_walks_the_servers_request_log(
+        kube_manual: LocalApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kmock's own dispatch asked each reaction `request in view`, a walk through every request the
+    server ever got: a request cost time in proportion to the server's age. The emulator's
+    reactions are matched on the request alone; a reaction kmock's way (a slice) still counts."""
+    from kmock._internal import dsl
+
+    walks = {"root": 0}
+    walk = dsl.Root.__iter__
+
+    def counted(self: Any) -> Any:
+        walks["root"] += 1
+        return walk(self)
+
+    async with aiohttp.ClientSession() as session:
+        for _ in range(50):
+            async with session.get(kube_manual.url + DEPLOYS) as rsp:
+                assert rsp.status == 200
+        monkeypatch.setattr(dsl.Root, "__iter__", counted)
+        async with session.get(kube_manual.url + DEPLOYS) as rsp:
+            assert rsp.status == 200
+        assert walks["root"] == 0
+        # A reaction of the first matching request only (a slice: matched kmock's way, walking).
+        kube_manual.emulator["get"]["/api/teapot"][:1] << 418
+        async with session.get(kube_manual.url + "/api/teapot") as rsp:
+            assert rsp.status == 418
+        assert walks["root"] > 0
+        async with session.get(kube_manual.url + "/api/teapot") as rsp:
+            assert rsp.status != 418  # depleted: the emulator's own reactions answer

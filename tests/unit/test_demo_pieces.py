@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import math
 
+import helm_python as helm
 import pytest
+import yaml
 
 from moonlease_dev.demo import (
+    CHART_DIR,
     BadChangeOutcome,
     DemoOptions,
     StoreState,
@@ -17,12 +20,14 @@ from moonlease_dev.demo import (
     bad_change_patch,
     container_settings,
     count_events_after,
+    demo_values,
     describe_connector,
     interval_series,
     policy_for,
     summarize,
 )
 from moonlease_dev.demo_arm import AgenticWorkload
+from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION
 from moonlease_operator.api import LeaseMode, StageName, parse_spec
 from moonlease_operator.core.compatibility import VersionSource, evaluate_compatibility
 
@@ -78,6 +83,29 @@ def test_container_settings_read_the_kv_transfer_config_and_moonlease_env() -> N
          "env": [{"name": "VLLM_MOONCAKE_STORE_SELECTIVE_LEASE", "value": "1"}, {"name": "HF_HOME", "value": "/x"}]},
     ]}}}}
     assert container_settings(deployment) == (config, {"VLLM_MOONCAKE_STORE_SELECTIVE_LEASE": "1"})
+
+
+def test_the_demo_installs_two_arms_whose_pods_name_their_engines_ports() -> None:
+    """The values `helm install` gets: valid for the chart, two leaseAll arms and the master, no
+    operator, policy or pool; each arm's pods carry its engine's metrics and settings ports."""
+    ports, settings_ports = {"control": 4101, "treatment": 4102}, {"control": 4201, "treatment": 4202}
+    values = demo_values(DemoOptions.quick(), ports, settings_ports)
+    chart = helm.Chart.load(CHART_DIR)
+    chart.validate_schema(values)
+    rendered = chart.render(values, name="moonlease", namespace="inference", is_install=True)
+    objects = [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
+               for doc in yaml.safe_load_all(text) if doc]
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"] for o in objects if o["kind"] == "Deployment"}
+    assert set(pods) == {"moonlease-mooncake-master"} | {f"moonlease-{role}-{arm}" for role in ("prefill", "decode")
+                                                          for arm in ports}
+    assert not [o for o in objects if o["kind"] in ("MooncakeLeasePolicy", "StatefulSet")]
+    for name, pod in pods.items():
+        arm = pod["labels"].get("moonlease.io/arm")
+        if arm:
+            assert (pod["annotations"]["prometheus.io/port"], pod["annotations"][SETTINGS_PORT_ANNOTATION]) == (
+                str(ports[arm]), str(settings_ports[arm])), name
+    decode = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "moonlease-decode-treatment")
+    assert container_settings(decode)[0]["kv_connector_extra_config"]["mooncake_settings_file"]
 
 
 def test_the_demo_policy_is_the_junction_retention_example_with_demo_timing_and_stays_valid() -> None:

@@ -109,7 +109,7 @@ prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 {{- $v := .Values.vllm -}}
 {{- $arms := list -}}
 {{- if not $v.arms -}}
-{{- $arms = append $arms (dict "name" "" "suffix" "" "leaseMode" $v.connector.leaseMode "junctionRetention" $v.connector.junctionRetention "retention" ($v.connector.retention | default dict) "managed" true "prefillReplicas" (int64 $v.prefill.replicas) "decodeReplicas" (int64 $v.decode.replicas)) -}}
+{{- $arms = append $arms (dict "name" "" "suffix" "" "leaseMode" $v.connector.leaseMode "junctionRetention" $v.connector.junctionRetention "retention" ($v.connector.retention | default dict) "managed" true "prefillReplicas" (int64 $v.prefill.replicas) "decodeReplicas" (int64 $v.decode.replicas) "podAnnotations" dict) -}}
 {{- else -}}
 {{- range $v.arms -}}
 {{- $managed := ternary .managedByPolicy true (hasKey . "managedByPolicy") -}}
@@ -117,7 +117,7 @@ prefillReplicas, decodeReplicas}]}: one unnamed arm when vllm.arms is empty.
 {{- $decode := ternary .decodeReplicas $v.decode.replicas (hasKey . "decodeReplicas") -}}
 {{- $junction := ternary .junctionRetention $v.connector.junctionRetention (hasKey . "junctionRetention") -}}
 {{- $retention := ternary .retention ($v.connector.retention | default dict) (hasKey . "retention") -}}
-{{- $arms = append $arms (dict "name" .name "suffix" (printf "-%s" .name) "leaseMode" (default $v.connector.leaseMode .leaseMode) "junctionRetention" $junction "retention" $retention "managed" $managed "prefillReplicas" (int64 $prefill) "decodeReplicas" (int64 $decode)) -}}
+{{- $arms = append $arms (dict "name" .name "suffix" (printf "-%s" .name) "leaseMode" (default $v.connector.leaseMode .leaseMode) "junctionRetention" $junction "retention" $retention "managed" $managed "prefillReplicas" (int64 $prefill) "decodeReplicas" (int64 $decode) "podAnnotations" (.podAnnotations | default dict)) -}}
 {{- end -}}
 {{- end -}}
 {{- dict "arms" $arms | toJson -}}

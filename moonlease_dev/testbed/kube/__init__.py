@@ -17,7 +17,8 @@ Modules, one concept each: `resources` (the served types), `patches`, `selectors
 `validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `replicasets`, `cel`
 (pure helpers; none touches kmock's internals), `errors` (Status
 bodies), `watches` (the watch cache), `calls` (request log, traffic), `faults` (injected
-failures), `emulator` (the API server: what it emulates is listed there), `simulator` (the
+failures), `dispatch` (the reaction that serves a request, as kmock picks it, in time
+independent of the server's age), `emulator` (the API server: what it emulates is listed there), `simulator` (the
 workload controllers), `manifests`, `server` (the façade). Everything is re-exported here.
 """
 

@@ -141,7 +141,13 @@ def prune_builtin(value: Any, root: str, path: str = "") -> tuple[Any, list[str]
 
 def builtin_schemas(root: str, ref_prefix: str) -> dict[str, JsonObj]:
     """The definition `root` and every definition it refers to, as OpenAPI (empty when the
-    definitions are not installed or do not have `root`)."""
+    definitions are not installed or do not have `root`); the same for every call (built once:
+    every OpenAPI request of a client asks for them again)."""
+    return dict(_builtin_schemas(root, ref_prefix))
+
+
+@functools.cache
+def _builtin_schemas(root: str, ref_prefix: str) -> Mapping[str, JsonObj]:
     definitions = builtin_definitions()
     if root not in definitions:
         return {}

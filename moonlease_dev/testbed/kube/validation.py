@@ -90,37 +90,32 @@ def _regex_detail(what: str, example: str, regex: str) -> str:
     return f"{what} (e.g. '{example}', regex used for validation is '{regex}')"
 
 
-def dns1123_subdomain_errors(value: str) -> list[str]:
+def _name_errors(value: str, max_length: int, regex: str, what: str, example: str) -> list[str]:
+    """The API server's two checks of a name: its length, then its syntax (both reported)."""
     problems = []
-    if len(value) > 253:
-        problems.append("must be no more than 253 characters")
-    if not re.fullmatch(_DNS1123_SUBDOMAIN, value):
-        problems.append(_regex_detail(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or"
-            " '.', and must start and end with an alphanumeric character", "example.com", _DNS1123_SUBDOMAIN))
+    if len(value) > max_length:
+        problems.append(f"must be no more than {max_length} characters")
+    if not re.fullmatch(regex, value):
+        problems.append(_regex_detail(what, example, regex))
     return problems
+
+
+def dns1123_subdomain_errors(value: str) -> list[str]:
+    return _name_errors(value, 253, _DNS1123_SUBDOMAIN,
+                        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or"
+                        " '.', and must start and end with an alphanumeric character", "example.com")
 
 
 def dns1123_label_errors(value: str) -> list[str]:
-    problems = []
-    if len(value) > 63:
-        problems.append("must be no more than 63 characters")
-    if not re.fullmatch(_DNS1123_LABEL, value):
-        problems.append(_regex_detail(
-            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and"
-            " must start and end with an alphanumeric character", "my-name", _DNS1123_LABEL))
-    return problems
+    return _name_errors(value, 63, _DNS1123_LABEL,
+                        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and"
+                        " must start and end with an alphanumeric character", "my-name")
 
 
 def dns1035_label_errors(value: str) -> list[str]:
-    problems = []
-    if len(value) > 63:
-        problems.append("must be no more than 63 characters")
-    if not re.fullmatch(_DNS1035_LABEL, value):
-        problems.append(_regex_detail(
-            "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an"
-            " alphabetic character, and end with an alphanumeric character", "my-name", _DNS1035_LABEL))
-    return problems
+    return _name_errors(value, 63, _DNS1035_LABEL,
+                        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an"
+                        " alphabetic character, and end with an alphanumeric character", "my-name")
 
 
 def qualified_name_errors(value: str) -> list[str]:
