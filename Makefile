@@ -57,4 +57,4 @@ chart-docs: setup
 	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:
-	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33
+	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33 .venv-sbom
