@@ -5,8 +5,8 @@
 
 Checks, in order, each refusal one line that says what to change (exit 1):
 
-1. the version: pyproject's `version` is the chart's `version` and `appVersion`, and CHANGELOG.md
-   has its section (`## [<version>]`);
+1. the version: pyproject's `version` is connector/pyproject.toml's, the chart's `version` and
+   `appVersion`, and CHANGELOG.md has its section (`## [<version>]`);
 2. the images: the chart, rendered with the defaults it will ship, runs only images a registry
    can hold. The defaults name our images without a registry (`moonlease/operator:0.1.0`, which
    would resolve to Docker Hub, where none of them is) and `make images` tags them `localhost/...`:
@@ -78,6 +78,10 @@ def unheld_images(images: Iterable[str]) -> list[str]:
 def check_versions(repo: Path = REPO) -> str:
     """The release version, after checking the chart and the CHANGELOG agree with pyproject."""
     version = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+    connector = tomllib.loads((repo / "connector" / "pyproject.toml").read_text())["project"]["version"]
+    if connector != version:
+        raise Refusal(f"connector/pyproject.toml version is {connector}, pyproject.toml's {version}: make them equal "
+                      "(moonlease requires moonlease-connector at its own version)")
     chart = yaml.safe_load((repo / "charts" / "moonlease" / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
         if str(chart[key]) != version:

@@ -104,6 +104,8 @@ def _repo_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     (copy / "charts").mkdir(parents=True)
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
+    (copy / "connector").mkdir()
+    shutil.copy(REPO / "connector" / "pyproject.toml", copy / "connector" / "pyproject.toml")
     shutil.copy(REPO / "CHANGELOG.md", copy / "CHANGELOG.md")
     shutil.copytree(CHART_DIR, copy / "charts" / "moonlease")
     return copy
@@ -115,6 +117,11 @@ def test_the_versions_and_the_changelog_must_agree(tmp_path: Path) -> None:
     chart = copy / "charts" / "moonlease" / "Chart.yaml"
     chart.write_text(chart.read_text().replace('appVersion: "0.1.0"', 'appVersion: "0.2.0"'))
     with pytest.raises(release.Refusal, match="appVersion is 0.2.0, pyproject.toml's version 0.1.0"):
+        release.check_versions(copy)
+    copy = _repo_copy(tmp_path / "connector")
+    connector = copy / "connector" / "pyproject.toml"
+    connector.write_text(connector.read_text().replace('version = "0.1.0"', 'version = "0.1.1"'))
+    with pytest.raises(release.Refusal, match="connector/pyproject.toml version is 0.1.1, pyproject.toml's 0.1.0"):
         release.check_versions(copy)
     copy = _repo_copy(tmp_path / "again")
     changelog = copy / "CHANGELOG.md"
