@@ -170,7 +170,7 @@ def release(out: Path, registry: str | None, targets: Sequence[str] = ()) -> Pat
         built = build_images(targets) if targets else []
         out.mkdir(parents=True, exist_ok=True)
         try:
-            sboms = [sbom.write_sbom(sbom.image_sbom(image), out / sbom.sbom_file_name(image)) for image in built]
+            sboms = [sbom.write_image_sbom(image, out) for image in built]
         except sbom.SbomError as error:
             raise Refusal(f"SBOM: {error}") from error
         archive = Path(helm.package(staged, destination=out))

@@ -169,17 +169,21 @@ def write_sbom(sbom: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def write_image_sbom(image: str, out: Path) -> Path:
+    """The SBOM of a local image, written into `out` under its file name."""
+    return write_sbom(image_sbom(image), out / sbom_file_name(image))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("images", nargs="+", help="local images (podman's names)")
     parser.add_argument("--out", type=Path, default=REPO / "dist", help="where the SBOMs go (default dist/)")
     args = parser.parse_args(argv)
-    try:
-        for image in args.images:
-            print(write_sbom(image_sbom(image), args.out / sbom_file_name(image)))
-    except SbomError as error:
-        sys.stderr.write(f"sbom: {error}\n")
-        return 1
+    for image in args.images:
+        try:
+            print(write_image_sbom(image, args.out))
+        except SbomError as error:
+            sys.exit(f"sbom: {image}: {error}")
     return 0
 
 
