@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import vllm.envs
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
@@ -41,11 +40,8 @@ def configs(layout, extra: dict) -> tuple[VllmConfig, KVCacheConfig]:
 
 
 @pytest.fixture(autouse=True)
-def rpc_base(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
-    yield
-    vllm.envs.disable_envs_cache()
+def rpc_base(vllm_rpc_base):
+    """Every test's schedulers put their lookup sockets in a short folder of its own."""
 
 
 LAST_HIT_ONLY = {"mooncake_kda_last_hit_only": True}
