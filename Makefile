@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+## WORKERS: pytest-xdist workers of `make test` (the engine tests share one; 0 runs it in one process)
+WORKERS ?= 2
 
 .PHONY: setup demo test test-fast test-unit lint crds chart-docs docs images release clean-setup
 
@@ -14,9 +16,11 @@ setup:
 demo: setup
 	@$(VENV)/bin/moonlease demo
 
-## test: every tier (unit, slow, compat, store, vllm, operator, chart, prometheus, images, conformance)
+## test: every tier (unit, slow, compat, store, vllm, operator, chart, prometheus, images, conformance),
+## on $(WORKERS) workers: most tiers wait on servers and timers, so two tests overlap (tests/conftest.py
+## groups them: the engine tests one at a time, a module's tests together)
 test: setup
-	@$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## test-fast: the inner loop: pure logic only, no servers, no engines, no upstream suites
 test-fast: setup

@@ -5,6 +5,7 @@ module it lives in, and `make test` runs them all. Nothing is skipped for a miss
 `make setup` installs every real part, and a missing one fails loudly.
 """
 
+import pytest
 from hypothesis import settings
 
 from moonlease_dev import devenv
@@ -23,6 +24,7 @@ pytest_plugins = [
     "tests.fixtures.kube",
     "tests.fixtures.vllm",
     "tests.fixtures.prometheus",
+    "tests.support.xdist_groups",
 ]
 
 TIERS = ("unit", "slow", "compat", "store", "vllm", "operator", "chart", "prometheus", "images", "conformance")
@@ -36,22 +38,26 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
         raise ValueError("tests without a tier marker (" + ", ".join(TIERS) + "): "
                          + ", ".join(untiered[:10]))
 
+
 #: A test with several tier markers is timed under the heaviest real part it starts.
 _TIMING_ORDER = ("images", "vllm", "operator", "conformance", "prometheus", "chart", "store", "compat", "slow", "unit")
-_tier_of: dict[str, str] = {}
 _tier_seconds: dict[str, float] = {}
 _tier_tests: dict[str, int] = {}
 
 
-def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
-    for item in session.items:
-        _tier_of[item.nodeid] = next(
-            (tier for tier in _TIMING_ORDER if item.get_closest_marker(tier)), "unit")
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """Each report names its test's timing tier: an xdist worker sends the report's attributes
+    along to the process that prints the summary, which has no items of its own."""
+    report = yield
+    report.moonlease_tier = next((tier for tier in _TIMING_ORDER if item.get_closest_marker(tier)), "unit")
+    return report
 
 
 def pytest_runtest_logreport(report):  # type: ignore[no-untyped-def]
-    """Wall time per tier (set-up, call and tear-down), so the docs' tier times come from runs."""
-    tier = _tier_of.get(report.nodeid)
+    """Wall time per tier (set-up, call and tear-down), so the docs' tier times come from runs.
+    Under `-n 2` the sums are test time on both workers together, more than the run's wall time."""
+    tier = getattr(report, "moonlease_tier", None)
     if tier is None:
         return
     _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration

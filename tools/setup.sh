@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
-STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
+STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/test.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
               requirements/sbom.txt moonlease_dev/devenv/libcuda_stub.c pyproject.toml connector/pyproject.toml dev/pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
@@ -50,6 +50,8 @@ say "installing pinned packages into $VENV (first time: a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/docs.txt
 # The linters (make lint), pinned apart from lock.txt for the same reason.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lint.txt
+# pytest-xdist (make test runs on two workers), pinned apart from lock.txt for the same reason.
+"$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/test.txt 2> >(grep -v "is ignored: it is neither" >&2)
 # vllm-router (prefill/decode routing: the P/D engine test, `moonlease bench serve --engines`).
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/router.txt 2> >(grep -v "is ignored: it is neither" >&2)
 

@@ -13,7 +13,6 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
-import vllm.envs
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import ReqMeta, TailKeyBoundary
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyServer
@@ -53,10 +52,8 @@ def stored_pattern() -> dict[str, int]:
 
 
 @pytest.fixture
-def channel(tmp_path, monkeypatch):
+def channel(vllm_rpc_base):
     """(make_scheduler, pool): schedulers wired to a lookup server over the stored pattern."""
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
     opened = []
 
     def make(*, load_async: bool = True) -> MoonleaseStoreScheduler:

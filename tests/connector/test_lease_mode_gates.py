@@ -17,7 +17,6 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-import vllm.envs
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
@@ -61,11 +60,8 @@ def configs(layout, extra: dict) -> tuple[VllmConfig, KVCacheConfig]:
 
 
 @pytest.fixture(autouse=True)
-def rpc_base(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
-    yield
-    vllm.envs.disable_envs_cache()
+def rpc_base(vllm_rpc_base):
+    """Every test's schedulers put their lookup sockets in a short folder of its own."""
 
 
 LAST_HIT_ONLY = {LEASE_MODE_KEY: "lastHitOnly"}

@@ -59,9 +59,7 @@ def test_pins_settle_per_rank_and_are_taken_once():
 
 
 @pytest.fixture
-def make_scheduler(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
+def make_scheduler(vllm_rpc_base):
     built = []
 
     def make(policy: str, world_size: int = 1) -> MoonleaseStoreScheduler:

@@ -14,7 +14,6 @@ import time
 from types import SimpleNamespace
 
 import pytest
-import vllm.envs
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import LookupKeyServer
@@ -31,9 +30,7 @@ _ports = itertools.count(23600)
 
 
 @pytest.fixture
-def connector(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
+def connector(vllm_rpc_base):
     config = VllmConfig(cache_config=CacheConfig(block_size=16, enable_prefix_caching=True),
                         kv_transfer_config=KVTransferConfig(
                             kv_connector="MooncakeStoreConnector", kv_role="kv_both",

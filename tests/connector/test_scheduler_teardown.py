@@ -20,11 +20,9 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import vllm.envs
 import zmq
 from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -78,11 +76,8 @@ class SilentWorker:
 
 
 @pytest.fixture
-def rpc_base(tmp_path, monkeypatch) -> Iterator[Path]:
-    monkeypatch.setenv("VLLM_RPC_BASE_PATH", str(tmp_path))
-    vllm.envs.disable_envs_cache()
-    yield tmp_path
-    vllm.envs.disable_envs_cache()
+def rpc_base(vllm_rpc_base: Path) -> Path:
+    return vllm_rpc_base
 
 
 def shut_down_within(connector: MooncakeStoreConnector, seconds: float) -> float:
