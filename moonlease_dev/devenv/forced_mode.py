@@ -40,8 +40,8 @@ import pytest
 
 #: The modes the compat tier forces, each as connector settings on top of the defaults.
 FORCED_MODES: dict[str, dict[str, Any]] = {
-    "selective": {"mooncake_selective_lease": True},
-    "lastHitOnly": {"mooncake_kda_last_hit_only": True},
+    "selective": {"mooncake_lease_mode": "selective"},
+    "lastHitOnly": {"mooncake_lease_mode": "lastHitOnly"},
     "junction": {"mooncake_junction_retention": True},
     "skip": {"mooncake_retention_skip": True},
     "pin+retry+evict": {"mooncake_retention_pin": True, "mooncake_retention_retry": True,
