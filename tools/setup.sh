@@ -61,7 +61,7 @@ SBOM_VENV=.venv-sbom
 if [[ ! -x "$SBOM_VENV/bin/python" ]]; then
     "$PYTHON" -m venv "$SBOM_VENV"
 fi
-"$SBOM_VENV/bin/pip" install -q --disable-pip-version-check -r requirements/sbom.txt
+"$SBOM_VENV/bin/pip" install -q --disable-pip-version-check -r requirements/sbom.txt 2> >(grep -v "is ignored: it is neither" >&2)
 
 # 3. Mooncake 0.3.13.post1 (no batch_probe_key) in its own venv, for compatibility tests only:
 #    both versions ship the `mooncake` package, so they cannot share one interpreter.

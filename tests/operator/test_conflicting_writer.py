@@ -137,9 +137,9 @@ async def test_a_gitops_tool_owning_a_settings_config_map_is_named_and_backed_of
         await kube.create(policy())
         await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
         settings = json.loads(kube.get(CONFIGMAPS, NS, name)["data"][SETTINGS_FILE_NAME])
-        assert settings["mooncake_selective_lease"] is True
+        assert settings["mooncake_lease_mode"] == "selective"
         in_git = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS},
-                  "data": {SETTINGS_FILE_NAME: json.dumps({**settings, "mooncake_selective_lease": False})}}
+                  "data": {SETTINGS_FILE_NAME: json.dumps({**settings, "mooncake_lease_mode": "leaseAll"})}}
         stop = asyncio.Event()
         loop = asyncio.create_task(every_second(
             lambda: send(kube, "PATCH", f"/api/v1/namespaces/{NS}/configmaps/{name}", in_git, manager=gitops,
@@ -148,7 +148,7 @@ async def test_a_gitops_tool_owning_a_settings_config_map_is_named_and_backed_of
             await kube.wait_for(lambda: condition(kube, "ConflictingWriter").get("status") == "True",
                                 timeout=WAIT, what="the ConflictingWriter condition")
             message = condition(kube, "ConflictingWriter")["message"]
-            assert f"ConfigMap/{name} data[{SETTINGS_FILE_NAME}] (mooncake_selective_lease)" in message, message
+            assert f"ConfigMap/{name} data[{SETTINGS_FILE_NAME}] (mooncake_lease_mode)" in message, message
             assert f"field manager '{gitops}'" in message and "reverted 3 times in a row" in message, message
             await kube.wait_for(lambda: any(e["type"] == "Warning" for e in conflict_events(kube)), timeout=WAIT,
                                 what="the ConflictingWriter warning")
