@@ -104,7 +104,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
         "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
-    && python3 -c "import moonlease_connector.config" \
+    && python3 -c "import moonlease_settings.config" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
@@ -213,7 +213,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
         "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
-    && python3 -c "import moonlease_connector.config" \
+    && python3 -c "import moonlease_settings.config" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \

@@ -208,7 +208,7 @@ def run_child(spec: dict[str, Any]) -> dict[str, Any]:
         full_attention,
         mamba_align,
     )
-    from moonlease_connector.config import LeaseMode
+    from moonlease_settings.config import LeaseMode
 
     layout = Layout("seed000", (full_attention(BLOCK), mamba_align(BLOCK)), BLOCK, (1, 4))
     parts = build_layout_parts(layout)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "connector", ROOT / "operator"):
+for path in (ROOT, ROOT / "connector", ROOT / "operator", ROOT / "settings"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

@@ -68,7 +68,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # Measure the tree this file lives in (`moonlease`, `moonlease_connector`), ahead
 # of whatever checkout the virtualenv's editable install points at.
-SOURCE_PATHS = [str(REPO), str(REPO / "connector")]
+SOURCE_PATHS = [str(REPO), str(REPO / "connector"), str(REPO / "settings")]
 for _path in reversed(SOURCE_PATHS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -133,7 +133,7 @@ def emit_progress(count: int) -> None:
 def build_mode_worker(layout: Any, store: Any, mode: str, retention_interval: int | None = None) -> Any:
     """Our lookup object in `mode`: "leaseAll" or "selective"."""
     from moonlease_dev.bench.workers import build_lookup
-    from moonlease_connector.config import LeaseMode
+    from moonlease_settings.config import LeaseMode
 
     return build_lookup(layout, store, LeaseMode(mode), retention_interval=retention_interval)
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.adapters.settings_scrape import scrape_settings
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
 from moonlease_dev.terminal import bold

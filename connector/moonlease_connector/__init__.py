@@ -6,8 +6,9 @@ Load it into any vLLM with
                            "kv_role": "kv_both", "kv_connector_extra_config": {...}}'
 
 The class keeps upstream's name because parts of vLLM check the connector by name. It is
-imported lazily (PEP 562) so that `moonlease_connector.config` and the pure `core` stay
-importable without vLLM or torch, e.g. by the operator.
+imported lazily (PEP 562) so that the pure `core` stays importable without vLLM or torch. The
+settings the connector reads (its typed configuration, the settings file, the lease modes) are
+the `moonlease-settings` distribution's (`moonlease_settings`), which the operator shares.
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ from moonlease_dev.bench.saves import (
 from moonlease_dev.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence
 from moonlease_dev.bench.trace import Trace
 from moonlease_dev.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.put_retry import DEFAULT_PUT_RETRY
-from moonlease_connector.core.retention import RetentionSettings
+from moonlease_settings.retention import RetentionSettings
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
 

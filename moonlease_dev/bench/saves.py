@@ -24,11 +24,11 @@ from moonlease_connector.core.junctions import add_junction_tails
 from moonlease_connector.core.put_retry import PutRetryPolicy, plan_put_retry
 from moonlease_connector.core.retention import (
     ChunkRetention,
-    RetentionSettings,
     SaveChunk,
     SaveRetentionPlan,
     plan_save_retention,
 )
+from moonlease_settings.retention import RetentionSettings
 
 
 @dataclass(frozen=True)

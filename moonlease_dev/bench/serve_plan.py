@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from moonlease_connector.core.lease_modes import LEASE_MODE_KEY, LeaseMode
+from moonlease_settings.lease_modes import LEASE_MODE_KEY, LeaseMode
 from moonlease_dev.bench.stats import percentile
 from moonlease_dev.bench.trace import Trace
 

@@ -43,9 +43,9 @@ from moonlease_connector.adapters.vllm_lookup import (
     build_store_lookup,
     store_groups_of,
 )
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
-from moonlease_connector.core.last_hit import LAST_HIT_ONLY_POLICY
+from moonlease_settings.lease_modes import LAST_HIT_ONLY_POLICY
 from moonlease_connector.core.lookup import GroupNamespaces
 
 HASH_BLOCK = 16

@@ -16,7 +16,16 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The checkout's source roots: the settings contract, the connector, the operator, and the root
+#: (the command line and this package). A child interpreter given them on PYTHONPATH
+#: (`source_pythonpath`) imports this checkout's code, whatever an editable install points at.
+SOURCE_ROOTS = (REPO_ROOT / "settings", REPO_ROOT / "connector", REPO_ROOT / "operator", REPO_ROOT)
 STUB_SOURCE = Path(__file__).with_name("libcuda_stub.c")
+
+
+def source_pythonpath(*first: Path | str, then: str | None = None) -> str:
+    """A PYTHONPATH of `first`, the checkout's `SOURCE_ROOTS`, then `then` (an inherited one)."""
+    return os.pathsep.join([*map(str, first), *map(str, SOURCE_ROOTS), *([then] if then else [])])
 
 
 def stub_dir() -> Path:

@@ -183,7 +183,7 @@ def upstream_hit(worker: Any, num_tokens: int, block_hashes: Any) -> int | None:
 
 
 def _forced_settings(base: Callable[..., Any], update: dict[str, Any]) -> Callable[..., Any]:
-    from moonlease_connector.config import MoonleaseConnectorConfig
+    from moonlease_settings.config import MoonleaseConnectorConfig
 
     def connector_settings(*args: Any, **kwargs: Any) -> Any:
         config = base(*args, **kwargs)
@@ -195,7 +195,7 @@ def _forced_settings(base: Callable[..., Any], update: dict[str, Any]) -> Callab
 def force_mode(mode: str) -> None:
     """Set the worker's defaults to `mode` and wrap its lookup (see the module docstring)."""
     from moonlease_connector.adapters import vllm_worker
-    from moonlease_connector.config import MoonleaseConnectorConfig
+    from moonlease_settings.config import MoonleaseConnectorConfig
     from moonlease_connector.core.capabilities import StoreCapabilities
 
     update = FORCED_MODES[mode]

@@ -30,10 +30,10 @@ from typing import Any
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, PODS, LocalApiServer, ResourceType
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
-from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
+from moonlease_settings.config import ConnectorConfigError, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_PORT_ANNOTATION,
     SETTINGS_VOLUME,

@@ -11,8 +11,8 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from moonlease_connector.core.lease_modes import ALIAS_KEYS, LEASE_MODE_KEY
-from moonlease_connector.settings import SETTINGS_FILE_KEY, SETTINGS_FILE_PATH
+from moonlease_settings.lease_modes import ALIAS_KEYS, LEASE_MODE_KEY
+from moonlease_settings.settings_file import SETTINGS_FILE_KEY, SETTINGS_FILE_PATH
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_CONFIG_MAP_LABEL,
     SETTINGS_VOLUME,

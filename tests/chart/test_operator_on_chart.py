@@ -11,8 +11,8 @@ import helm_python as helm
 import pytest
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer
-from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file
+from moonlease_settings.config import MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, parse_settings_file
 from moonlease_operator.core.conflicts import FIELD_MANAGER
 from moonlease_operator.runner import OperatorThread
 from tests.chart.operator_scenario import FAST_OPTIONS, current, helm_install, wait_ready

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from moonlease.cli import build_parser
-from moonlease_connector.config import LEASE_MODE_KEY, SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
-from moonlease_connector.core.lease_modes import ALIAS_KEYS, strategy_of
-from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
+from moonlease_settings.config import LEASE_MODE_KEY, SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.lease_modes import ALIAS_KEYS, strategy_of
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from tests.chart.rendering import (
     CHART_DIR,
     KUBE_VERSION,
@@ -260,7 +260,7 @@ def test_retention_values_reach_the_policy_and_every_engine_as_the_operator_rend
     """`vllm.connector.retention` turns the pieces on in the policy's spec.connector (only those
     on: an unchanged policy keeps its spec) and in each engine's settings file, with exactly
     the keys the operator writes for that spec (the same file, so the same config hash)."""
-    from moonlease_connector.core.retention import RetentionSettings
+    from moonlease_settings.retention import RetentionSettings
     from moonlease_operator.api.policy import ConnectorSpec
     from moonlease_operator.core.settings import build_connector_settings
 
@@ -309,7 +309,7 @@ def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Ch
     """Per-arm retention: an unmanaged treatment arm with `retention: {evict: true, retry: true}`
     runs exactly those pieces (and gets the master's metrics address); the control arm runs
     vllm.connector.retention (none here); a managed arm may not differ from the policy."""
-    from moonlease_connector.core.retention import RetentionSettings
+    from moonlease_settings.retention import RetentionSettings
 
     objects = render_objects(chart, {"vllm": {"arms": [
         {"name": "control"},
@@ -337,7 +337,7 @@ def test_an_arm_the_policy_does_not_manage_runs_its_own_retention(chart: helm.Ch
 def test_each_lease_mode_renders_as_its_strategy_says(chart: helm.Chart, mode: LeaseMode, arm: bool) -> None:
     """`_validate.tpl` refuses a model not declared hybrid exactly for the modes whose strategy
     needs one (set on the release or on one arm), and the settings file carries the mode as
-    `mooncake_lease_mode`, spelled as in the values (`core.lease_modes` is the one source)."""
+    `mooncake_lease_mode`, spelled as in the values (`moonlease_settings.lease_modes` is the one source)."""
     connector = {} if arm else {"leaseMode": mode.value}
     arms = {"arms": [{"name": "control"}, {"name": "treatment", "leaseMode": mode.value,
                                             "managedByPolicy": False}]} if arm else {}

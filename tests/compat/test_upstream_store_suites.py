@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from moonlease_dev import devenv
 from moonlease_dev.devenv.forced_mode import FORCED_MODES
 from moonlease_dev.devenv.upstream_suites import (
     UNIT_DIR,
@@ -50,7 +51,7 @@ def run_suites(version: str, *, as_is: bool = False, forced_mode: str | None = N
     root = ensure_upstream_suites(version)
     first = [str(VLLM_033)] if version == "0.33.0" else []
     env = {**os.environ,
-           "PYTHONPATH": os.pathsep.join([*first, str(root), str(REPO), str(REPO / "connector")]),
+           "PYTHONPATH": devenv.source_pythonpath(*first, root),
            "HF_HUB_CACHE": str(ensure_model_stand_in()), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "MOONLEASE_UPSTREAM_SUITES_AS_IS": "1" if as_is else "0"}
     plugins = ["-p", "moonlease_dev.devenv.upstream_suites"]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from moonlease_dev import devenv
+
 pytestmark = pytest.mark.compat
 REPO = Path(__file__).resolve().parents[2]
 VLLM_033 = REPO / ".venv-vllm-0.33"
@@ -30,10 +32,9 @@ PROPERTY_TESTS = ["tests/unit/test_lookup_matches_upstream.py",
 
 def test_adapters_match_upstream_lookup_of_vllm_0_33() -> None:
     assert (VLLM_033 / "vllm" / "__init__.py").exists(), "run `make setup` (installs vLLM 0.33.0's modules)"
-    # The connector and operator folders too: an editable install elsewhere (another checkout)
-    # must not win (the test fixtures import both).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(VLLM_033), str(REPO), str(REPO / "connector"), str(REPO / "operator")])}
+    # The checkout's source roots too: an editable install elsewhere (another checkout) must not
+    # win (the test fixtures import the connector and the operator).
+    env = {**os.environ, "PYTHONPATH": devenv.source_pythonpath(VLLM_033)}
     version = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.__version__, vllm.__file__)"],
                              env=env, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert version.returncode == 0, version.stderr[-2000:]

@@ -8,7 +8,7 @@ import pytest
 
 from moonlease_dev.testbed import vllm_engine as ve
 from moonlease_dev.testbed.mooncake import write_engine_store_config
-from moonlease_connector.config import ConnectorConfigError
+from moonlease_settings.config import ConnectorConfigError
 from tests.support.engines import error_chain, moonlease_transfer_config
 from tests.support.numerics import assert_same_logprobs
 

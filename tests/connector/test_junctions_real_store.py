@@ -33,7 +33,7 @@ from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_scheduler import JunctionReqMeta
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.junctions import merge_junctions
 from moonlease_connector.core.lookup_protocol import parse_wire_entries
 from tests.support.lookup_workers import HASH_BLOCK, LAYOUTS, build_lookup

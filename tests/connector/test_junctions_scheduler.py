@@ -31,7 +31,7 @@ from vllm.v1.request import Request
 from moonlease_connector.adapters.vllm_lookup_server import stop_upstream_lookup_server
 from moonlease_connector.adapters.vllm_save import JunctionStoreMasks
 from moonlease_connector.adapters.vllm_scheduler import JunctionReqMeta, MoonleaseStoreScheduler
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from tests.support.lookup_workers import LAYOUTS, PatternStore, build_lookup
 
 pytestmark = pytest.mark.unit

@@ -14,7 +14,7 @@ import pytest
 from moonlease_dev.testbed import vllm_engine as ve
 from moonlease_dev.testbed.mooncake import write_engine_store_config
 from tests.support.engines import assert_same_service, error_chain, moonlease_transfer_config, serve_fresh
-from moonlease_connector.config import ConnectorConfigError
+from moonlease_settings.config import ConnectorConfigError
 
 pytestmark = [pytest.mark.vllm, pytest.mark.store]
 

@@ -33,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 )
 
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     Layout,

@@ -23,7 +23,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
-from moonlease_connector.config import (
+from moonlease_settings.config import (
     LEASE_MODE_KEY,
     ConnectorConfigError,
     DeprecatedSettingWarning,
@@ -31,7 +31,7 @@ from moonlease_connector.config import (
     MoonleaseConnectorConfig,
 )
 from moonlease_connector.core.last_hit import ProbeContract
-from moonlease_connector.core.lease_modes import strategy_of
+from moonlease_settings.lease_modes import strategy_of
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     LAYOUTS,
@@ -110,7 +110,7 @@ def test_the_lookup_object_is_built_for_full_attention_and_align_mamba():
 
 @pytest.mark.parametrize("mode", list(LeaseMode), ids=[m.value for m in LeaseMode])
 def test_the_layout_gate_refuses_a_non_hybrid_model_exactly_for_modes_that_need_one(mode):
-    """Mode by mode, as its strategy says (`core.lease_modes`): built for a sliding-window model,
+    """Mode by mode, as its strategy says (`moonlease_settings.lease_modes`): built for a sliding-window model,
     a scheduler refuses a mode that needs a hybrid model and builds for any other."""
     config, kv_cache_config = configs(FULL_SWA, {LEASE_MODE_KEY: mode.value})
     if strategy_of(mode).needs_hybrid_model:

@@ -19,8 +19,8 @@ import pytest
 
 from moonlease_dev.testbed import vllm_engine as ve
 from moonlease_dev.testbed.mooncake import write_engine_store_config
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
-from moonlease_connector.settings import render_settings_file, settings_hash
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.settings_file import render_settings_file, settings_hash
 from tests.connector.test_store_failures_engine import wait_until
 from tests.support.engines import engine_counter, moonlease_transfer_config
 from tests.support.numerics import assert_same_logprobs

@@ -27,7 +27,7 @@ from vllm.v1.outputs import KVConnectorOutput
 
 from moonlease_connector.adapters.vllm_load import PinnedLoadSpec, pin_loads
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_connector.core.load_deadline import LoadPins, load_deadline_s, policy_warning
 from tests.support.lookup_workers import LAYOUTS
 

@@ -20,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import g
 
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.lookup_breaker import BreakerState
 from tests.connector.test_scheduler_reset import LAYOUT, connector  # noqa: F401 - the fixture
 from tests.support.freeze import frozen

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.lookup import MissReason
 from tests.support.freeze import frozen
 from tests.support.lookup_workers import HASH_BLOCK, build_lookup, layout_by_name

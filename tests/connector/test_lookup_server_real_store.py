@@ -17,7 +17,7 @@ import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import get_zmq_rpc_path_lookup
 
 from moonlease_connector.adapters.vllm_lookup_server import BoundedLookupServer
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from tests.connector.test_scheduler_reset import LAYOUT, connector  # noqa: F401 - the fixture
 from tests.support.freeze import frozen
 from tests.support.lookup_workers import PatternStore, build_lookup

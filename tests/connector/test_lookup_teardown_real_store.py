@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from moonlease_dev import devenv
 from tests.connector.test_scheduler_teardown import HASHES, SHUTDOWN_S, _ports, rpc_base  # noqa: F401
 
 pytestmark = [pytest.mark.store, pytest.mark.slow]
@@ -76,8 +77,7 @@ def test_dropping_both_ends_after_a_lookup_abandoned_on_a_frozen_master_exits(
     writer = store_client_factory(mooncake_master)
     for key in KEYS:
         assert writer.put(key, b"kv" * 32) == 0
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "connector"), str(REPO / "operator"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=devenv.source_pythonpath(then=os.environ.get("PYTHONPATH")))
     started = time.monotonic()
     try:
         child = subprocess.run(

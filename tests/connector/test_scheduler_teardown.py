@@ -31,6 +31,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 from moonlease_connector.adapters.vllm_connector import MooncakeStoreConnector
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
+from moonlease_dev import devenv
 from tests.support.lookup_workers import LAYOUTS
 
 
@@ -156,8 +157,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.parametrize("peer", ["no-worker", "silent-worker"])
 def test_dropping_a_scheduler_after_an_abandoned_lookup_finishes(rpc_base, peer):
     """In a child interpreter, under a timeout: the hang was in garbage collection itself."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "connector"), str(REPO / "operator"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=devenv.source_pythonpath(then=os.environ.get("PYTHONPATH")))
     try:
         child = subprocess.run([sys.executable, "-c", CHILD, str(next(_ports)), peer], cwd=REPO,
                                env=env, capture_output=True, text=True, timeout=CHILD_S)

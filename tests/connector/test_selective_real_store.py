@@ -15,7 +15,7 @@ import pytest
 from moonlease_dev.testbed.mooncake import OLD_VERSION
 from moonlease_connector.adapters.mooncake_store import detect_capabilities
 from moonlease_connector.adapters.vllm_worker import refuse_unsupported_mode
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import missing_capability
 from moonlease_connector.core.lookup import MissReason, build_candidates
 from tests.support.lookup_workers import (

@@ -23,7 +23,7 @@ OTHER_COMPONENT = {
 }
 #: What each image's component is (it must import).
 OWN = {
-    "operator": "import moonlease.cli, moonlease_operator.handlers, moonlease_connector.config",
+    "operator": "import moonlease.cli, moonlease_operator.handlers, moonlease_settings.config",
     "connector-cpu": "import moonlease_connector.adapters.vllm_connector",
 }
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, deployment_manifest, is_rollout_complete
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_dev.testbed.prometheus import PrometheusServer
 from moonlease_operator.runner import OperatorThread

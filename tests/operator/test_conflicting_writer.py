@@ -25,7 +25,7 @@ import pytest
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer
 from tests.fixtures.kube import FAST_OPTIONS
 from tests.operator.fleet import (

@@ -15,8 +15,8 @@ import pytest
 
 from moonlease_dev.testbed.connector_pods import ConnectorPods
 from moonlease_dev.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
-from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
+from moonlease_settings.config import MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
 from moonlease_operator.runner import OperatorThread
 from tests.fixtures.kube import FAST_OPTIONS

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, LocalApiServer, is_rollout_complete
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.core.slots import POLICY_LABEL

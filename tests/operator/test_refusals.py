@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, LocalApiServer, is_rollout_complete
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from moonlease_operator.core.slots import POLICY_LABEL
 from moonlease_operator.runner import OperatorThread

@@ -16,8 +16,8 @@ import kopf
 import pytest
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, DEPLOYMENTS, PODS, STATEFULSETS, LocalApiServer, is_rollout_complete
-from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
+from moonlease_settings.config import MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_PORT_ANNOTATION,
     SETTINGS_VOLUME,

@@ -39,7 +39,7 @@ def test_the_operator_stage_installs_without_torch_or_vllm(tmp_path: Path) -> No
         assert not any(name.startswith(heavy) for name in names), heavy
 
     probe = ("import sys, moonlease_operator.handlers, moonlease_operator.crd, "
-             "moonlease_connector.config\n"
+             "moonlease_settings.config\n"
              "crd = moonlease_operator.crd.build_crd()\n"
              "assert crd['kind'] == 'CustomResourceDefinition'\n"
              "assert not {'torch', 'vllm', 'mooncake'} & set(sys.modules), sorted(sys.modules)\n"

@@ -32,7 +32,7 @@ from moonlease_dev.bench.workers import (  # noqa: F401  (re-exported for the te
     sliding_window,
 )
 from moonlease_connector.adapters.vllm_lookup import StoreLookup
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 
 
 def build_lookup(layout: Layout | LayoutParts, store: Any,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from moonlease_dev.testbed.connector_pods import ConnectorPods
-from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, SETTINGS_MOUNT_DIR
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, SETTINGS_MOUNT_DIR
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, SETTINGS_VOLUME
 from moonlease_dev.testbed.kube import DEPLOYMENTS, PODS, ApiServerEmulator, LocalApiServer, deployment_manifest, is_rollout_complete
 

@@ -18,7 +18,7 @@ import pytest
 from moonlease_operator.api import AB_DECISION_ANNOTATION, ABTestPhase, Phase, read_spec
 from moonlease_operator.core.ab_plan import ABReading
 from moonlease_operator.core.analysis import ArmSample, IntervalSample
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from tests.unit.test_rollout_plan import Cluster, deployment, master_deployment, template
 

@@ -11,7 +11,7 @@ import warnings
 import pytest
 from pydantic import ValidationError
 
-from moonlease_connector.config import (
+from moonlease_settings.config import (
     LEASE_MODE_KEY,
     SELECTIVE_LEASE_ENV,
     ConnectorConfigError,
@@ -19,8 +19,8 @@ from moonlease_connector.config import (
     LeaseMode,
     MoonleaseConnectorConfig,
 )
-from moonlease_connector.core.lease_modes import ALIAS_KEYS
-from moonlease_connector.settings import parse_settings_file, settings_hash
+from moonlease_settings.lease_modes import ALIAS_KEYS
+from moonlease_settings.settings_file import parse_settings_file, settings_hash
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_PATH, parse_settings_file, settings_hash
+from moonlease_settings.config import MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.api import ConnectorSpec, LeaseMode, Reason
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_operator.core.connector_delivery import (

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moonlease_dev.testbed.kube import merge_patch
-from moonlease_connector.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
-from moonlease_connector.settings import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
+from moonlease_settings.config import SELECTIVE_LEASE_ENV, MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file
 from moonlease_operator.api import ConnectorSpec, LeaseMode, MasterConfigMapSpec, MasterSpec
 from moonlease_operator.api import Reason
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange

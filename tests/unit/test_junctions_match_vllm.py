@@ -21,7 +21,7 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.lookup_protocol import JUNCTION_GROUP_ID, parse_wire_entries
 from tests.support.lookup_workers import (
     HASH_BLOCK,

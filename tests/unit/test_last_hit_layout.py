@@ -17,7 +17,7 @@ from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, serving_of
-from moonlease_connector.config import ConnectorConfigError
+from moonlease_settings.config import ConnectorConfigError
 from moonlease_connector.core.last_hit_layout import (
     GroupServing,
     ManagerKind,

@@ -1,4 +1,4 @@
-"""Each lease mode's facts are decided once, on its strategy (`core.lease_modes`), and every place
+"""Each lease mode's facts are decided once, on its strategy (`moonlease_settings.lease_modes`), and every place
 that states a mode rule agrees with them, mode by mode: the CRD's enum and CEL rule (and the
 operator's mirror of it), the operator's compatibility gate, the connector's capability gate,
 the chart's values schema, the bench's cases and the connector's metric label. (The chart's
@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from moonlease_connector.adapters.settings_watcher import SettingsExporter
-from moonlease_connector.config import LEASE_MODE_KEY, MoonleaseConnectorConfig
+from moonlease_settings.config import LEASE_MODE_KEY, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
-from moonlease_connector.core.lease_modes import ALIAS_KEYS, STRATEGIES, LeaseMode, strategy_of
+from moonlease_settings.lease_modes import ALIAS_KEYS, STRATEGIES, LeaseMode, strategy_of
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource
-from moonlease_connector.settings import SETTINGS_INFO_METRIC
+from moonlease_settings.settings_file import SETTINGS_INFO_METRIC
 from moonlease_dev.bench.serve_plan import ServeCase, parse_cases
 from moonlease_operator.api import StageName, parse_spec
 from moonlease_operator.core.compatibility import VersionSource, evaluate_compatibility

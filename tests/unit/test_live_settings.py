@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.live_settings import (
     ActiveSettings,
@@ -18,7 +18,7 @@ from moonlease_connector.core.live_settings import (
     SettingsSource,
     decide_switch,
 )
-from moonlease_connector.settings import (
+from moonlease_settings.settings_file import (
     SettingsDelivery,
     delivery_from_sources,
     parse_settings_file,

@@ -416,7 +416,7 @@ def test_master_flags_use_mooncake_names() -> None:
 
 
 def test_decided_once_boolean_flags_from_types_and_one_lease_mode_enum() -> None:
-    from moonlease_connector.config import LeaseMode as ConnectorLeaseMode
+    from moonlease_settings.config import LeaseMode as ConnectorLeaseMode
     from moonlease_operator.api.policy import BOOLEAN_MASTER_FLAGS
 
     assert BOOLEAN_MASTER_FLAGS == {"allow_evict_soft_pinned_objects"}

@@ -19,7 +19,7 @@ from moonlease_connector.core.put_retry import (
     PutRetryPolicy,
     plan_put_retry,
 )
-from moonlease_connector.core.retention import RetentionSettings
+from moonlease_settings.retention import RetentionSettings
 
 NO_SPACE = NO_AVAILABLE_HANDLE
 
@@ -55,7 +55,7 @@ def test_retry_is_a_piece_of_its_own() -> None:
 
 
 def test_the_connector_renders_the_retry_key_only_when_on() -> None:
-    from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+    from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 
     config = MoonleaseConnectorConfig.from_sources({"mooncake_retention_retry": True})
     assert config.retention == RetentionSettings(retry=True)

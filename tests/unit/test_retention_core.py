@@ -12,15 +12,15 @@ import pytest
 
 from moonlease_dev.bench.workers import build_layout_parts, layout_by_name
 from moonlease_connector.adapters.vllm_retention import build_resume_set, build_shared_set, chunk_kind
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.retention import (
     ChunkKind,
     ChunkRetention,
-    RetentionSettings,
     SaveChunk,
     plan_save_retention,
     resume_ends,
 )
+from moonlease_settings.retention import RetentionSettings
 
 pytestmark = pytest.mark.unit
 

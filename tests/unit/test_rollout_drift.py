@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.api import APPROVE_MASTER_RESTART_ANNOTATION, Phase
 from moonlease_operator.core.connector_delivery import settings_config_map_name
 from tests.unit.test_rollout_plan import SPEC, fleet, rolled_to, spec_with, template

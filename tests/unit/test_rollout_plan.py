@@ -27,7 +27,7 @@ from moonlease_operator.core.compatibility import (
     image_mooncake_version,
     parse_mooncake_version,
 )
-from moonlease_connector.settings import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import (
     SETTINGS_CONFIG_MAP_LABEL,
     SettingsReport,

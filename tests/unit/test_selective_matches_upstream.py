@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from tests.support.lookup_workers import (
     HASH_BLOCK,
     LAYOUTS,

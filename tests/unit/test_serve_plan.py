@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_dev.bench.serve_plan import (
     LeaseMode, PlannedRequest, RequestResult, Separation, age_bucket, block_tokens, compare_modes,
     parse_cases, parse_pressures, plan_requests, spread_of, summarize, summarize_repeats)

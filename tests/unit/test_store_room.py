@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from moonlease_connector.adapters.store_eviction import default_master_metrics_url, parse_master_usage
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
-from moonlease_connector.core.retention import RetentionSettings
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.retention import RetentionSettings
 from moonlease_connector.core.store_room import (
     OBJECT_HAS_LEASE,
     RecencyOrder,

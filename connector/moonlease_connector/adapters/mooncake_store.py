@@ -19,13 +19,13 @@ from typing import Any, Protocol
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.last_hit import (
     CONTRACT_PROBE_STORED,
-    LAST_HIT_ONLY_POLICY,
     CheckpointCandidates,
     ProbeContract,
     Selection,
     contract_from_probe,
     select_checkpoint,
 )
+from moonlease_settings.lease_modes import LAST_HIT_ONLY_POLICY
 from moonlease_connector.core.lookup import has_error_code
 
 logger = logging.getLogger("vllm.moonlease.connector.store")

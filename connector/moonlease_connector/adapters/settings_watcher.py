@@ -28,7 +28,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from moonlease_connector.config import MoonleaseConnectorConfig
+from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.live_settings import (
     ActiveSettings,
@@ -38,7 +38,7 @@ from moonlease_connector.core.live_settings import (
     decide_switch,
     refuse,
 )
-from moonlease_connector.settings import (
+from moonlease_settings.settings_file import (
     SETTINGS_INFO_METRIC,
     SETTINGS_REFUSALS_METRIC,
     SETTINGS_REFUSED_METRIC,

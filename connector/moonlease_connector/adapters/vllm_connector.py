@@ -3,7 +3,7 @@
 I/O adapter, a thin facade like upstream's: it runs upstream's own constructor, with our worker
 (`MoonleaseStoreWorker`) and scheduler (`MoonleaseStoreScheduler`: upstream's plus a bounded
 reset, and junction retention when it is on — or may be switched on: with a settings file,
-`moonlease_connector.settings`, the worker applies new settings while the engine runs) in
+`moonlease_settings.settings_file`, the worker applies new settings while the engine runs) in
 place of upstream's. Both take upstream's constructor arguments,
 so nothing of upstream's constructor is copied here. Keeps upstream's class name because parts
 of vLLM (config/vllm.py) check the connector by name.

@@ -20,10 +20,9 @@ from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, Mamb
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from moonlease_connector.adapters.vllm_specs import unwrap_spec
-from moonlease_connector.config import ConnectorConfigError
-from moonlease_connector.core.lease_modes import LEASE_MODE_KEY, LeaseMode
+from moonlease_settings.config import ConnectorConfigError
+from moonlease_settings.lease_modes import LEASE_MODE_KEY, LeaseMode
 from moonlease_connector.core.last_hit import (
-    LAST_HIT_ONLY_POLICY,
     CheckpointCandidates,
     HitPass,
     HitPlan,
@@ -36,6 +35,7 @@ from moonlease_connector.core.last_hit import (
     plan_one_candidate_follow_up,
     whole_block_bound,
 )
+from moonlease_settings.lease_modes import LAST_HIT_ONLY_POLICY
 from moonlease_connector.core.last_hit_layout import (
     GroupServing,
     ManagerKind,

@@ -40,7 +40,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from moonlease_connector.adapters.mooncake_store import ProbeContractDetector, StoreCalls
 from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 from moonlease_connector.adapters.vllm_specs import is_recurrent
-from moonlease_connector.config import LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
 from moonlease_connector.core.junctions import find_junctions
 from moonlease_connector.core.last_hit import legal_checkpoints

@@ -37,11 +37,11 @@ from moonlease_connector.core.put_retry import (
 from moonlease_connector.core.retention import (
     ChunkKind,
     ChunkRetention,
-    RetentionSettings,
     SaveChunk,
     plan_save_retention,
     resume_ends,
 )
+from moonlease_settings.retention import RetentionSettings
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
 from moonlease_connector.core.store_room import StoreUsage
 

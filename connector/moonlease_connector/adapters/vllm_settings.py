@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 from vllm.config import VllmConfig
 
-from moonlease_connector.config import MoonleaseConnectorConfig
-from moonlease_connector.settings import SettingsDelivery, delivery_from_sources
+from moonlease_settings.config import MoonleaseConnectorConfig
+from moonlease_settings.settings_file import SettingsDelivery, delivery_from_sources
 
 
 def connector_settings(vllm_config: VllmConfig,

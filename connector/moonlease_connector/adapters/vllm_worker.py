@@ -17,7 +17,7 @@ returns the shared-prefix junction by vLLM's local rule, as sentinel entries of 
 (`core.lookup_protocol`), and saves run on `JunctionSendingThread`, whose save mask adds the
 tails at each job's junctions.
 
-With a settings file (`moonlease_connector.settings`) the settings are live: a
+With a settings file (`moonlease_settings.settings_file`) the settings are live: a
 `SettingsWatcher` follows the file and, for each change it accepts (`core.live_settings`),
 `apply_settings` builds the new mode's lookup object and replaces the current one as a whole
 (a lookup reads it once, so it runs on one version throughout); the save thread is
@@ -75,13 +75,13 @@ from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layou
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_threads import stop_transfer_threads
 from moonlease_connector.adapters.vllm_step_outcome import StepOutcomeWatch
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
-from moonlease_connector.core.lease_modes import strategy_of
+from moonlease_settings.lease_modes import strategy_of
 from moonlease_connector.core.load_deadline import LoadPins, load_deadline_s
 from moonlease_connector.core.live_settings import ActiveSettings, SettingsSource, SwitchDecision
 from moonlease_connector.core.lookup import GroupNamespaces
-from moonlease_connector.settings import SettingsDelivery
+from moonlease_settings.settings_file import SettingsDelivery
 
 logger = logging.getLogger("vllm.moonlease.connector.worker")
 

@@ -1,11 +1,11 @@
 """Whether the Mooncake client can serve a lease mode (what each mode needs is on its strategy,
-`core.lease_modes`). Pure."""
+`moonlease_settings.lease_modes`). Pure."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moonlease_connector.core.lease_modes import LEASE_MODE_KEY, LeaseMode, strategy_of
+from moonlease_settings.lease_modes import LEASE_MODE_KEY, LeaseMode, strategy_of
 
 
 @dataclass(frozen=True)

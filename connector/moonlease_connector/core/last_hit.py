@@ -44,8 +44,6 @@ from enum import Enum
 
 from moonlease_connector.core.lookup import GroupNamespaces, Unit
 
-LAST_HIT_ONLY_POLICY = "LastHitOnly"
-
 
 class ProbeContract(str, Enum):
     """How a store answers a LastHitOnly probe."""

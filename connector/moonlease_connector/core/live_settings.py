@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from moonlease_connector.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
+from moonlease_settings.config import ConnectorConfigError, LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities, missing_capability
-from moonlease_connector.settings import parse_settings_file, settings_hash
+from moonlease_settings.settings_file import parse_settings_file, settings_hash
 
 
 class SettingsSource(str, Enum):

@@ -51,6 +51,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from moonlease_settings.retention import RetentionSettings
+
 
 class ChunkKind(str, Enum):
     """What a stored chunk holds, as far as retention cares."""
@@ -66,33 +68,6 @@ class ChunkRetention(str, Enum):
     PINNED = "pinned"  # put with soft pin
     PLAIN = "plain"  # put as upstream does (no pin)
     SKIPPED = "skipped"  # not written, not re-checked
-
-
-@dataclass(frozen=True)
-class RetentionSettings:
-    """The retention pieces a connector runs (all off: upstream's saves)."""
-
-    pin: bool = False
-    skip: bool = False
-    retry: bool = False
-    evict: bool = False
-    #: With ``evict``: the share of the store's capacity saves keep it under — the master's
-    #: ``eviction_high_watermark_ratio`` (Mooncake's default 0.9).
-    evict_watermark: float = 0.9
-
-    def __post_init__(self) -> None:
-        if not 0 < self.evict_watermark <= 1:
-            raise ValueError("evict_watermark must be in (0, 1]")
-
-    @property
-    def active(self) -> bool:
-        """Any piece on (the connector then runs its retention send thread)."""
-        return self.pin or self.skip or self.retry or self.evict
-
-    @property
-    def plans_saves(self) -> bool:
-        """A piece that decides chunk by chunk (`plan_save_retention`) is on."""
-        return self.pin or self.skip
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, ValidationError, model_validator
 
 # One vocabulary for the CRD and the connector's settings; each mode's needs on its strategy.
-from moonlease_connector.core.lease_modes import STRATEGIES, LeaseMode
+from moonlease_settings.lease_modes import STRATEGIES, LeaseMode
 
 from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
 from moonlease_operator.api.common import (
@@ -335,7 +335,8 @@ _ROLES_STAGED = CelRule(
     message="every target role must have a stage in rollout.stages",
     field_path=".rollout.stages",
 )
-#: The lease modes whose strategy needs a hybrid model (`core.lease_modes`), in enum order.
+#: The lease modes whose strategy needs a hybrid model (`moonlease_settings.lease_modes`), in
+#: enum order.
 HYBRID_MODES = tuple(mode for mode, strategy in STRATEGIES.items() if strategy.needs_hybrid_model)
 
 

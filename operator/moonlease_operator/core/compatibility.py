@@ -1,10 +1,10 @@
 """The compatibility gate: whether the fleet can run the policy's lease mode at all. Pure.
 
 Checked before any change (by `core.rollout`), from the mode's strategy in the connector's
-`core.lease_modes`: modes that probe keys without leasing them (`batch_probe_key`: selective,
-lastHitOnly) need Mooncake 0.3.14 on the master and on every client; modes that need hybrid
-models (full attention + align-mode Mamba: lastHitOnly) need every target declared hybrid (a
-CEL rule says so; it is checked here again for specs that bypassed it).
+settings contract (`moonlease_settings.lease_modes`): modes that probe keys without leasing them
+(`batch_probe_key`: selective, lastHitOnly) need Mooncake 0.3.14 on the master and on every
+client; modes that need hybrid models (full attention + align-mode Mamba: lastHitOnly) need every
+target declared hybrid (a CEL rule says so; it is checked here again for specs that bypassed it).
 
 A version comes from what the policy declares (`master.version`, `targets[].mooncakeVersion`),
 else from the image tag of an image whose name says Mooncake (`.../mooncake-master:v0.3.14`). A
@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_connector.core.lease_modes import strategy_of
+from moonlease_settings.lease_modes import strategy_of
 from moonlease_operator.api import PolicySpec, StageName
 
 #: The first Mooncake release with batch_probe_key (Mooncake PR 3801).

@@ -10,7 +10,7 @@ From then on a connector change edits only the ConfigMap: the kubelet swaps the 
 running connector applies it between two lookups, no pod restarts.
 
 Verification: a pod counts only when its running connector reports, on its settings endpoint
-(`moonlease_connector.settings`), the hash of the settings the file gives it — computed here
+(`moonlease_settings.settings_file`), the hash of the settings the file gives it — computed here
 with the connector's own parser over the workload's start-up defaults, so both sides agree.
 """
 
@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_connector.config import ConnectorConfigError, MoonleaseConnectorConfig
-from moonlease_connector.core.lease_modes import ALIAS_KEYS
-from moonlease_connector.settings import (
+from moonlease_settings.config import ConnectorConfigError, MoonleaseConnectorConfig
+from moonlease_settings.lease_modes import ALIAS_KEYS
+from moonlease_settings.settings_file import (
     DEFAULT_SETTINGS_METRICS_PORT,
     SETTINGS_FILE_ENV,
     SETTINGS_FILE_NAME,

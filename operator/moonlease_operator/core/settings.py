@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moonlease_connector.config import LEASE_MODE_KEY, MoonleaseConnectorConfig
-from moonlease_connector.core.retention import RetentionSettings
+from moonlease_settings.config import LEASE_MODE_KEY, MoonleaseConnectorConfig
+from moonlease_settings.retention import RetentionSettings
 from moonlease_operator.api import ConnectorSpec, MasterConfigMapSpec, MasterSpec, build_master_flags
 from moonlease_operator.api.policy import MASTER_FLAGS
 from moonlease_operator.core.changes import Wrapped

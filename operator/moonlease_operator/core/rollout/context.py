@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from moonlease_connector.settings import SETTINGS_FILE_NAME
+from moonlease_settings.settings_file import SETTINGS_FILE_NAME
 from moonlease_operator.api import ABTestStatus, StageName, StagePhase, StageStatus
 from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_operator.core.config_hash import build_config_hash

@@ -24,13 +24,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from moonlease_connector.config import (
+from moonlease_settings.config import (
     DELIVERY_EXTRA_CONFIG_KEYS,
     ConnectorConfigError,
     MoonleaseConnectorConfig,
     warn_deprecated,
 )
-from moonlease_connector.core.lease_modes import (
+from moonlease_settings.lease_modes import (
     ALIAS_KEYS,
     LEASE_MODE_KEY,
     LeaseModeError,

@@ -1,12 +1,13 @@
 """The lease modes: one vocabulary, each mode's facts on its strategy, and the one key that picks
-a mode. Pure.
+a mode. Pure (the standard library only).
 
 A mode's name is what users write everywhere: the CRD's `spec.connector.leaseMode`, the chart's
 `vllm.connector.leaseMode`, the connector's `mooncake_lease_mode` and the `lease_mode` label of
 the connector's metrics. What a mode needs — the `batch_probe_key` policies its lookups use, a
 hybrid (full attention + align-mode Mamba) model, the store's LastHitOnly response contract —
-is stated once, on its strategy here. The connector's capability and layout gates, the
-operator's compatibility gate and the CRD's CEL rule read it; the chart's `_validate.tpl` and
+is stated once, on its strategy here. The connector's capability and layout gates
+(`moonlease_connector.core.capabilities`, `.last_hit_layout`), the operator's compatibility gate
+and the CRD's CEL rule read it; the chart's `_validate.tpl` and
 values schema are tested against it (tests/unit/test_lease_modes.py).
 
 The connector took its mode from two booleans before `mooncake_lease_mode` existed
@@ -21,8 +22,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar
 
-from moonlease_connector.core.last_hit import LAST_HIT_ONLY_POLICY
-
 
 class LeaseMode(str, Enum):
     """Which keys a lookup leases. The names are the CRD's `spec.connector.leaseMode`."""
@@ -31,6 +30,10 @@ class LeaseMode(str, Enum):
     SELECTIVE = "selective"  # seed 002: probe without lease, lease only the hit's load set
     LAST_HIT_ONLY = "lastHitOnly"  # seed 000: recurrent states via LastHitOnly probing
 
+
+#: The `batch_probe_key` policy of last-hit-only lookups: Mooncake answers for the recurrent
+#: checkpoint a hit would load (`moonlease_connector.core.last_hit` reads its answers).
+LAST_HIT_ONLY_POLICY = "LastHitOnly"
 
 #: The connector key (in `kv_connector_extra_config` and the settings file) naming the mode.
 LEASE_MODE_KEY = "mooncake_lease_mode"
@@ -48,7 +51,8 @@ class LeaseModeStrategy:
     #: Mooncake); any policy needs Mooncake >= 0.3.14 on the master and every client.
     probe_policies: ClassVar[tuple[str, ...]] = ()
     #: Whether it needs a hybrid model: every prefix-cached group full attention or align-mode
-    #: Mamba, with a Mamba group (`core.last_hit_layout`); CRD targets declare `hybrid: true`.
+    #: Mamba, with a Mamba group (`moonlease_connector.core.last_hit_layout`); CRD targets
+    #: declare `hybrid: true`.
     needs_hybrid_model: ClassVar[bool] = False
     #: Whether the worker detects the store's LastHitOnly response contract before lookups.
     detects_probe_contract: ClassVar[bool] = False

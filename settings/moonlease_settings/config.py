@@ -3,7 +3,7 @@
 Pure: pydantic only, so the operator imports it to render exactly these keys.
 
 Read from `kv_connector_extra_config` (next to upstream's own keys, which are left alone). The
-lease mode is one key, `mooncake_lease_mode` (`core.lease_modes`); the booleans that picked it
+lease mode is one key, `mooncake_lease_mode` (`lease_modes`); the booleans that picked it
 before (and selective lease's environment variable) are read as deprecated aliases. Every
 setting defaults to upstream's behaviour.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from moonlease_connector.core.lease_modes import (
+from moonlease_settings.lease_modes import (
     ALIAS_KEYS,
     LEASE_MODE_KEY,
     SELECTIVE_LEASE_ENV,
@@ -29,7 +29,7 @@ from moonlease_connector.core.lease_modes import (
     parse_lease_mode,
     strategy_of,
 )
-from moonlease_connector.core.retention import RetentionSettings
+from moonlease_settings.retention import RetentionSettings
 
 __all__ = ["LEASE_MODE_KEY", "SELECTIVE_LEASE_ENV", "ConnectorConfigError", "DeprecatedSettingWarning",
            "LeaseMode", "MoonleaseConnectorConfig", "warn_deprecated"]
@@ -43,7 +43,7 @@ UPSTREAM_EXTRA_CONFIG_KEYS = frozenset({
 })
 
 #: Moonlease keys that say where live settings come from, not what they are
-#: (`moonlease_connector.settings`); never part of the settings or their hash.
+#: (`moonlease_settings.settings_file`); never part of the settings or their hash.
 DELIVERY_EXTRA_CONFIG_KEYS = frozenset({"mooncake_settings_file", "mooncake_settings_metrics_port"})
 
 
@@ -152,7 +152,7 @@ class MoonleaseConnectorConfig(BaseModel):
 
     @property
     def strategy(self) -> type[LeaseModeStrategy]:
-        """The lease mode's facts (`core.lease_modes`)."""
+        """The lease mode's facts (`moonlease_settings.lease_modes`)."""
         return strategy_of(self.mooncake_lease_mode)
 
     @property
@@ -163,7 +163,7 @@ class MoonleaseConnectorConfig(BaseModel):
 
     @property
     def retention(self) -> RetentionSettings:
-        """The retention pieces on (`core.retention`)."""
+        """The retention pieces on (`moonlease_settings.retention`)."""
         return RetentionSettings(pin=self.mooncake_retention_pin, skip=self.mooncake_retention_skip,
                                  retry=self.mooncake_retention_retry, evict=self.mooncake_retention_evict,
                                  evict_watermark=self.mooncake_retention_evict_watermark)
