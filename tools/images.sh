@@ -148,7 +148,7 @@ done
 # What the Dockerfile's RUN --mount steps bring in, as build arguments: podman's builder keys a
 # RUN's cache on its text and arguments, not on mounted content.
 wheel_digest=$({ cat pyproject.toml README.md
-                 find moonlease connector operator -type f -not -path '*/__pycache__/*' -not -name '*.pyc' \
+                 find moonlease connector operator settings -type f -not -path '*/__pycache__/*' -not -name '*.pyc' \
                      -not -path '*.egg-info/*' -print0 | LC_ALL=C sort -z | xargs -0 cat; } | sha256sum | cut -c1-16)
 lock_digest=$(sha256sum requirements/lock.txt | cut -c1-16)
 

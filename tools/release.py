@@ -5,8 +5,10 @@
 
 Checks, in order, each refusal one line that says what to change (exit 1):
 
-1. the version: pyproject's `version` is connector/pyproject.toml's, the chart's `version` and
-   `appVersion`, and CHANGELOG.md has its section (`## [<version>]`);
+1. the version: pyproject's `version` is connector/pyproject.toml's and settings/pyproject.toml's,
+   every pin of one of our distributions on another (`moonlease-settings==<version>`) names it,
+   the chart's `version` and `appVersion` are it, and CHANGELOG.md has its section
+   (`## [<version>]`);
 2. the images: the chart, rendered with the defaults it will ship, runs only images a registry
    can hold. The defaults name our images without a registry (`moonlease/operator:0.1.0`, which
    would resolve to Docker Hub, where none of them is) and `make images` tags them `localhost/...`:
@@ -75,13 +77,31 @@ def unheld_images(images: Iterable[str]) -> list[str]:
     return sorted({image for image in images if not held(image)})
 
 
+#: The product's distributions released with `moonlease` (pyproject.toml), at its version: the
+#: folder of each one's pyproject.toml. They require each other at exactly that version.
+RELEASED_WITH = ("connector", "settings")
+
+
 def check_versions(repo: Path = REPO) -> str:
-    """The release version, after checking the chart and the CHANGELOG agree with pyproject."""
-    version = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
-    connector = tomllib.loads((repo / "connector" / "pyproject.toml").read_text())["project"]["version"]
-    if connector != version:
-        raise Refusal(f"connector/pyproject.toml version is {connector}, pyproject.toml's {version}: make them equal "
-                      "(moonlease requires moonlease-connector at its own version)")
+    """The release version, after checking the other distributions, their pins on each other,
+    the chart and the CHANGELOG agree with pyproject."""
+    projects = {".": tomllib.loads((repo / "pyproject.toml").read_text())["project"]}
+    version = projects["."]["version"]
+    for folder in RELEASED_WITH:
+        projects[folder] = tomllib.loads((repo / folder / "pyproject.toml").read_text())["project"]
+        if projects[folder]["version"] != version:
+            raise Refusal(f"{folder}/pyproject.toml version is {projects[folder]['version']}, pyproject.toml's "
+                          f"{version}: make them equal (they are released together)")
+    ours = {str(project["name"]) for project in projects.values()}
+    for folder, project in projects.items():
+        pins = [*project.get("dependencies", []),
+                *(r for extra in project.get("optional-dependencies", {}).values() for r in extra)]
+        for pin in pins:
+            name, _, pinned = str(pin).partition("==")
+            if name.strip() in ours and pinned.strip() != version:
+                where = "pyproject.toml" if folder == "." else f"{folder}/pyproject.toml"
+                raise Refusal(f"{where} requires {pin}, not {name.strip()}=={version}: our distributions "
+                              "require each other at the release's version")
     chart = yaml.safe_load((repo / "charts" / "moonlease" / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
         if str(chart[key]) != version:

