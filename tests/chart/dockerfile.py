@@ -171,9 +171,11 @@ class StageRunner:
 
     def environment(self, stage: str, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The process environment of a RUN (or of the final image): this machine's, with the
-        stage's ARG and ENV values (paths mapped) and the base image's interpreters first."""
+        stage's ARG and ENV values (paths mapped) and the base image's interpreters first. Not
+        this machine's PYTHONPATH: an image has none, and a checkout's source roots on it would
+        stand in for what the stage installs."""
         st = self.dockerfile.stages[stage]
-        env = dict(os.environ)
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
         env["PATH"] = f"{self.bin}:{env['PATH']}"
         for name, value in {**st.args(self.dockerfile.global_args),
                             **st.env(self.dockerfile.global_args, {"PATH": env["PATH"]}),

@@ -76,7 +76,7 @@ def blocked_modules() -> list[str]:
     base = base_distributions()
     theirs = {module for module, dists in importlib.metadata.packages_distributions().items()
               if module not in OURS and not {norm(d) for d in dists} & base}
-    return sorted(theirs | {module for module, dist in OURS.items() if dist not in base})
+    return sorted(theirs | {module for module, dist in OURS.items() if dist != "moonlease" and dist not in base})
 
 
 async def run_with_base_only(entry: str, *args: str) -> tuple[int, str, str]:
