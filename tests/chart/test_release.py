@@ -112,31 +112,30 @@ def _repo_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def test_the_versions_and_the_changelog_must_agree(tmp_path: Path) -> None:
+def test_the_repository_s_versions_agree(tmp_path: Path) -> None:
+    assert release.check_versions(_repo_copy(tmp_path)) == "0.1.0"
+
+
+#: (file of a repository copy, text in it, its replacement, what the release then says)
+DISAGREEMENTS = {
+    "chart": ("charts/moonlease/Chart.yaml", 'appVersion: "0.1.0"', 'appVersion: "0.2.0"',
+              "appVersion is 0.2.0, pyproject.toml's version 0.1.0"),
+    "connector": ("connector/pyproject.toml", 'version = "0.1.0"', 'version = "0.1.1"',
+                  "connector/pyproject.toml version is 0.1.1, pyproject.toml's 0.1.0"),
+    "settings": ("settings/pyproject.toml", 'version = "0.1.0"', 'version = "0.2.0"',
+                 "settings/pyproject.toml version is 0.2.0, pyproject.toml's 0.1.0"),
+    "pin": ("connector/pyproject.toml", '"moonlease-settings==0.1.0"', '"moonlease-settings==0.0.9"',
+            "connector/pyproject.toml requires moonlease-settings==0.0.9, not moonlease-settings==0.1.0"),
+    "changelog": ("CHANGELOG.md", "## [0.1.0]", "## [0.0.9]", r"CHANGELOG.md has no section '## \[0.1.0\]'"),
+}
+
+
+@pytest.mark.parametrize("case", DISAGREEMENTS)
+def test_the_versions_and_the_changelog_must_agree(tmp_path: Path, case: str) -> None:
+    path, text, replacement, refusal = DISAGREEMENTS[case]
     copy = _repo_copy(tmp_path)
-    assert release.check_versions(copy) == "0.1.0"
-    chart = copy / "charts" / "moonlease" / "Chart.yaml"
-    chart.write_text(chart.read_text().replace('appVersion: "0.1.0"', 'appVersion: "0.2.0"'))
-    with pytest.raises(release.Refusal, match="appVersion is 0.2.0, pyproject.toml's version 0.1.0"):
-        release.check_versions(copy)
-    copy = _repo_copy(tmp_path / "connector")
-    connector = copy / "connector" / "pyproject.toml"
-    connector.write_text(connector.read_text().replace('version = "0.1.0"', 'version = "0.1.1"'))
-    with pytest.raises(release.Refusal, match="connector/pyproject.toml version is 0.1.1, pyproject.toml's 0.1.0"):
-        release.check_versions(copy)
-    copy = _repo_copy(tmp_path / "settings")
-    settings = copy / "settings" / "pyproject.toml"
-    settings.write_text(settings.read_text().replace('version = "0.1.0"', 'version = "0.2.0"'))
-    with pytest.raises(release.Refusal, match="settings/pyproject.toml version is 0.2.0, pyproject.toml's 0.1.0"):
-        release.check_versions(copy)
-    copy = _repo_copy(tmp_path / "pins")
-    connector = copy / "connector" / "pyproject.toml"
-    connector.write_text(connector.read_text().replace('"moonlease-settings==0.1.0"', '"moonlease-settings==0.0.9"'))
-    with pytest.raises(release.Refusal, match="connector/pyproject.toml requires moonlease-settings==0.0.9, "
-                                              "not moonlease-settings==0.1.0"):
-        release.check_versions(copy)
-    copy = _repo_copy(tmp_path / "again")
-    changelog = copy / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text().replace("## [0.1.0]", "## [0.0.9]"))
-    with pytest.raises(release.Refusal, match=r"CHANGELOG.md has no section '## \[0.1.0\]'"):
+    edited = copy / path
+    assert text in edited.read_text()
+    edited.write_text(edited.read_text().replace(text, replacement, 1))
+    with pytest.raises(release.Refusal, match=refusal):
         release.check_versions(copy)
