@@ -36,7 +36,10 @@ against a real cluster and right here otherwise:
 
 - What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
   server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
-  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict;
+  v2 also as gnostic's protobuf, `openapi_protobuf`, which is all client-go reads: kubectl's
+  validation, `explain --output=plaintext-openapiv2`, Helm's `install --dry-run=server`), protobuf
+  bodies of the kinds kubectl's typed commands send (`protobuf`),
   the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
   a CRD's CEL rules (`cel`), `/version` 1.32.
 - Field managers and server-side apply (`managed_fields`): every HTTP write records its

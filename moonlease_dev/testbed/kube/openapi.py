@@ -1,5 +1,6 @@
 """OpenAPI documents built from what the local API server serves: `/openapi/v2` (Swagger 2.0,
-one document) and `/openapi/v3` (an index, then one OpenAPI 3.0 document per group-version).
+one document, served as JSON or as protobuf: `openapi_protobuf`) and `/openapi/v3` (an index, then
+one OpenAPI 3.0 document per group-version).
 
 kubectl reads them to validate (`kubectl apply`: when the v3 document's PATCH operation of a
 kind takes the `fieldValidation` parameter, kubectl leaves validation to the server) and to
