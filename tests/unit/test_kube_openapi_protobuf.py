@@ -353,3 +353,27 @@ def test_custom_schemas_are_published_in_v2_without_v3_only_keywords() -> None:
         "e": {"x-kubernetes-preserve-unknown-fields": True},
         "f": {"type": "object", "additionalProperties": {}},
     }}
+
+
+@pytest.mark.parametrize(("where", "message"), [("query", "query_parameter_sub_schema"),
+                                                ("formData", "form_data_parameter_sub_schema"),
+                                                ("header", "header_parameter_sub_schema"),
+                                                ("path", "path_parameter_sub_schema")])
+def test_non_body_parameters_keep_every_primitive_field(where: str, message: str) -> None:
+    parameter = {"name": "n", "in": where, "description": "d", "required": True, "type": "array", "format": "f",
+                 "items": {"type": "integer", "maximum": 9, "items": {"type": "string", "pattern": "p"}},
+                 "collectionFormat": "csv", "default": [1], "maximum": 5, "exclusiveMaximum": True, "minimum": -5,
+                 "exclusiveMinimum": True, "maxLength": 7, "minLength": 1, "pattern": "^a", "maxItems": 3,
+                 "minItems": 1, "uniqueItems": True, "enum": [[1]], "multipleOf": 0.5, "x-note": "v"}
+    if where in ("query", "formData"):
+        parameter["allowEmptyValue"] = True
+    document = decode(encode_document({"paths": {"/a": {"get": {"parameters": [parameter]}}}}))
+    decoded = as_dict(document.paths.path[0].value.get.parameters[0])["parameter"]["non_body_parameter"][message]
+    assert decoded == {
+        "name": "n", "in": where, "description": "d", "required": True, "type": "array", "format": "f",
+        "items": {"type": "integer", "maximum": 9.0, "items": {"type": "string", "pattern": "p"}},
+        "collection_format": "csv", "default": {"yaml": "- 1\n"}, "maximum": 5.0, "exclusive_maximum": True,
+        "minimum": -5.0, "exclusive_minimum": True, "max_length": "7", "min_length": "1", "pattern": "^a",
+        "max_items": "3", "min_items": "1", "unique_items": True, "enum": [{"yaml": "- 1\n"}], "multiple_of": 0.5,
+        "vendor_extension": [{"name": "x-note", "value": {"yaml": "v\n"}}],
+        **({"allow_empty_value": True} if where in ("query", "formData") else {})}

@@ -40,6 +40,20 @@ class NotEncodable(ValueError):
 #: (int64), double, any (gnostic's Any), a message name, and "[]" + either for repeated fields.
 Spec = tuple[Mapping[str, tuple[int, str]], int | None]
 
+#: The fields every primitive-typed message (PrimitivesItems, the non-body parameters) declares
+#: in this order, numbered one after another from where each message starts them.
+_PRIMITIVE_FIELDS = (("type", "string"), ("format", "string"), ("items", "PrimitivesItems"),
+                     ("collectionFormat", "string"), ("default", "any"), ("maximum", "double"),
+                     ("exclusiveMaximum", "bool"), ("minimum", "double"), ("exclusiveMinimum", "bool"),
+                     ("maxLength", "int"), ("minLength", "int"), ("pattern", "string"), ("maxItems", "int"),
+                     ("minItems", "int"), ("uniqueItems", "bool"), ("enum", "[]any"), ("multipleOf", "double"))
+_PARAMETER_HEAD = {"required": (1, "bool"), "in": (2, "string"), "description": (3, "string"), "name": (4, "string")}
+
+
+def _primitive_fields(first: int) -> dict[str, tuple[int, str]]:
+    return {key: (number, kind) for number, (key, kind) in enumerate(_PRIMITIVE_FIELDS, first)}
+
+
 MESSAGES: dict[str, Spec] = {
     "Document": ({"swagger": (1, "string"), "info": (2, "Info"), "host": (3, "string"), "basePath": (4, "string"),
                   "schemes": (5, "[]string"), "consumes": (6, "[]string"), "produces": (7, "[]string"),
@@ -65,27 +79,10 @@ MESSAGES: dict[str, Spec] = {
     "BodyParameter": ({"description": (1, "string"), "name": (2, "string"), "in": (3, "string"),
                        "required": (4, "bool"), "schema": (5, "Schema")}, 6),
     # Query and formData parameters share their numbering; header and path parameters have no
-    # allowEmptyValue and number the rest one lower.
-    "QueryParameterSubSchema": ({
-        "required": (1, "bool"), "in": (2, "string"), "description": (3, "string"), "name": (4, "string"),
-        "allowEmptyValue": (5, "bool"), "type": (6, "string"), "format": (7, "string"), "items": (8, "PrimitivesItems"),
-        "collectionFormat": (9, "string"), "default": (10, "any"), "maximum": (11, "double"),
-        "exclusiveMaximum": (12, "bool"), "minimum": (13, "double"), "exclusiveMinimum": (14, "bool"),
-        "maxLength": (15, "int"), "minLength": (16, "int"), "pattern": (17, "string"), "maxItems": (18, "int"),
-        "minItems": (19, "int"), "uniqueItems": (20, "bool"), "enum": (21, "[]any"), "multipleOf": (22, "double")}, 23),
-    "HeaderParameterSubSchema": ({
-        "required": (1, "bool"), "in": (2, "string"), "description": (3, "string"), "name": (4, "string"),
-        "type": (5, "string"), "format": (6, "string"), "items": (7, "PrimitivesItems"), "collectionFormat": (8, "string"),
-        "default": (9, "any"), "maximum": (10, "double"), "exclusiveMaximum": (11, "bool"), "minimum": (12, "double"),
-        "exclusiveMinimum": (13, "bool"), "maxLength": (14, "int"), "minLength": (15, "int"), "pattern": (16, "string"),
-        "maxItems": (17, "int"), "minItems": (18, "int"), "uniqueItems": (19, "bool"), "enum": (20, "[]any"),
-        "multipleOf": (21, "double")}, 22),
-    "PrimitivesItems": ({
-        "type": (1, "string"), "format": (2, "string"), "items": (3, "PrimitivesItems"), "collectionFormat": (4, "string"),
-        "default": (5, "any"), "maximum": (6, "double"), "exclusiveMaximum": (7, "bool"), "minimum": (8, "double"),
-        "exclusiveMinimum": (9, "bool"), "maxLength": (10, "int"), "minLength": (11, "int"), "pattern": (12, "string"),
-        "maxItems": (13, "int"), "minItems": (14, "int"), "uniqueItems": (15, "bool"), "enum": (16, "[]any"),
-        "multipleOf": (17, "double")}, 18),
+    # allowEmptyValue and number the primitive fields from 5.
+    "QueryParameterSubSchema": ({**_PARAMETER_HEAD, "allowEmptyValue": (5, "bool"), **_primitive_fields(6)}, 23),
+    "HeaderParameterSubSchema": ({**_PARAMETER_HEAD, **_primitive_fields(5)}, 22),
+    "PrimitivesItems": (_primitive_fields(1), 18),
     "Schema": ({
         "$ref": (1, "string"), "format": (2, "string"), "title": (3, "string"), "description": (4, "string"),
         "default": (5, "any"), "multipleOf": (6, "double"), "maximum": (7, "double"), "exclusiveMaximum": (8, "bool"),
