@@ -122,39 +122,16 @@ def _vendor_extensions(number: int, extensions: Mapping[str, Any]) -> bytes:
     return b"".join(field_bytes(number, _named(name, _any(value))) for name, value in extensions.items())
 
 
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise NotEncodable(f"{where}: expected an object, got {type(value).__name__}")
-    return value
+#: The JSON types the fields take, by the name errors give them.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"object": (Mapping,), "string": (str,), "number": (int, float),
+                                            "integer": (int,), "boolean": (bool,), "list": (list,)}
 
 
-def _string(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise NotEncodable(f"{where}: expected a string, got {type(value).__name__}")
-    return value
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise NotEncodable(f"{where}: expected a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _integer(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise NotEncodable(f"{where}: expected an integer, got {type(value).__name__}")
-    return value
-
-
-def _boolean(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise NotEncodable(f"{where}: expected a boolean, got {type(value).__name__}")
-    return value
-
-
-def _list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise NotEncodable(f"{where}: expected a list, got {type(value).__name__}")
+def _checked(value: Any, expected: str, where: str) -> Any:
+    """`value` if it has the JSON type `expected` (a boolean is not a number here), else NotEncodable."""
+    if not isinstance(value, _JSON_TYPES[expected]) or (isinstance(value, bool) and expected in ("number", "integer")):
+        article = "an" if expected[0] in "aeiou" else "a"
+        raise NotEncodable(f"{where}: expected {article} {expected}, got {type(value).__name__}")
     return value
 
 
@@ -163,7 +140,7 @@ def encode_message(name: str, value: Any, where: str = "") -> bytes:
     if name in _SPECIAL:
         return _SPECIAL[name](value, where)
     fields, extension_number = MESSAGES[name]
-    obj = _mapping(value, where or name)
+    obj = _checked(value, "object", where or name)
     parts: list[tuple[int, bytes]] = []
     extensions: dict[str, Any] = {}
     for json_key, item in obj.items():
@@ -183,16 +160,16 @@ def encode_message(name: str, value: Any, where: str = "") -> bytes:
 def _field(number: int, kind: str, value: Any, where: str) -> bytes:
     if kind.startswith("[]"):
         return b"".join(_field(number, kind[2:], item, f"{where}[{index}]")
-                        for index, item in enumerate(_list(value, where)))
+                        for index, item in enumerate(_checked(value, "list", where)))
     match kind:
         case "string":
-            return field_string(number, _string(value, where))
+            return field_string(number, _checked(value, "string", where))
         case "bool":
-            return field_bool(number, _boolean(value, where))
+            return field_bool(number, _checked(value, "boolean", where))
         case "int":
-            return field_int(number, _integer(value, where))
+            return field_int(number, _checked(value, "integer", where))
         case "double":
-            return field_double(number, _number(value, where))
+            return field_double(number, float(_checked(value, "number", where)))
         case "any":
             return field_bytes(number, _any(value))
     return field_bytes(number, encode_message(kind, value, where))
@@ -201,13 +178,13 @@ def _field(number: int, kind: str, value: Any, where: str) -> bytes:
 def _named_schemas(value: Any, where: str) -> bytes:
     """Properties and Definitions: repeated NamedSchema (field 1), in the document's order."""
     return b"".join(field_bytes(1, _named(name, encode_message("Schema", schema, f"{where}.{name}")))
-                    for name, schema in _mapping(value, where).items())
+                    for name, schema in _checked(value, "object", where).items())
 
 
 def _type_item(value: Any, where: str) -> bytes:
     """TypeItem: repeated string `value` (1); JSON writes one type as a string."""
-    types = [value] if isinstance(value, str) else _list(value, where)
-    return b"".join(field_string(1, _string(item, where), always=True) for item in types)
+    types = [value] if isinstance(value, str) else _checked(value, "list", where)
+    return b"".join(field_string(1, _checked(item, "string", where), always=True) for item in types)
 
 
 def _items_item(value: Any, where: str) -> bytes:
@@ -225,7 +202,7 @@ def _additional_properties(value: Any, where: str) -> bytes:
 
 def _schema_item(value: Any, where: str) -> bytes:
     """SchemaItem: oneof schema (1) | file_schema (2); only schemas are published here."""
-    if _mapping(value, where).get("type") == "file":
+    if _checked(value, "object", where).get("type") == "file":
         raise NotEncodable(f"{where}: file schemas are not published by the local API server")
     return field_bytes(1, encode_message("Schema", value, where))
 
@@ -233,7 +210,7 @@ def _schema_item(value: Any, where: str) -> bytes:
 def _parameters_item(value: Any, where: str) -> bytes:
     """ParametersItem: oneof parameter (1) | json_reference (2); a Parameter is oneof
     body_parameter (1) | non_body_parameter (2), the latter oneof by `in`."""
-    obj = _mapping(value, where)
+    obj = _checked(value, "object", where)
     if "$ref" in obj:
         return field_bytes(2, encode_message("JsonReference", obj, where))
     place = obj.get("in")
@@ -249,7 +226,7 @@ def _parameters_item(value: Any, where: str) -> bytes:
 
 def _paths(value: Any, where: str) -> bytes:
     """Paths: vendor extensions (1), then repeated NamedPathItem (2)."""
-    obj = _mapping(value, where)
+    obj = _checked(value, "object", where)
     extensions = {name: item for name, item in obj.items() if name.startswith("x-")}
     return _vendor_extensions(1, extensions) + b"".join(
         field_bytes(2, _named(path, encode_message("PathItem", item, f"{where}.{path}")))
@@ -259,13 +236,13 @@ def _paths(value: Any, where: str) -> bytes:
 def _responses(value: Any, where: str) -> bytes:
     """Responses: repeated NamedResponseValue (1), then vendor extensions (2); a ResponseValue
     is oneof response (1) | json_reference (2)."""
-    obj = _mapping(value, where)
+    obj = _checked(value, "object", where)
     codes = b""
     for code, response in obj.items():
         if code.startswith("x-"):
             continue
         path = f"{where}.{code}"
-        if "$ref" in _mapping(response, path):
+        if "$ref" in _checked(response, "object", path):
             response_value = field_bytes(2, encode_message("JsonReference", response, path))
         else:
             response_value = field_bytes(1, encode_message("Response", response, path))
