@@ -193,7 +193,7 @@ def main() -> None:
         print(power_rows[-1], flush=True)
     elapsed = time.monotonic() - started
     limit = ALPHA + 2 * math.sqrt(ALPHA * (1 - ALPHA) / runs)
-    report = f"""# A/B test calibration (issue 26)
+    report = f"""# A/B test calibration
 
 Written by `benchmarks/ab_calibration.py --runs {runs}` on {datetime.date.today().isoformat()}
 ({platform.machine()}, Python {platform.python_version()}, {elapsed / 60:.1f} min). Reproduce with

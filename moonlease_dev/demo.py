@@ -152,7 +152,10 @@ def demo_values(options: DemoOptions, ports: dict[str, int], settings_ports: dic
     leaseAll, each arm's pods annotated with the ports its engine serves /metrics and its
     connector's settings endpoint on (all pods share 127.0.0.1 here); no operator (it runs in
     this process), no policy (the demo applies examples/policies/ab-junction-retention.yaml), no
-    store pool (the demo runs one on loopback)."""
+    store pool (the demo runs one on loopback); the arms name the tiny model the demo's engines
+    serve, so the release's NOTES print that model, not the chart's default."""
+    from moonlease_dev.testbed.tiny_models import model_dir
+
     settings = master_settings(options)
     return {
         "operator": {"enabled": False},
@@ -161,7 +164,8 @@ def demo_values(options: DemoOptions, ports: dict[str, int], settings_ports: dic
                      "master": {"settings": {"eviction_high_watermark_ratio": settings.eviction_high_watermark_ratio,
                                              "eviction_ratio": settings.eviction_ratio,
                                              "default_kv_lease_ttl": settings.default_kv_lease_ttl}}},
-        "vllm": {"arms": [{"name": arm, "prefillReplicas": 1, "decodeReplicas": 1,
+        "vllm": {"model": str(model_dir(options.model)),
+                 "arms": [{"name": arm, "prefillReplicas": 1, "decodeReplicas": 1,
                            "podAnnotations": {"prometheus.io/port": str(ports[arm]),
                                               SETTINGS_PORT_ANNOTATION: str(settings_ports[arm])}}
                           for arm in ARMS]},

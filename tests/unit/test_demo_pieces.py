@@ -30,6 +30,7 @@ from moonlease_dev.demo_arm import AgenticWorkload
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION
 from moonlease_operator.api import LeaseMode, StageName, parse_spec
 from moonlease_operator.core.compatibility import VersionSource, evaluate_compatibility
+from moonlease_dev.testbed.tiny_models import model_dir
 
 pytestmark = pytest.mark.unit
 
@@ -95,6 +96,8 @@ def test_the_demo_installs_two_arms_whose_pods_name_their_engines_ports() -> Non
     rendered = chart.render(values, name="moonlease", namespace="inference", is_install=True)
     objects = [doc for path, text in rendered.items() if not path.endswith("NOTES.txt")
                for doc in yaml.safe_load_all(text) if doc]
+    notes = next(text for path, text in rendered.items() if path.endswith("NOTES.txt"))
+    assert str(model_dir(DemoOptions.quick().model)) in notes and "Qwen" not in notes
     pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"] for o in objects if o["kind"] == "Deployment"}
     assert set(pods) == {"moonlease-mooncake-master"} | {f"moonlease-{role}-{arm}" for role in ("prefill", "decode")
                                                           for arm in ports}

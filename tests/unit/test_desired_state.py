@@ -31,12 +31,12 @@ from moonlease_operator.core.settings import (
     build_master_settings,
     build_target_desired,
 )
+from moonlease_operator.core.merge_patches import build_merge_patch
 from moonlease_operator.core.slots import (
     CONFIG_HASH_ANNOTATION,
     ORIGINAL_ANNOTATION,
     POLICY_LABEL,
     ROLLBACK_ANNOTATION,
-    build_merge_patch,
     build_update,
     describe_update,
 )

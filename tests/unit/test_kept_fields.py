@@ -19,7 +19,8 @@ from moonlease_operator.core.changes import ChangeAction, WorkloadChange
 from moonlease_operator.core.connector_delivery import SETTINGS_VOLUME, adoption_hash
 from moonlease_operator.core.kept_fields import LAST_APPLIED, trim_object, trim_pod
 from moonlease_operator.core.settings import build_master_desired, build_master_settings, build_target_desired
-from moonlease_operator.core.slots import build_strategic_merge_patch, build_update
+from moonlease_operator.core.merge_patches import build_strategic_merge_patch
+from moonlease_operator.core.slots import build_update
 
 pytestmark = pytest.mark.unit
 

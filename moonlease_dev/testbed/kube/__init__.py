@@ -14,8 +14,9 @@ fixtures (`tests/fixtures/kube.py`), `moonlease demo` and the benchmarks. Outsid
 Synchronous programs use `LocalApiServerThread` instead (the server in a thread of its own).
 
 Modules, one concept each: `resources` (the served types), `patches`, `selectors`, `schemas`,
-`validation`, `pagination`, `store_index`, `tables`, `openapi`, `protobuf`, `workloads`, `replicasets`, `cel`
-(pure helpers; none touches kmock's internals), `errors` (Status
+`validation`, `pagination`, `store_index`, `tables`, `openapi`, `openapi_protobuf` (the v2 document
+as gnostic's protobuf), `wire` (protobuf's wire format, written), `protobuf` (request bodies, read),
+`workloads`, `replicasets`, `cel` (pure helpers; none touches kmock's internals), `errors` (Status
 bodies), `watches` (the watch cache), `calls` (request log, traffic), `faults` (injected
 failures), `dispatch` (the reaction that serves a request, as kmock picks it, in time
 independent of the server's age), `emulator` (the API server: what it emulates is listed there), `simulator` (the

@@ -36,7 +36,10 @@ against a real cluster and right here otherwise:
 
 - What kubectl reads: Table responses (`tables`), watch streams as `application/json`,
   server-side dry run (`dryRun=All`: admitted and answered, nothing written, no event), OpenAPI
-  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict), protobuf bodies of the kinds kubectl's typed commands send (`protobuf`),
+  v2/v3 (`openapi`; built-in kinds' unknown fields dropped, or a 400 under fieldValidation=Strict;
+  v2 also as gnostic's protobuf, `openapi_protobuf`, which is all client-go reads: kubectl's
+  validation, `explain --output=plaintext-openapiv2`, Helm's `install --dry-run=server`), protobuf
+  bodies of the kinds kubectl's typed commands send (`protobuf`),
   the `scale` subresource and Deployment/StatefulSet validation and defaulting (`workloads`),
   a CRD's CEL rules (`cel`), `/version` 1.32.
 - Field managers and server-side apply (`managed_fields`): every HTTP write records its
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import json
 import secrets
 import string
@@ -75,6 +79,7 @@ from moonlease_dev.testbed.kube.dispatch import dispatch
 from moonlease_dev.testbed.kube.faults import FAULT_REASONS, InjectedFault
 from moonlease_dev.testbed.kube.managed_fields import ApplyConflicts, apply_config, record_update
 from moonlease_dev.testbed.kube.openapi import definition_name, openapi_v2, openapi_v3, openapi_v3_index, prune_builtin
+from moonlease_dev.testbed.kube.openapi_protobuf import JSON_CONTENT_TYPE, encode_document, negotiate
 from moonlease_dev.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
 from moonlease_dev.testbed.kube.patches import merge_patch, strategic_merge_patch
 from moonlease_dev.testbed.kube.protobuf import UnreadableBody, decode_object
@@ -182,6 +187,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _watches: WatchCache = attrs.field(init=False)
     _index: StoreIndex = attrs.field(factory=StoreIndex, init=False)
     _listeners: list[WriteListener] = attrs.field(factory=list, init=False)
+    #: The last /openapi/v2 protobuf encoding, by its document's ETag (encoding takes tens of ms).
+    _openapi_v2_protobuf: tuple[str, bytes] = attrs.field(default=("", b""), init=False)
 
     def __attrs_post_init__(self) -> None:
         _read_namespace_paths()
@@ -826,7 +833,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         verb, resource = _call_verb(request), _call_resource(request)
         self.traffic.count_request(verb, resource)
         if request.url.path.startswith("/openapi/") and str(request.method.value).upper() == "GET":
-            return self._serve_openapi(request.url.path)
+            return self._serve_openapi(request)
         if str(request.method.value).upper() in _WRITE_METHODS and len(request.body) > self.max_request_body_bytes:
             raise errors.too_large(f"Request entity too large: limit is {self.max_request_body_bytes}")
         response = await dispatch(self, request)  # RawHandler._handle's, in constant time per reaction
@@ -834,12 +841,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             self.traffic.count_bytes(verb, resource, len(response.body))
         return response
 
-    def _serve_openapi(self, path: str) -> aiohttp.web.StreamResponse:
+    def _serve_openapi(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         """/openapi/v2, /openapi/v3 and /openapi/v3/<group-version>, built from the served types
         and the schemas held now (a CRD created later shows up in the next request)."""
+        path = request.url.path
         types = [(rtype, self._schemas.get(ref)) for ref, rtype in self._types.items()]
         if path == "/openapi/v2":
-            return aiohttp.web.json_response(openapi_v2(types))
+            return self._serve_openapi_v2(openapi_v2(types), request.headers)
         documents = openapi_v3(types)
         if path == "/openapi/v3":
             return aiohttp.web.json_response(openapi_v3_index(documents))
@@ -847,6 +855,26 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if document is None:
             raise errors.error(404, "NotFound", "the server could not find the requested resource")
         return aiohttp.web.json_response(document)
+
+    def _serve_openapi_v2(self, document: JsonObj, headers: Mapping[str, str]) -> aiohttp.web.StreamResponse:
+        """The v2 document as kube-openapi's handler serves it: JSON, or gnostic's protobuf to
+        a client whose Accept asks for it first (client-go always does), 406 to one that takes
+        neither; `Vary: Accept` and one quoted ETag (the JSON's SHA-512) for both encodings, 304
+        when `If-None-Match` has it."""
+        body = json.dumps(document).encode()
+        etag = hashlib.sha512(body).hexdigest().upper()
+        content_type = negotiate(headers.get("Accept"))
+        answer = {"Vary": "Accept", "Cache-Control": "no-cache, private"}
+        if content_type is None:
+            return aiohttp.web.Response(status=406, headers=answer)
+        answer |= {"Content-Type": content_type, "ETag": f'"{etag}"'}
+        if etag in (headers.get("If-None-Match") or ""):
+            return aiohttp.web.Response(status=304, headers=answer)
+        if content_type != JSON_CONTENT_TYPE:
+            if self._openapi_v2_protobuf[0] != etag:
+                self._openapi_v2_protobuf = (etag, encode_document(document))
+            body = self._openapi_v2_protobuf[1]
+        return aiohttp.web.Response(body=body, headers=answer)
 
     async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
         if isinstance(exc, kmock.KubernetesNotFoundError):

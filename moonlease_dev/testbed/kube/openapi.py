@@ -1,5 +1,6 @@
 """OpenAPI documents built from what the local API server serves: `/openapi/v2` (Swagger 2.0,
-one document) and `/openapi/v3` (an index, then one OpenAPI 3.0 document per group-version).
+one document, served as JSON or as protobuf: `openapi_protobuf`) and `/openapi/v3` (an index, then
+one OpenAPI 3.0 document per group-version).
 
 kubectl reads them to validate (`kubectl apply`: when the v3 document's PATCH operation of a
 kind takes the `fieldValidation` parameter, kubectl leaves validation to the server) and to
@@ -222,13 +223,55 @@ def _operations(rtype: ResourceType, name: str, *, v3: bool) -> dict[str, JsonOb
     }
 
 
+#: Keywords a CRD's schema may hold that Swagger 2.0 has not (published in v3 only).
+_V3_ONLY = frozenset({"allOf", "oneOf", "anyOf", "not", "nullable", "id", "$schema", "patternProperties",
+                      "dependencies", "additionalItems", "definitions"})
+
+
+def as_swagger2(node: Any) -> Any:
+    """A custom kind's schema as the API server publishes it in v2 (apiextensions'
+    `ToStructuralOpenAPIV2`): no junctors or other v3-only keywords; a nullable field untyped
+    (no type, items or properties) and not required; a field that keeps unknown fields without
+    items or properties; an array left without items untyped."""
+    if isinstance(node, list):
+        return [as_swagger2(item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    result: JsonObj = {}
+    for key, value in node.items():
+        if key in _V3_ONLY:
+            continue
+        if key == "properties" and isinstance(value, Mapping):
+            result[key] = {name: as_swagger2(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties"):
+            result[key] = as_swagger2(value)
+        else:
+            result[key] = value  # values (default, enum, vendor extensions) are data, not schemas
+    if node.get("nullable") or node.get("x-kubernetes-preserve-unknown-fields"):
+        result.pop("items", None)
+        result.pop("properties", None)
+    if node.get("nullable") or (result.get("type") == "array" and "items" not in result):
+        result.pop("type", None)
+    nullable = {name for name, sub in (node.get("properties") or {}).items()
+                if isinstance(sub, Mapping) and sub.get("nullable")}
+    extra = node.get("additionalProperties")
+    if isinstance(extra, Mapping) and extra.get("nullable"):
+        result.pop("required", None)
+    elif nullable and "required" in result:
+        result["required"] = [name for name in result["required"] if name not in nullable]
+        if not result["required"]:
+            del result["required"]
+    return result
+
+
 def openapi_v2(types: Iterable[tuple[ResourceType, Mapping[str, Any] | None]]) -> JsonObj:
-    """The Swagger 2.0 document of every served kind."""
+    """The Swagger 2.0 document of every served kind (custom kinds' schemas `as_swagger2`)."""
     definitions: JsonObj = {}
     paths: JsonObj = {}
     for rtype, schema in types:
         name = definition_name(rtype)
-        definitions.update(_schemas_of(rtype, schema, name, "#/definitions/"))
+        found = _schemas_of(rtype, schema, name, "#/definitions/")
+        definitions.update({key: as_swagger2(value) for key, value in found.items()} if rtype.custom else found)
         paths.update(_operations(rtype, name, v3=False))
     return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths,
             "definitions": definitions}

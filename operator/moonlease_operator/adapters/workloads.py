@@ -26,11 +26,8 @@ from moonlease_operator.adapters.kube import ApiError, KubeClient
 from moonlease_operator.api import API_VERSION, GROUP, KIND, PLURAL, VERSION, PolicyStatus
 from moonlease_operator.core.status import dump_status
 from moonlease_operator.core.changes import WorkloadChange
-from moonlease_operator.core.slots import (
-    build_merge_patch,
-    build_strategic_merge_patch,
-    build_update,
-)
+from moonlease_operator.core.merge_patches import build_merge_patch, build_strategic_merge_patch
+from moonlease_operator.core.slots import build_update
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import WORKLOAD_KINDS
 from moonlease_operator.core.rollout import (

@@ -12,7 +12,7 @@ operation, time and the top two levels of its fields (`core.conflicts.prune_mana
 enough to name another writer that keeps reverting the operator's changes); a pod keeps none.
 
 Writes stay exact because workloads are patched with a strategic merge patch
-(`slots.build_strategic_merge_patch`): containers, env vars, volumes and mounts are patched
+(`merge_patches.build_strategic_merge_patch`): containers, env vars, volumes and mounts are patched
 element by element, so what the cache dropped is never part of a patch. Pods are only read
 (health, the settings endpoint), never written.
 """

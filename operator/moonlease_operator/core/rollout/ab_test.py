@@ -22,10 +22,10 @@ from moonlease_operator.core.ab_plan import (
     apply_decision_annotation,
     begin_test,
     decision_hint,
-    evaluate_arm_mix,
     record_measurement,
     start_measuring,
 )
+from moonlease_operator.core.ab_spec_checks import evaluate_arm_mix
 from moonlease_operator.core.conditions import set_condition
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.fleet import Fleet

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from moonlease_operator.api import PolicySpec, PolicySpecError, PolicyStatus, Reason, StageName, parse_spec
-from moonlease_operator.core.ab_plan import (
+from moonlease_operator.core.ab_spec_checks import (
     evaluate_arm_roles,
     evaluate_arm_selectors,
     evaluate_custom_query_counters,
