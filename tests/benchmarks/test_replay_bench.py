@@ -32,7 +32,7 @@ def replay_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     assert generate.returncode == 0, generate.stderr[-3000:]
     out = folder / "results" / "replay.md"
     replay = subprocess.run([*MOONLEASE, "bench", "replay", "--trace", str(trace), "--capacities", "0.1",
-                             "--modes", "leaseAll,selective,lastHitOnly", "--wall-s-per-run", "5",
+                             "--modes", "leaseAll,selective,lastHitOnly", "--wall-s-per-run", "3",
                              "--engines", "1",
                              "--out", str(out), "--log-dir", str(folder / "logs")],
                             cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -32,16 +32,43 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["session", "random"])
-def fleet_run(request: pytest.FixtureRequest, trace: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, dict[str, Any]]:
+ROUTINGS = ("session", "random")
+
+
+@pytest.fixture(scope="module")
+def fleet_replays(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, int, str]]:
+    """Both routings' replays, run side by side (each sleeps much of its time until the trace's
+    scaled arrivals): routing -> (report, exit status, output)."""
+    started = {}
+    try:
+        for routing in ROUTINGS:
+            folder = tmp_path_factory.mktemp(f"fleet-{routing}")
+            log = (folder / "output.log").open("w")
+            started[routing] = (folder, log, subprocess.Popen(
+                [*MOONLEASE, "bench", "replay", "--trace", str(trace), "--capacities", "0.1",
+                 "--modes", ",".join(MODES), "--wall-s-per-run", "3",
+                 "--engines", "3", "--routing", routing, "--out", str(folder / "replay.md")],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True))
+        done = {}
+        for routing, (folder, log, process) in started.items():
+            code = process.wait(timeout=300)
+            log.close()
+            done[routing] = (folder / "replay.md", code, (folder / "output.log").read_text())
+        return done
+    finally:
+        for _, log, process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            log.close()
+
+
+@pytest.fixture(params=ROUTINGS)
+def fleet_run(request: pytest.FixtureRequest,
+              fleet_replays: dict[str, tuple[Path, int, str]]) -> tuple[str, Path, dict[str, Any]]:
     routing = request.param
-    out = tmp_path_factory.mktemp(f"fleet-{routing}") / "replay.md"
-    replay = subprocess.run([*MOONLEASE, "bench", "replay", "--trace", str(trace), "--capacities", "0.1",
-                             "--modes", ",".join(MODES), "--wall-s-per-run", "3",
-                             "--engines", "3", "--routing", routing, "--out", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-6000:]
+    out, code, output = fleet_replays[routing]
+    assert code == 0, output[-6000:]
     return routing, out, json.loads(out.with_suffix(".json").read_text())
 
 

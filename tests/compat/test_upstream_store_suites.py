@@ -32,6 +32,10 @@ from moonlease_dev.devenv.upstream_suites import (
 )
 
 pytestmark = pytest.mark.compat
+#: Under `make test` each test goes to whichever worker is free (tests/support/xdist_groups.py):
+#: each one is a subprocess of a minute or more of CPU, and nothing is shared between them but
+#: the suites' folder in the cache (fetched by `make setup`).
+XDIST_EACH_TEST = True
 REPO = Path(__file__).resolve().parents[2]
 VLLM_033 = REPO / ".venv-vllm-0.33"
 #: Tests in the six suites of each release; all pass here with upstream's own classes too
@@ -53,7 +57,10 @@ def run_suites(version: str, *, as_is: bool = False, forced_mode: str | None = N
     env = {**os.environ,
            "PYTHONPATH": devenv.source_pythonpath(*first, root),
            "HF_HUB_CACHE": str(ensure_model_stand_in()), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "MOONLEASE_UPSTREAM_SUITES_AS_IS": "1" if as_is else "0"}
+           "TRANSFORMERS_OFFLINE": "1", "MOONLEASE_UPSTREAM_SUITES_AS_IS": "1" if as_is else "0",
+           # The suites use no installed pytest plugin (hypothesis, anyio, asyncio, xdist): not
+           # loading them spares each run their imports and their assertion rewriting.
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     plugins = ["-p", "moonlease_dev.devenv.upstream_suites"]
     if forced_mode is not None:
         env["MOONLEASE_FORCED_MODE"] = forced_mode

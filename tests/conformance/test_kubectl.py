@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 from pathlib import Path
 
 import aiohttp
@@ -346,10 +347,18 @@ async def test_every_cel_rule_of_the_crd_refuses_its_violation_with_an_apiserver
         kube: LocalApiServer, kubectl: Kubectl) -> None:
     from tests.unit.test_policy_api import CEL_VIOLATIONS, VALID
 
-    for index, (message, spec) in enumerate(CEL_VIOLATIONS.items()):
+    # One kubectl process per rule, a few at a time (each waits mostly on its own start-up and
+    # discovery; the server answers them all from its event loop).
+    slots = asyncio.Semaphore(4)
+
+    async def apply(index: int, spec: dict) -> subprocess.CompletedProcess[str]:
         policy = {"apiVersion": "moonlease.io/v1alpha1", "kind": "MooncakeLeasePolicy",
                   "metadata": {"name": f"bad-{index}", "namespace": "default"}, "spec": spec}
-        refused = await kubectl("apply", "-f", "-", input=json.dumps(policy))
+        async with slots:
+            return await kubectl("apply", "-f", "-", input=json.dumps(policy), timeout=60.0)
+
+    answers = await asyncio.gather(*(apply(index, spec) for index, spec in enumerate(CEL_VIOLATIONS.values())))
+    for index, (message, refused) in enumerate(zip(CEL_VIOLATIONS, answers, strict=True)):
         assert refused.returncode == 1, (message, refused.stdout)
         # e.g. The MooncakeLeasePolicy "bad-0" is invalid: spec.targets[0]: Invalid value: "object": ...
         assert f'The MooncakeLeasePolicy "bad-{index}" is invalid: spec' in refused.stderr, refused.stderr

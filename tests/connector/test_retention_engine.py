@@ -26,7 +26,9 @@
   master's own eviction runs; a newer conversation and another client's objects stay.
 
 Every completion equals a cold run without any store: retention changes what the store keeps,
-never what a load reads.
+never what a load reads. The cold runs are registered per engine configuration (`cold_run`):
+one store-less engine per configuration serves every test's cold prompts, its local prefix
+cache dropped between tests' runs (3 engine starts instead of one per test).
 """
 
 from __future__ import annotations
@@ -57,12 +59,54 @@ def tokens(count: int, seed: int) -> list[int]:
     return [rng.randrange(4, 1000) for _ in range(count)]
 
 
-def cold_outputs(vllm_engine, model: str, prompts: dict[str, list[int]], **kwargs) -> dict:
-    engine = vllm_engine(model, **kwargs)
-    outputs = {name: ve.generate_greedy(engine, [p], max_tokens=8, logprobs=True)[0]
-               for name, p in prompts.items()}
-    vllm_engine.stop(engine)
-    return outputs
+def engine_config(model: str, kwargs: dict) -> tuple:
+    return (model, *sorted(kwargs.items()))
+
+
+def cold_group(prompts: dict[str, list[int]]) -> tuple:
+    return tuple((name, tuple(prompt)) for name, prompt in prompts.items())
+
+
+#: Every cold run of this module, by engine configuration: the prompts a test compares with,
+#: in the order it serves them (registered below, beside each test's prompts).
+COLD_RUNS: dict[tuple, list[tuple]] = {}
+
+
+def cold_run(model: str, prompts: dict[str, list[int]], **kwargs) -> tuple[str, dict[str, list[int]], dict]:
+    """Register a test's cold run (its engine configuration and prompts); returns the
+    arguments of `cold_outputs`."""
+    runs = COLD_RUNS.setdefault(engine_config(model, kwargs), [])
+    if cold_group(prompts) not in runs:
+        runs.append(cold_group(prompts))
+    return model, prompts, kwargs
+
+
+@pytest.fixture(scope="module")
+def cold_cache() -> dict:
+    """Cold outputs of the module's registered runs, by (configuration, prompts), filled on
+    first use of a configuration (`cold_outputs`)."""
+    return {}
+
+
+def cold_outputs(vllm_engine, cold_cache: dict, run: tuple[str, dict[str, list[int]], dict]) -> dict:
+    """The completions of a store-less engine, started with the run's settings, for its prompts.
+
+    One engine per configuration serves every registered run of it (an engine start is the
+    slow part), its local prefix cache dropped before each run: each run's prompts see what a
+    fresh engine's would (the later ones hit the earlier ones' blocks locally, as before).
+    """
+    model, prompts, kwargs = run
+    config, group = engine_config(model, kwargs), cold_group(prompts)
+    assert group in COLD_RUNS.get(config, []), "register the run with cold_run()"
+    if (config, group) not in cold_cache:
+        engine = vllm_engine(model, **kwargs)
+        for registered in COLD_RUNS[config]:
+            ve.reset_local_prefix_cache(engine)
+            cold_cache[config, registered] = {
+                name: ve.generate_greedy(engine, [list(prompt)], max_tokens=8, logprobs=True)[0]
+                for name, prompt in registered}
+        vllm_engine.stop(engine)
+    return cold_cache[config, group]
 
 
 def assert_same(completion, cold, label) -> None:
@@ -97,11 +141,12 @@ def write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tm
 
 A = tokens(416, 21)
 NEXT_TURN = A + tokens(96, 22)
+SKIP_COLD = cold_run("swa", {"written": A, "read": NEXT_TURN}, **DENSE)
 
 
 def test_skip_keeps_outputs_and_writes_only_the_window_blocks_a_continuation_reads(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
-    cold = cold_outputs(vllm_engine, "swa", {"written": A, "read": NEXT_TURN}, **DENSE)
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
+    cold = cold_outputs(vllm_engine, cold_cache, SKIP_COLD)
     runs = {on: write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, "swa",
                                 A, NEXT_TURN, {"mooncake_retention_skip": True} if on else {}, cold, **DENSE)
             for on in (False, True)}
@@ -123,12 +168,13 @@ CONVERSATION = tokens(640, 23)
 
 #: Prefill in 128-token chunks: the align-mode engine then has a Mamba state at every chunk end.
 CHUNKED = {**DENSE, "max_num_batched_tokens": 128, "enable_chunked_prefill": True}
+HYBRID_COLD = cold_run("hybrid", {"written": CONVERSATION[:520], "read": CONVERSATION[:620]}, **CHUNKED)
 
 
 def test_skip_on_a_hybrid_model_writes_only_the_mamba_state_a_continuation_reads(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
     written, read = CONVERSATION[:520], CONVERSATION[:620]
-    cold = cold_outputs(vllm_engine, "hybrid", {"written": written, "read": read}, **CHUNKED)
+    cold = cold_outputs(vllm_engine, cold_cache, HYBRID_COLD)
     runs = {on: write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, "hybrid",
                                 written, read, {"mooncake_retention_skip": True} if on else {}, cold, **CHUNKED)
             for on in (False, True)}
@@ -140,16 +186,19 @@ def test_skip_on_a_hybrid_model_writes_only_the_mamba_state_a_continuation_reads
     assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
 
 
-@pytest.mark.parametrize("model, prompt, engine_kwargs", [
-    ("swa", A, DENSE),  # 416 tokens, 13 blocks of 32
-    ("hybrid", CONVERSATION[:512], CHUNKED),  # 4 blocks of 128, a Mamba state at each chunk end
+@pytest.mark.parametrize("cold_run_of_prompt", [
+    cold_run("swa", {"written": A}, **DENSE),  # 416 tokens, 13 blocks of 32
+    # 4 blocks of 128, a Mamba state at each chunk end
+    cold_run("hybrid", {"written": CONVERSATION[:512]}, **CHUNKED),
 ], ids=["sliding-window", "mamba"])
 def test_skip_keeps_what_an_exact_resend_of_a_block_aligned_prompt_loads(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model, prompt, engine_kwargs):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path, cold_run_of_prompt):
     """A retry or regeneration sends the same prompt again: vLLM re-derives a hit covering the
     whole prompt one block lower (the last token is recomputed), at 384 here; skip must keep
     the window blocks / Mamba state there (before, these re-sends hit nothing)."""
-    cold = cold_outputs(vllm_engine, model, {"written": prompt}, **engine_kwargs)
+    model, prompts, engine_kwargs = cold_run_of_prompt
+    prompt = prompts["written"]
+    cold = cold_outputs(vllm_engine, cold_cache, cold_run_of_prompt)
     run = write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, model,
                           prompt, prompt, {"mooncake_retention_skip": True},
                           {"written": cold["written"], "read": cold["written"]}, **engine_kwargs)
@@ -160,11 +209,12 @@ def test_skip_keeps_what_an_exact_resend_of_a_block_aligned_prompt_loads(
 
 SHARED = tokens(256, 31)  # a system prompt: 8 blocks of 32
 PROMPTS = [SHARED + tokens(96, 40 + i) for i in range(5)]
+PIN_COLD = cold_run("swa", {str(i): p for i, p in enumerate(PROMPTS)})
 
 
 def test_pin_pins_only_a_prefix_four_prompts_share_once_a_save_writes_it(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
-    cold = cold_outputs(vllm_engine, "swa", {str(i): p for i, p in enumerate(PROMPTS)})
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
+    cold = cold_outputs(vllm_engine, cold_cache, PIN_COLD)
     master = mooncake_master_factory(default_kv_lease_ttl=500)
     store_pool_factory(master)
     config = write_engine_store_config(master, tmp_path / "mooncake.json")
@@ -199,6 +249,7 @@ def test_pin_pins_only_a_prefix_four_prompts_share_once_a_save_writes_it(
     assert after["master_key_count"] > shared_blocks
 
 
+RETRY_COLD = cold_run("swa", {"written": A, "read": NEXT_TURN})
 FILLER_BYTES = 16 << 10
 
 
@@ -249,7 +300,7 @@ def engine_keys(master, fillers: list[str]) -> float:
 
 
 def test_retry_stores_what_a_full_store_refused_once_leases_run_out(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
     """``mooncake_retention_retry``: a writer saves A into a store whose every object is leased
     (each put refused with NO_AVAILABLE_HANDLE). Off, the keys are lost and a fresh reader of
     A's next turn misses; on, the send thread puts them again until the leases (3 s) run out
@@ -261,7 +312,7 @@ def test_retry_stores_what_a_full_store_refused_once_leases_run_out(
     from moonlease_connector.core.put_retry import PutRetryPolicy
 
     monkeypatch.setattr(vllm_retention, "DEFAULT_PUT_RETRY", PutRetryPolicy(attempts=40, delay_s=0.1))
-    cold = cold_outputs(vllm_engine, "swa", {"written": A, "read": NEXT_TURN})
+    cold = cold_outputs(vllm_engine, cold_cache, RETRY_COLD)
     runs = {}
     # "room": upstream's save into a store with room to spare (the hit a save that lands gives).
     for case, on, full in (("room", False, False), ("off", False, True), ("on", True, True)):
@@ -300,7 +351,7 @@ def test_retry_stores_what_a_full_store_refused_once_leases_run_out(
 
 
 def test_retry_on_a_hybrid_model_puts_again_only_the_mamba_state_a_continuation_reads(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path, monkeypatch):
     """``mooncake_retention_retry`` on the hybrid model under dense retention (prefill in
     128-token chunks: a Mamba state at 128, 256, 384 and 512 of a 520-token prompt, plus 4
     full-attention blocks): into a full, leased store the states' puts are refused as prefill
@@ -315,7 +366,7 @@ def test_retry_on_a_hybrid_model_puts_again_only_the_mamba_state_a_continuation_
 
     monkeypatch.setattr(vllm_retention, "DEFAULT_PUT_RETRY", PutRetryPolicy(attempts=40, delay_s=0.1))
     written, read = CONVERSATION[:520], CONVERSATION[:620]
-    cold = cold_outputs(vllm_engine, "hybrid", {"written": written, "read": read}, **CHUNKED)
+    cold = cold_outputs(vllm_engine, cold_cache, HYBRID_COLD)
     runs = {}
     for case, full in (("room", False), ("full", True)):
         master = mooncake_master_factory(default_kv_lease_ttl=3000)
@@ -354,6 +405,8 @@ def test_retry_on_a_hybrid_model_puts_again_only_the_mamba_state_a_continuation_
 
 
 C = tokens(416, 24)  # a third conversation, as long as A
+B = tokens(416, 25)
+EVICT_COLD = cold_run("swa", {"a": A, "b": B, "c": C, "a next": NEXT_TURN, "b next": B + tokens(96, 26)})
 
 
 def fill_to_watermark(master, watermark: float) -> list[str]:
@@ -372,7 +425,7 @@ def fill_to_watermark(master, watermark: float) -> list[str]:
 
 
 def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
-        vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
     """``mooncake_retention_evict``: a writer saves conversation A, then B; the store is filled
     (by another client, unleased) to just under the master's 80 % watermark; the writer then
     saves C. Its send thread reads the master's /metrics, sees that C's put would cross the
@@ -380,9 +433,8 @@ def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
     fillers — so C is stored and the master's own (near-random) eviction never runs. Fresh
     readers then hit B's next turn as from a store with room, and miss A's (A left, not B);
     every completion equals a cold run."""
-    b_prompt = tokens(416, 25)
-    prompts = {"a": A, "b": b_prompt, "c": C, "a next": NEXT_TURN, "b next": b_prompt + tokens(96, 26)}
-    cold = cold_outputs(vllm_engine, "swa", prompts)
+    _, prompts, _ = EVICT_COLD
+    cold = cold_outputs(vllm_engine, cold_cache, EVICT_COLD)
     master = mooncake_master_factory(default_kv_lease_ttl=300, eviction_high_watermark_ratio=0.8)
     store_pool_factory(master, segment_bytes=16 << 20)
     config = write_engine_store_config(master, tmp_path / "mooncake-evict.json")

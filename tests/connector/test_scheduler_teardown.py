@@ -6,20 +6,25 @@ forever, and garbage collection then terminated that context — and hung for go
 our scheduler role built from a real `VllmConfig`, its real ZMQ client over the real IPC path;
 on the other end no worker at all, or a REP socket that takes requests and never answers (a
 worker stuck in a store call). A hang must fail the test, not block the run: the garbage
-collection case runs in a child interpreter under a timeout, the shutdown cases on a thread
-joined with one. No servers: the shutdown cases are `unit`; the garbage collection cases `slow`
-(each child interpreter imports vLLM again, about 15 s on two cores).
+collection cases run each in a process of its own under a deadline (forked from one child
+interpreter that imports vLLM once: an import is about 15 s on two cores), the shutdown cases on
+a thread joined with one. No servers: the shutdown cases are `unit`; the garbage collection
+cases `slow`.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -133,38 +138,95 @@ def test_shutdown_interrupts_an_unbounded_wait_for_the_worker(rpc_base):
 
 
 CHILD = textwrap.dedent("""
-    import gc, sys, time
+    import gc, json, os, signal, sys, time, traceback
     from tests.connector.test_scheduler_teardown import build_connector, HASHES, SilentWorker
-    port, with_worker = int(sys.argv[1]), sys.argv[2] == "silent-worker"
-    connector = build_connector(port, timeout_ms=200)
-    scheduler = connector.connector_scheduler
-    worker = SilentWorker(connector._vllm_config) if with_worker else None
-    assert scheduler.client.lookup("r1", 64, HASHES).hit_length == 0
-    if worker is not None:
-        assert worker.take(5)
-    connector.connector_scheduler = None  # the scheduler alone is dropped; its connector too
-    del connector
-    started = time.monotonic()
-    del scheduler
-    gc.collect()
-    print(f"dropped in {time.monotonic() - started:.2f} s", flush=True)
-    if worker is not None:
-        worker.close()
+
+    def drop(port, with_worker):
+        connector = build_connector(port, timeout_ms=200)
+        scheduler = connector.connector_scheduler
+        worker = SilentWorker(connector._vllm_config) if with_worker else None
+        assert scheduler.client.lookup("r1", 64, HASHES).hit_length == 0
+        if worker is not None:
+            assert worker.take(5)
+        connector.connector_scheduler = None  # the scheduler alone is dropped; its connector too
+        del connector
+        started = time.monotonic()
+        del scheduler
+        gc.collect()
+        print(f"dropped in {time.monotonic() - started:.2f} s", flush=True)
+        if worker is not None:
+            worker.close()
+
+    deadline_s = float(sys.argv[1])
+    for peer, port in zip(sys.argv[2::2], sys.argv[3::2]):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a fresh process per case, vLLM already imported
+            os.close(read)
+            os.dup2(write, 1)
+            os.dup2(write, 2)
+            try:
+                drop(int(port), peer == "silent-worker")
+                sys.stdout.flush()
+                os._exit(0)
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(1)
+        os.close(write)
+        os.set_blocking(read, False)
+        output, status, ends = b"", None, time.monotonic() + deadline_s
+        while status is None and time.monotonic() < ends:
+            try:
+                output += os.read(read, 65536)
+            except BlockingIOError:
+                pass
+            done, code = os.waitpid(pid, os.WNOHANG)
+            status = os.waitstatus_to_exitcode(code) if done else None
+            time.sleep(0.05)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        try:
+            output += os.read(read, 1 << 20)
+        except BlockingIOError:
+            pass
+        os.close(read)
+        print(json.dumps({"peer": peer, "exit": status, "output": output.decode(errors="replace")}), flush=True)
 """)
+PEERS = ("no-worker", "silent-worker")
+
+
+@pytest.fixture(scope="module")
+def dropped() -> Iterator[dict[str, dict]]:
+    """One child interpreter imports vLLM once and forks a fresh process per case, each under
+    its own deadline (`CHILD_S`; killed past it): peer -> its exit status (None: killed) and
+    output. A hang fails that case's test, never the run. Its IPC sockets go to a short folder
+    of its own (`vllm_rpc_base`'s reason)."""
+    rpc_base = tempfile.mkdtemp(prefix="moonlease-rpc-")
+    env = dict(os.environ, VLLM_RPC_BASE_PATH=rpc_base,
+               PYTHONPATH=devenv.source_pythonpath(then=os.environ.get("PYTHONPATH")))
+    cases = [value for peer in PEERS for value in (peer, str(next(_ports)))]
+    try:
+        child = subprocess.run([sys.executable, "-c", CHILD, str(CHILD_S), *cases], cwd=REPO,
+                               env=env, capture_output=True, text=True, timeout=CHILD_S * (len(PEERS) + 1))
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the child interpreter did not finish: {(expired.stderr or b'')[-2000:]!r}")
+    finally:
+        shutil.rmtree(rpc_base, ignore_errors=True)
+    assert child.returncode == 0, child.stderr[-4000:]
+    results = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    yield {result["peer"]: result for result in results}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("peer", ["no-worker", "silent-worker"])
-def test_dropping_a_scheduler_after_an_abandoned_lookup_finishes(rpc_base, peer):
-    """In a child interpreter, under a timeout: the hang was in garbage collection itself."""
-    env = dict(os.environ, PYTHONPATH=devenv.source_pythonpath(then=os.environ.get("PYTHONPATH")))
-    try:
-        child = subprocess.run([sys.executable, "-c", CHILD, str(next(_ports)), peer], cwd=REPO,
-                               env=env, capture_output=True, text=True, timeout=CHILD_S)
-    except subprocess.TimeoutExpired as expired:
-        pytest.fail(f"dropping the scheduler hung (no exit within {CHILD_S} s): "
-                    f"{(expired.stderr or b'')[-2000:]!r}")
-    assert child.returncode == 0, child.stderr[-4000:]
-    assert "dropped in" in child.stdout, child.stdout
-    dropped_s = float(child.stdout.split("dropped in ")[1].split(" s")[0])
-    assert dropped_s < SHUTDOWN_S, child.stdout
+@pytest.mark.parametrize("peer", PEERS)
+def test_dropping_a_scheduler_after_an_abandoned_lookup_finishes(dropped, peer):
+    """In a process of its own, under a deadline: the hang was in garbage collection itself."""
+    result = dropped[peer]
+    if result["exit"] is None:
+        pytest.fail(f"dropping the scheduler hung (no exit within {CHILD_S} s): {result['output'][-2000:]}")
+    assert result["exit"] == 0, result["output"][-4000:]
+    assert "dropped in" in result["output"], result["output"]
+    dropped_s = float(result["output"].split("dropped in ")[1].split(" s")[0])
+    assert dropped_s < SHUTDOWN_S, result["output"]

@@ -8,14 +8,17 @@ Most tiers wait on servers and timers (Prometheus scrapes, kopf's intervals, the
 * `operator-api-calls`: tests/chart/test_rbac.py checks the API calls of the operator tests that
   ran before it in its process (tests/fixtures/kube.py records them), so all of them run there.
 * `images` (`images`): the images are built once per process (tests/images/conftest.py).
+* a module that sets `XDIST_EACH_TEST = True` (long tests that share no fixture beyond the
+  session's: the upstream suites' subprocess runs of tests/compat) has each test go alone, so
+  both workers share that module's tests instead of one worker running all of them at the end;
 * every other test goes with its module, so a module-scoped fixture (a benchmark's run, an
   install) is set up once.
 
 xdist's own `--dist loadgroup` puts the group into the test's node id, which pytest 9's
 structured node ids ignore; so the workers write {node id: group} to a folder the controller
 names, and the controller's scheduler (xdist's scope scheduler) reads its scopes from there.
-The groups go out in the order above, before the modules: the long ones start at once, on
-different workers, and the short modules fill in around them.
+The groups go out in the order above, then the tests that go alone, then the modules: the
+long ones start at once, on different workers, and the short modules fill in around them.
 """
 
 from __future__ import annotations
@@ -37,14 +40,24 @@ GROUPS: dict[str, Callable[[pytest.Item], bool]] = {
 _FOLDER_KEY = "moonlease_xdist_groups"
 
 
+def _alone(item: pytest.Item) -> bool:
+    return bool(getattr(getattr(item, "module", None), "XDIST_EACH_TEST", False))
+
+
 def group_of(item: pytest.Item) -> str:
-    """The first of `GROUPS` the test belongs to, else its module."""
-    return next((name for name, member in GROUPS.items() if member(item)), item.nodeid.split("::", 1)[0])
+    """The first of `GROUPS` the test belongs to, else the test itself (`XDIST_EACH_TEST`),
+    else its module."""
+    found = next((name for name, member in GROUPS.items() if member(item)), None)
+    if found is not None:
+        return found
+    return item.nodeid if _alone(item) else item.nodeid.split("::", 1)[0]
 
 
 def _rank(item: pytest.Item) -> int:
     group = group_of(item)
-    return list(GROUPS).index(group) if group in GROUPS else len(GROUPS)
+    if group in GROUPS:
+        return list(GROUPS).index(group)
+    return len(GROUPS) if _alone(item) else len(GROUPS) + 1
 
 
 def _workerinput(config: pytest.Config) -> dict[str, Any] | None:
@@ -76,8 +89,8 @@ def pytest_configure_node(node: Any) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On a worker, the groups first, in `GROUPS` order (a stable sort: each group and module
-    keeps its own order, tests/chart/conftest.py's included)."""
+    """On a worker, the groups first, in `GROUPS` order, then the tests that go alone (a stable
+    sort: each group and module keeps its own order, tests/chart/conftest.py's included)."""
     if _workerinput(config) is not None:
         items.sort(key=_rank)
 

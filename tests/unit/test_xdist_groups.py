@@ -1,6 +1,7 @@
 """`make test`'s worker groups (tests/support/xdist_groups.py), on a small suite run on two real
 pytest-xdist workers: engine tests share one worker, the operator tests share one with the
-module that reads their calls (which runs after them), and a module's tests stay together."""
+module that reads their calls (which runs after them), a module's tests stay together, and the
+tests of a module that lets each go alone (`XDIST_EACH_TEST`) spread over both workers."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def test_groups_share_a_worker_and_the_operator_calls_reader_runs_last(pytester:
     for name in ("op_a", "op_b"):
         (operator / f"test_{name}.py").write_text("from conftest import record\n" + "".join(
             f"def test_{i}():\n    record('{name}')\n" for i in range(3)))
+    # long tests that go alone: with one second each, both workers, free by then, take some
+    pytester.makepyfile(test_alone="from conftest import record\nimport time\nXDIST_EACH_TEST = True\n" + "".join(
+        f"def test_{i}():\n    record('alone')\n    time.sleep(1.0)\n" for i in range(4)))
     pytester.makepyfile(test_0_reads_calls="from conftest import record\nRUN_AFTER_OPERATOR_TESTS = True\n"
                         "def test_reads():\n    record('reader')\n")
     # what tests/chart/conftest.py does in the real suite: the reader goes last
@@ -53,12 +57,14 @@ def pytest_collection_modifyitems(config, items):
 """)
 
     result = pytester.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4 * 2 + 4 * 3 + 3 * 2 + 1)
+    result.assert_outcomes(passed=4 * 2 + 4 * 3 + 3 * 2 + 1 + 4)
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     workers: dict[str, set[str]] = {}
     for name, worker, _ in runs:
         workers.setdefault(name, set()).add(worker)
+    alone = workers.pop("alone")
     assert all(len(w) == 1 for w in workers.values()), workers  # each module on one worker
+    assert len(alone) == 2, alone  # the module that lets each test go alone: on both
     assert workers["engine_a"] == workers["engine_b"]
     assert workers["op_a"] == workers["op_b"] == workers["reader"]
     reader_at = next(at for name, _, at in runs if name == "reader")
