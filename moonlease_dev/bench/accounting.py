@@ -38,10 +38,8 @@ def age_bucket(age_s: float) -> str:
 
 def state_age(load_keys: Iterable[str], last_use: Mapping[str, float], now: float) -> float | None:
     """Seconds since the stalest key of the state was last stored or loaded; None if no key."""
-    times = [last_use[key] for key in load_keys]
-    if not times:
-        return None
-    return now - min(times)
+    stalest = min(map(last_use.__getitem__, load_keys), default=None)
+    return None if stalest is None else now - stalest
 
 
 @dataclass(frozen=True)

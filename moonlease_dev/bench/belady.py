@@ -47,7 +47,8 @@ class BeladyStore:
     """
 
     def __init__(self, capacity_bytes: int, read_index: Mapping[str, list[int]],
-                 sizes: Mapping[str, int] | None = None, default_size: int = 1) -> None:
+                 sizes: Mapping[str, int] | None = None, default_size: int = 1, *,
+                 compact_above: int = 4096) -> None:
         self.capacity_bytes = capacity_bytes
         self.present: set[str] = set()
         self.used_bytes = 0
@@ -57,6 +58,7 @@ class BeladyStore:
         self._default_size = default_size
         self._next: dict[str, float] = {}
         self._heap: list[tuple[float, str]] = []  # (-next read, key); stale entries skipped
+        self._compact_above = compact_above  # stale heap entries tolerated beyond 4 per live key
 
     def size_of(self, key: str) -> int:
         return self._sizes.get(key, self._default_size)
@@ -68,29 +70,48 @@ class BeladyStore:
 
     def touch(self, keys: Sequence[str], step: int) -> None:
         """Request `step` read these keys: their next read moves past it."""
+        present, reads, upcoming, heap = self.present, self._reads, self._next, self._heap
         for key in keys:
-            if key in self.present:
-                self._push(key, step)
+            if key in present:
+                # `next_read` and `_push` inlined: this loop runs once per key read of the trace.
+                steps = reads.get(key, ())
+                position = bisect.bisect_right(steps, step)
+                after = steps[position] if position < len(steps) else NEVER
+                upcoming[key] = after
+                heapq.heappush(heap, (-after, key))
+        self._compact()
 
     def admit(self, keys: Sequence[str], step: int) -> None:
         """Write `keys` (request `step`'s save), then evict down to capacity."""
+        present, reads, upcoming, heap = self.present, self._reads, self._next, self._heap
+        sizes, default_size = self._sizes, self._default_size
         for key in keys:
-            if key not in self.present:
-                self.present.add(key)
-                self.used_bytes += self.size_of(key)
-            self._push(key, step)
-        while self.used_bytes > self.capacity_bytes and self._heap:
-            negative_next, key = heapq.heappop(self._heap)
-            if key not in self.present or self._next[key] != -negative_next:
+            if key not in present:
+                present.add(key)
+                self.used_bytes += sizes.get(key, default_size)
+            steps = reads.get(key, ())
+            position = bisect.bisect_right(steps, step)
+            after = steps[position] if position < len(steps) else NEVER
+            upcoming[key] = after
+            heapq.heappush(heap, (-after, key))
+        while self.used_bytes > self.capacity_bytes and heap:
+            negative_next, key = heapq.heappop(heap)
+            if key not in present or upcoming[key] != -negative_next:
                 continue  # stale entry
-            self.present.discard(key)
-            self.used_bytes -= self.size_of(key)
+            present.discard(key)
+            self.used_bytes -= sizes.get(key, default_size)
             self.evictions += 1
+        self._compact()
 
-    def _push(self, key: str, step: int) -> None:
-        upcoming = self.next_read(key, step)
-        self._next[key] = upcoming
-        heapq.heappush(self._heap, (-upcoming, key))
+    def _compact(self) -> None:
+        """Drop stale heap entries once they outnumber the live ones (every read pushes one).
+
+        Rebuilt from each present key's current next read, the heap pops the same keys in the
+        same order (ties by key) as the lazy one would: only memory and log-size change.
+        """
+        if len(self._heap) > 4 * len(self.present) + self._compact_above:
+            self._heap = [(-self._next[key], key) for key in self.present]
+            heapq.heapify(self._heap)
 
 
 def count_key_hits(reads: Sequence[Sequence[str]], writes: Sequence[Sequence[str]],

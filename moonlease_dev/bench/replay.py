@@ -225,6 +225,18 @@ def _junctions(result: Any) -> tuple[int, ...]:
     return parse_wire_entries(result.hit_length, entries).junctions
 
 
+def _reference_lookup(layout: Layout, store: DictStore, trace: Trace, junction_retention: bool) -> Any:
+    """Our lease-all lookup over an in-memory store, for the ideal and Belady.
+
+    Inline (`served_by_client`), as the scheduler's served lookups run: the same lookup code
+    without the helper thread and deadline an in-process lookup of a real store runs under,
+    which an in-memory dict does not need (and which, on a loaded machine, could turn a slow
+    answer into a miss of the reference).
+    """
+    return build_lookup(layout, store, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
+                        retention_interval=_retention_interval(trace), served_by_client=True)
+
+
 def build_ideal_replay(trace: Trace, *, junction_retention: bool, sizes: ValueSizes,
                        decode: bool = False) -> IdealReplay:
     """Every request against a never-evicting in-memory store, through the same code.
@@ -233,8 +245,7 @@ def build_ideal_replay(trace: Trace, *, junction_retention: bool, sizes: ValueSi
     """
     layout = layout_by_name(trace.header.layout)
     store = DictStore()
-    lookup = build_lookup(layout, store, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
-                          retention_interval=_retention_interval(trace))
+    lookup = _reference_lookup(layout, store, trace, junction_retention)
     block = trace.header.hash_block_tokens
     ideal = IdealReplay([], [], [])
     last_use: dict[str, float] = {}
@@ -247,14 +258,13 @@ def build_ideal_replay(trace: Trace, *, junction_retention: bool, sizes: ValueSi
         ideal.ages.append(state_age(reads, last_use, request.arrival_s) if hit > 0 else None)
         ideal.reads.append(reads)
         chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
-        saved = build_save_keys(lookup, hashes, hit, chunks)
-        for chunk in saved:
-            for key in chunk.keys:
-                ideal.key_sizes.setdefault(key, sizes.of(chunk))
-                last_use[key] = request.arrival_s
-        store.keys.update(key for chunk in saved for key in chunk.keys)
-        for key in reads:
-            last_use[key] = request.arrival_s
+        # Whole chunks at once (C-level dict updates): a key's size is its chunk's kind, the
+        # same every time it is saved.
+        for chunk in build_save_keys(lookup, hashes, hit, chunks):
+            ideal.key_sizes.update(dict.fromkeys(chunk.keys, sizes.of(chunk)))
+            last_use.update(dict.fromkeys(chunk.keys, request.arrival_s))
+            store.keys.update(chunk.keys)
+        last_use.update(dict.fromkeys(reads, request.arrival_s))
         if decode:
             after = lookup.lookup(request.prompt_tokens(block), hashes)
             ideal.decode_hits.append(after.hit_length)
@@ -285,8 +295,7 @@ def build_belady_replay(trace: Trace, ideal: IdealReplay, capacity_bytes: int, *
     belady = BeladyStore(capacity_bytes, build_read_index(events), ideal.key_sizes)
     view = DictStore()
     view.keys = belady.present  # lookups see exactly what MIN kept
-    lookup = build_lookup(layout, view, LeaseMode.LEASE_ALL, junction_retention=junction_retention,
-                          retention_interval=_retention_interval(trace))
+    lookup = _reference_lookup(layout, view, trace, junction_retention)
     block = trace.header.hash_block_tokens
     hits = BeladyHits()
     for step, request in enumerate(trace.requests):

@@ -88,6 +88,46 @@ def test_capacity_is_never_exceeded_after_a_save():
         assert store.used_bytes == 3 * len(store.present)
 
 
+def run_min(reads: list[list[str]], writes: list[list[str]], sizes: dict[str, int], capacity: int,
+            compact_above: int) -> tuple[list[frozenset[str]], int, int]:
+    """MIN over a trace: what it holds after each step, its evictions and its largest heap."""
+    store = BeladyStore(capacity, build_read_index(reads), sizes, compact_above=compact_above)
+    held, largest = [], 0
+    for step, (read, write) in enumerate(zip(reads, writes, strict=True)):
+        store.touch(read, step)
+        largest = max(largest, len(store._heap))
+        store.admit(write, step)
+        largest = max(largest, len(store._heap))
+        held.append(frozenset(store.present))
+    return held, store.evictions, largest
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 15), max_size=5), st.lists(st.integers(0, 15), max_size=5)),
+                min_size=1, max_size=80),
+       st.integers(1, 12), st.integers(0, 3))
+def test_compacting_the_heap_keeps_every_decision(steps, capacity, seed):
+    # Dropping stale heap entries (rebuilt from each present key's next read) must evict the
+    # same keys at the same steps as the lazy heap that never drops them.
+    rng = random.Random(seed)
+    sizes = {str(key): rng.choice((1, 2, 4)) for key in range(16)}
+    reads = [[str(key) for key in read] for read, _ in steps]
+    writes = [[str(key) for key in write] for _, write in steps]
+    lazy = run_min(reads, writes, sizes, capacity, compact_above=10**9)
+    eager = run_min(reads, writes, sizes, capacity, compact_above=0)
+    assert eager[:2] == lazy[:2]
+
+
+def test_the_heap_stays_bounded_by_the_keys_held():
+    # Every read pushes an entry: without compaction the heap grows with the trace's reads,
+    # with it at most ~4 entries per key held (plus the allowance) survive a step.
+    reads = [["a", "b", "c"] for _ in range(500)]
+    writes = [["a", "b", "c"] for _ in range(500)]
+    *_, lazy_largest = run_min(reads, writes, {}, 3, compact_above=10**9)
+    *_, eager_largest = run_min(reads, writes, {}, 3, compact_above=0)
+    assert lazy_largest > 2000 and eager_largest <= 4 * 3 + 3
+
+
 @pytest.mark.parametrize("age, bucket", [
     (0.0, "< 2 min"), (119.999, "< 2 min"), (120.0, "2-10 min"), (599.9, "2-10 min"),
     (600.0, "> 10 min"), (86400.0, "> 10 min")])
