@@ -15,7 +15,7 @@ from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_settings.settings_file import SETTINGS_FILE_NAME, parse_settings_file
 from moonlease_operator.core.conflicts import FIELD_MANAGER
 from moonlease_operator.runner import OperatorThread
-from tests.chart.operator_scenario import FAST_OPTIONS, current, helm_install, wait_ready
+from tests.chart.operator_scenario import WAIT, FAST_OPTIONS, current, helm_install, policy_status, wait_ready
 from tests.chart.rendering import (
     NAMESPACE,
     container,
@@ -46,7 +46,13 @@ async def test_the_operator_finds_the_release_in_sync_and_restarts_nothing(
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, namespaces=watched):
         objects = await helm_install(kube, SETS[name])
         workloads = {o["metadata"]["name"]: current(kube, o) for o in find(objects, "Deployment")}
-        status = await wait_ready(kube)
+        await wait_ready(kube)
+        # The operator may first reconcile while Helm's rollout is still going (a target then shows
+        # Updating); a Deployment's status change wakes it again, so the status settles to all Ready.
+        await kube.wait_for(lambda: not policy_status(kube).get("targets"), timeout=WAIT,
+                            what="the policy's status to count every target Ready")
+        status = policy_status(kube)
+    assert status["phase"] == "Ready"
     assert {s["name"]: (s["phase"], s["message"]) for s in status["stages"]} == {
         stage: ("Skipped", "nothing to change") for stage in ("master", "prefill", "decode")}
     policy = one(objects, "MooncakeLeasePolicy", "moonlease")
