@@ -272,6 +272,25 @@ def test_workloads_that_fail_requests_on_a_failed_load_are_warned_about_until_fi
     assert sum(r == "LoadFailurePolicyFail" for _, r, _ in cluster.events) == 1
 
 
+def test_evict_beside_other_engines_is_warned_about_and_cleared_once_one_engine_writes() -> None:
+    spec = spec_with(**{"connector.retentionEvict": True, "master.evictionHighWatermarkRatio": 0.8})
+    cluster = fleet()
+    cluster.run(spec)
+    warned = cluster.status.condition("EvictOnSharedStore")
+    assert warned is not None and warned.status.value == "True" and warned.reason == "EvictOnSharedStore"
+    assert "4 vLLM engines share the store (Deployment/prefill 2, Deployment/decode 2)" in warned.message
+    assert cluster.status.phase is Phase.READY  # a warning: evict still reaches every engine
+    assert [(t, m) for t, r, m in cluster.events if r == "EvictOnSharedStore"] == [("Warning", warned.message)]
+    cluster.run(spec)
+    assert sum(r == "EvictOnSharedStore" for _, r, _ in cluster.events) == 1  # posted once
+
+    # The policy turns evict off: the condition clears (and a policy that never had it, has none).
+    status = cluster.run(spec_with(**{"master.evictionHighWatermarkRatio": 0.8}))
+    cleared = status.condition("EvictOnSharedStore")
+    assert cleared is not None and cleared.status.value == "False" and cleared.reason == "AsExpected"
+    assert fleet().run(SPEC).condition("EvictOnSharedStore") is None
+
+
 def test_stages_roll_out_one_after_the_other() -> None:
     cluster = fleet()
     cluster.reconcile(SPEC)

@@ -476,6 +476,7 @@ class ConditionType(str, enum.Enum):
     WRITE_FAILED = "WriteFailed"
     CONFLICTING_WRITER = "ConflictingWriter"
     LOAD_FAILURES_FAIL_REQUESTS = "LoadFailuresFailRequests"
+    EVICT_ON_SHARED_STORE = "EvictOnSharedStore"
 
 
 class Reason(str, enum.Enum):
@@ -523,6 +524,7 @@ class Reason(str, enum.Enum):
     CONFLICTING_WRITER = "ConflictingWriter"  # another writer keeps reverting what the operator wrote
     NO_CONFLICTING_WRITER = "NoConflictingWriter"
     LOAD_FAILURE_POLICY_FAIL = "LoadFailurePolicyFail"  # a warning: a failed store load fails requests
+    EVICT_ON_SHARED_STORE = "EvictOnSharedStore"  # a warning: per-engine evict beside other engines
     # A/B test (ABTestConcluded condition; events)
     AB_TEST_STARTED = "ABTestStarted"
     AB_TEST_MEASURING = "ABTestMeasuring"

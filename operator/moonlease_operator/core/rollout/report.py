@@ -27,6 +27,7 @@ from moonlease_operator.core.rollout.common import MAX_LISTED, Outcome, flag, or
 from moonlease_operator.core.rollout.context import PlanContext, Progress, write_error
 from moonlease_operator.core.rollout.held import verb_records
 from moonlease_operator.core.rollout.reverts import conflict_condition
+from moonlease_operator.core.shared_store_evict import set_shared_store_evict_condition, shared_store_evict_warning
 from moonlease_operator.core.slots import template_config_hash
 from moonlease_operator.core.target_summary import build_target_summary
 from moonlease_operator.core.write_failures import set_write_condition
@@ -55,6 +56,7 @@ def build_status(ctx: PlanContext, progress: Progress, outcome: Outcome, *, appl
     targets = _targets(ctx, progress) + _excluded_targets(ctx)
     conditions = set_write_condition(conditions, targets, generation=generation, now=ctx.now)
     conditions, progress = _load_failure_condition(ctx, progress, conditions)
+    conditions, progress = _shared_store_evict_condition(ctx, progress, conditions)
     summary = build_target_summary(targets, ctx.listed_targets)
     status = prev.model_copy(update={
         "ab_test": progress.ab,
@@ -108,6 +110,17 @@ def _load_failure_condition(ctx: PlanContext, progress: Progress,
                 and (w := load_failure_warning(m.obj, m.container)) is not None]
     conditions, note = set_load_failure_condition(conditions, warnings, listed=MAX_LISTED,
                                                   generation=ctx.policy.generation, now=ctx.now)
+    return conditions, progress if note is None else progress.noted(note)
+
+
+def _shared_store_evict_condition(ctx: PlanContext, progress: Progress,
+                                  conditions: list[Any]) -> tuple[list[Any], Progress]:
+    """EvictOnSharedStore: per-engine evict on a store the policy's engines share
+    (`core.shared_store_evict`), with a Warning event when the message changes."""
+    workloads = [m.obj for m in ctx.fleet.members if m.target is not None and m.obj is not None]
+    warning = shared_store_evict_warning(ctx.spec.connector.retention_evict, workloads, listed=MAX_LISTED)
+    conditions, note = set_shared_store_evict_condition(conditions, warning, generation=ctx.policy.generation,
+                                                        now=ctx.now)
     return conditions, progress if note is None else progress.noted(note)
 
 

@@ -1,0 +1,70 @@
+"""Whether `connector.retentionEvict` runs on a store that several engines share. Pure.
+
+Evict makes room by removing the keys *this engine's* saves touched least recently: with
+several engines on one store, the conversations other engines continue and the prompts decode
+engines load are exactly those, and it removes them (measured on a 4 prefill + 1 decode fleet:
+6.2 points of prompt-token hit rate lost alone, 9.9 beside skip; docs/benchmarks.md, "Per-engine
+evict loses on a fleet"). A connector cannot see the other engines, but the operator can: it
+warns (`EvictOnSharedStore` condition and a Warning event) when the policy's targets together
+run more than one engine. A warning, not a refusal: a person may have reasons (a store the
+other engines only read), and the setting is theirs.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from moonlease_operator.api import Condition, ConditionStatus, ConditionType, Reason
+from moonlease_operator.core.conditions import set_condition
+from moonlease_operator.core.events import EventNote
+from moonlease_operator.core.workload_args import describe_object
+
+BENCHMARK_PAGE = "docs/benchmarks.md#choosing-a-retention-policy"
+
+
+def engine_count(obj: Mapping[str, Any]) -> int:
+    """The vLLM engines a Deployment or StatefulSet runs: its `spec.replicas` (the API's default 1
+    when unset)."""
+    replicas = (obj.get("spec") or {}).get("replicas")
+    return 1 if replicas is None else max(int(replicas), 0)
+
+
+def shared_store_evict_warning(evict: bool, workloads: Sequence[Mapping[str, Any]], *, listed: int) -> str | None:
+    """A message naming the engines that share the store, when evict is on and there is more
+    than one; None otherwise. `workloads`: every vLLM workload of the policy (both A/B arms)."""
+    counts = [(describe_object(obj), engine_count(obj)) for obj in workloads]
+    engines = sum(n for _, n in counts)
+    if not evict or engines <= 1:
+        return None
+    named = ", ".join(f"{what} {n}" for what, n in counts[:listed])
+    more = f" and {len(counts) - listed} more workloads" if len(counts) > listed else ""
+    return (f"connector.retentionEvict is on and {engines} vLLM engines share the store ({named}{more}):"
+            f" each engine removes the keys its own saves touched least recently, which are the keys the"
+            f" other engines continue and load (on a 4 prefill + 1 decode fleet it lost 6.2 points of"
+            f" prompt-token hit rate, 9.9 beside retentionSkip; {BENCHMARK_PAGE}). Turn it off, or keep it"
+            f" only where one engine writes the store")
+
+
+def set_shared_store_evict_condition(conditions: Sequence[Condition], warning: str | None, *,
+                                     generation: int | None,
+                                     now: datetime.datetime) -> tuple[list[Condition], EventNote | None]:
+    """`EvictOnSharedStore`: True while evict runs beside other engines, False once it does not;
+    absent for a policy that never did. A Warning event when the True message is new (posted
+    once, not on every reconcile)."""
+    kind = ConditionType.EVICT_ON_SHARED_STORE.value
+    old = next((c for c in conditions if c.type == kind), None)
+    if warning is not None:
+        message = warning[:32768]
+        updated = set_condition(conditions, type_=kind, status=ConditionStatus.TRUE,
+                                reason=Reason.EVICT_ON_SHARED_STORE.value, message=message,
+                                generation=generation, now=now)
+        repeated = old is not None and old.status is ConditionStatus.TRUE and old.message == message
+        note = None if repeated else EventNote("Warning", Reason.EVICT_ON_SHARED_STORE.value, message)
+        return updated, note
+    if old is None:
+        return list(conditions), None
+    return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE, reason=Reason.AS_EXPECTED.value,
+                         message="connector.retentionEvict is off, or one engine writes the store",
+                         generation=generation, now=now), None
