@@ -12,7 +12,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.chart.rendering import KUBE_VERSION, NAMESPACE, container, find, one, render_objects, values_sets
+from tests.chart.rendering import KUBE_VERSION, NAMESPACE, container, find, one, render, render_objects, values_sets
 
 pytestmark = pytest.mark.chart
 
@@ -108,3 +108,29 @@ def test_router_manifests_pass_kubernetes_validate_strict(chart: helm.Chart, tmp
     result = subprocess.run([str(validate), "--strict", "-k", KUBE_VERSION, str(path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_notes_send_the_first_request_through_the_router_when_there_is_one(chart: helm.Chart) -> None:
+    with_router = render(chart, _merged(values_sets()["ab"], ROUTER))["moonlease/templates/NOTES.txt"]
+    assert "moonlease-router-control  (port 8000, arm control)" in with_router
+    assert "moonlease-router-treatment  (port 8000, arm treatment)" in with_router
+    assert f"kubectl -n {NAMESPACE} port-forward svc/moonlease-router-control 8000" in with_router
+    assert "each engine serves alone" not in with_router
+    alone = render(chart)["moonlease/templates/NOTES.txt"]
+    assert "router.enabled=true" in alone and "each engine serves alone" in alone
+    assert "port-forward svc/moonlease-decode 8000" in alone and "svc/moonlease-router" not in alone
+
+
+EVICT = {"vllm": {"connector": {"retention": {"evict": True}}},
+         "mooncake": {"master": {"settings": {"eviction_high_watermark_ratio": 0.85}}}}
+
+
+@pytest.mark.parametrize(("replicas", "warned"), [((1, 0), False), ((1, 1), True), ((4, 1), True)])
+def test_notes_warn_about_evict_on_a_store_several_engines_share(chart: helm.Chart, replicas: tuple[int, int],
+                                                                 warned: bool) -> None:
+    prefill, decode = replicas
+    values = _merged(EVICT, {"vllm": {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}}})
+    notes = render(chart, values)["moonlease/templates/NOTES.txt"]
+    assert (f"retention evict is on and {prefill + decode} vLLM engines share this store" in notes) is warned
+    no_evict = _merged(values, {"vllm": {"connector": {"retention": {"evict": False}}}})
+    assert "WARNING: retention evict" not in render(chart, no_evict)["moonlease/templates/NOTES.txt"]
