@@ -440,8 +440,12 @@ async def test_apply_and_patch_merge_lists_by_key_keep_order_and_drop_directives
 
     await apply_ok(kubectl, with_env(["A", "B", "C"]))
     # kubectl apply sends a 3-way strategic merge patch: $setElementOrder/env, a delete of B,
-    # and $retainKeys for the strategy switched to Recreate (rollingUpdate must go).
-    await apply_ok(kubectl, with_env(["C", "A", "D"], "  strategy: {type: Recreate}\n"))
+    # and $retainKeys for the strategy switched to Recreate (rollingUpdate must go). It builds it
+    # from the v3 document, whose PATCH operation lists the strategic merge media type (without
+    # it kubectl logs at -v=5 that the v3 path does not support it and falls back to v2).
+    changed = await kubectl("apply", "-v=5", "-f", "-", input=with_env(["C", "A", "D"], "  strategy: {type: Recreate}\n"))
+    assert changed.returncode == 0, changed.stderr
+    assert "OpenAPI V3 path" not in changed.stderr and "error calculating patch" not in changed.stderr
     spec = kube.get(DEPLOYMENTS, "default", "web")["spec"]
     assert [e["name"] for e in spec["template"]["spec"]["containers"][0]["env"]] == ["C", "A", "D"]
     assert spec["strategy"] == {"type": "Recreate"}

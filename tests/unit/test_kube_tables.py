@@ -86,6 +86,14 @@ def test_openapi_v3_tags_every_kind_and_write_operation() -> None:
     patch = documents["apis/apps/v1"]["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"]
     assert patch["x-kubernetes-group-version-kind"] == {"group": "apps", "version": "v1", "kind": "Deployment"}
     assert "fieldValidation" in [p["name"] for p in patch["parameters"]]
+    # The bodies each PATCH accepts (kubectl apply chooses strategic merge from them): custom
+    # kinds take no strategic merge patch, as the server refuses it for them.
+    assert "application/strategic-merge-patch+json" in patch["requestBody"]["content"]
+    custom = documents["apis/example.com/v1"]["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"]
+    assert set(custom["patch"]["requestBody"]["content"]) == {
+        "application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json"}
+    assert "requestBody" not in custom["delete"] and set(custom["put"]["requestBody"]["content"]) == {"*/*"}
+    assert "io.k8s.apimachinery.pkg.apis.meta.v1.Patch" in documents["apis/example.com/v1"]["components"]["schemas"]
     index = openapi_v3_index(documents)["paths"]
     assert index["apis/apps/v1"]["serverRelativeURL"].startswith("/openapi/v3/apis/apps/v1?hash=")
 

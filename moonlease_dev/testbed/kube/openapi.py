@@ -3,7 +3,9 @@ one document, served as JSON or as protobuf: `openapi_protobuf`) and `/openapi/v
 one OpenAPI 3.0 document per group-version).
 
 kubectl reads them to validate (`kubectl apply`: when the v3 document's PATCH operation of a
-kind takes the `fieldValidation` parameter, kubectl leaves validation to the server) and to
+kind takes the `fieldValidation` parameter, kubectl leaves validation to the server), to choose
+a patch (client-side `kubectl apply` sends a strategic merge patch when the kind's PATCH
+`requestBody` lists `application/strategic-merge-patch+json`, a JSON merge patch otherwise) and to
 explain (`kubectl explain mlp.spec`: the kind's schema, found by `x-kubernetes-group-version-kind`).
 
 Schemas: a CRD's `openAPIV3Schema` for custom resources (with apiVersion, kind and metadata as
@@ -195,10 +197,27 @@ def _schemas_of(rtype: ResourceType, schema: Mapping[str, Any] | None, name: str
     return {name: kind_schema(rtype, schema)}
 
 
+#: The PATCH body's definition, as the API server names it (its request bodies refer to it).
+PATCH_DEFINITION = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch"
+_PATCH_SCHEMA: JsonObj = {
+    "type": "object", "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH"
+                                     " request body."}
+
+
+def patch_media_types(rtype: ResourceType) -> list[str]:
+    """The PATCH bodies a kind accepts, as its PATCH operation lists them: strategic merge only
+    for built-in kinds (the server refuses it for custom resources, and kubectl apply reads this
+    list to choose between a strategic and a JSON merge patch)."""
+    types = ["application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json"]
+    return types if rtype.custom else [*types, "application/strategic-merge-patch+json"]
+
+
 def _operations(rtype: ResourceType, name: str, *, v3: bool) -> dict[str, JsonObj]:
     """The object and collection paths of a kind with their write operations, each tagged with
-    the kind and taking dryRun, fieldManager and fieldValidation (what kubectl checks for)."""
+    the kind, taking dryRun, fieldManager and fieldValidation (what kubectl checks for) and
+    naming the bodies it accepts (v3 `requestBody`, v2 `consumes`)."""
     ref = f"#/components/schemas/{name}" if v3 else f"#/definitions/{name}"
+    patch_ref = f"#/components/schemas/{PATCH_DEFINITION}" if v3 else f"#/definitions/{PATCH_DEFINITION}"
     gvk = {"group": rtype.group, "version": rtype.version, "kind": rtype.kind}
 
     def parameter(key: str) -> JsonObj:
@@ -211,9 +230,20 @@ def _operations(rtype: ResourceType, name: str, *, v3: bool) -> dict[str, JsonOb
             response["content"] = {"application/json": {"schema": {"$ref": ref}}}
         else:
             response["schema"] = {"$ref": ref}
-        return {"operationId": f"{verb}{rtype.kind}", "x-kubernetes-action": action,
-                "x-kubernetes-group-version-kind": gvk,
-                "parameters": [parameter(key) for key in _QUERY_PARAMETERS], "responses": {"200": response}}
+        accepted = patch_media_types(rtype) if action == "patch" else ["*/*"]
+        body_ref = patch_ref if action == "patch" else ref
+        described: JsonObj = {"operationId": f"{verb}{rtype.kind}", "x-kubernetes-action": action,
+                              "x-kubernetes-group-version-kind": gvk,
+                              "parameters": [parameter(key) for key in _QUERY_PARAMETERS],
+                              "responses": {"200": response}}
+        if action == "delete":
+            return described
+        if v3:
+            described["requestBody"] = {"content": {media: {"schema": {"$ref": body_ref}} for media in accepted},
+                                        "required": True}
+        else:
+            described["consumes"] = accepted
+        return described
 
     base = "/" + group_version_path(rtype) + ("/namespaces/{namespace}" if rtype.namespaced else "")
     return {
@@ -273,6 +303,8 @@ def openapi_v2(types: Iterable[tuple[ResourceType, Mapping[str, Any] | None]]) -
         found = _schemas_of(rtype, schema, name, "#/definitions/")
         definitions.update({key: as_swagger2(value) for key, value in found.items()} if rtype.custom else found)
         paths.update(_operations(rtype, name, v3=False))
+    if paths:
+        definitions[PATCH_DEFINITION] = dict(_PATCH_SCHEMA)
     return {"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.32.0"}, "paths": paths,
             "definitions": definitions}
 
@@ -287,6 +319,7 @@ def openapi_v3(types: Iterable[tuple[ResourceType, Mapping[str, Any] | None]]) -
             "components": {"schemas": {}}})
         document["components"]["schemas"].update(_schemas_of(rtype, schema, name, "#/components/schemas/"))
         document["paths"].update(_operations(rtype, name, v3=True))
+        document["components"]["schemas"].setdefault(PATCH_DEFINITION, dict(_PATCH_SCHEMA))
     return documents
 
 
