@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from moonlease_operator.api import policy
+from moonlease_operator.api import policy, status
 
 CRD_NAME = f"{policy.PLURAL}.{policy.GROUP}"
 
@@ -52,7 +52,7 @@ def build_crd() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": build_schema(policy.PolicySpec),
-            "status": build_schema(policy.PolicyStatus),
+            "status": build_schema(status.PolicyStatus),
         },
     }
     return {

@@ -34,7 +34,8 @@ from moonlease_operator.api.abtest import (
     IntervalRecord,
     SuccessAction,
 )
-from moonlease_operator.api.policy import AB_DECISION_ANNOTATION, Reason
+from moonlease_operator.api.policy import AB_DECISION_ANNOTATION
+from moonlease_operator.api.status import Reason
 from moonlease_operator.core.analysis import (
     AbortGuard,
     AnalysisConfig,
