@@ -9,7 +9,8 @@
 - ``mooncake_retention_skip`` on the hybrid model (full attention + Mamba2, dense, prefill in
   128-token chunks so the engine has a state at every chunk end): off, the save writes the 4
   full-attention blocks of a 520-token prompt and a Mamba state at 128, 256, 384 and 512; on,
-  only the state at 512. A fresh reader of the next turn loads the same 512 tokens either way.
+  only the state at 512. A fresh reader of the next turn loads the same 512 tokens either way,
+  and so does the recommended policy (selective lookups with skip and pin).
 - ``mooncake_retention_skip``, exact re-sends (a retry, a regeneration): a block-aligned prompt
   sent again hits one block lower (vLLM recomputes the last token); on both models skip keeps
   what that hit loads, so the re-send hits (384 tokens) instead of missing.
@@ -119,7 +120,7 @@ def write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tm
     """A writer saves `written`, a fresh reader loads for `read`: keys, hit, counters, outputs."""
     master = mooncake_master_factory(default_kv_lease_ttl=2000)
     store_pool_factory(master)
-    config = write_engine_store_config(master, tmp_path / f"mooncake-{bool(extra)}.json")
+    config = write_engine_store_config(master, tmp_path / f"mooncake-{len(extra)}.json")
     settings = {"kv_transfer_config": moonlease_transfer_config(**extra), "mooncake_config_path": config,
                 **kwargs}
     writer = vllm_engine(model, **settings)
@@ -134,9 +135,11 @@ def write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tm
     assert_same(ve.generate_greedy(reader, [read], max_tokens=8, logprobs=True)[0], cold["read"],
                 (extra, "read"))
     after = ve.prefix_cache_counters(reader)
+    modes = {metric.labels.get("lease_mode") for metric in reader.get_metrics()
+             if metric.name == "vllm:moonlease_store_capability_info" and metric.value}
     vllm_engine.stop(reader)
     return {"keys": stored["master_key_count"], "pinned": stored.get("master_soft_pin_key_count", 0.0),
-            "hit": after.external_hits - before.external_hits, "reported": reported}
+            "hit": after.external_hits - before.external_hits, "reported": reported, "lease_modes": modes}
 
 
 A = tokens(416, 21)
@@ -175,15 +178,26 @@ def test_skip_on_a_hybrid_model_writes_only_the_mamba_state_a_continuation_reads
         vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
     written, read = CONVERSATION[:520], CONVERSATION[:620]
     cold = cold_outputs(vllm_engine, cold_cache, HYBRID_COLD)
+    settings = {False: {}, True: {"mooncake_retention_skip": True},
+                # The recommended policy on a hybrid model (docs/benchmarks.md): the lease mode
+                # and both retention pieces together, through the same save and load.
+                "recommended": {"mooncake_lease_mode": "selective", "mooncake_retention_skip": True,
+                                "mooncake_retention_pin": True}}
     runs = {on: write_then_read(vllm_engine, mooncake_master_factory, store_pool_factory, tmp_path, "hybrid",
-                                written, read, {"mooncake_retention_skip": True} if on else {}, cold, **CHUNKED)
-            for on in (False, True)}
-    print("hybrid retention skip off / on:", runs[False], runs[True])
+                                written, read, extra, cold, **CHUNKED)
+            for on, extra in settings.items()}
+    print("hybrid retention skip off / on / recommended:", runs[False], runs[True], runs["recommended"])
     assert runs[False]["hit"] == runs[True]["hit"] >= 512  # both load up to the state at 512
     # Dense retention stores a state at 128, 256, 384 and 512; skip keeps only the one at 512.
     skipped = runs[True]["reported"]["skipped"]
     assert runs[False]["keys"] - runs[True]["keys"] == skipped == 3
     assert runs[False]["reported"] == {"pinned": 0, "skipped": 0}
+    # Selective lookups with skip and pin: the same load, the same keys as skip alone (one prompt
+    # is no shared prefix, so nothing is pinned).
+    assert runs["recommended"]["hit"] == runs[False]["hit"]
+    assert runs["recommended"]["keys"] == runs[True]["keys"]
+    assert runs["recommended"]["reported"] == {"pinned": 0, "skipped": 3} and runs["recommended"]["pinned"] == 0
+    assert runs["recommended"]["lease_modes"] == {"selective"} and runs[True]["lease_modes"] == {"leaseAll"}
 
 
 @pytest.mark.parametrize("cold_run_of_prompt", [
