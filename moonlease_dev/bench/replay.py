@@ -121,6 +121,12 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
     ModeSpec("leaseAll+skip+retry", LeaseMode.LEASE_ALL, retention=RetentionSettings(skip=True, retry=True)),
     ModeSpec("leaseAll+pin+skip+retry", LeaseMode.LEASE_ALL,
              retention=RetentionSettings(pin=True, skip=True, retry=True)),
+    # The recommended retention beside the seed lease modes: does leasing less on lookups add
+    # to what retention keeps?
+    ModeSpec("selective+pin+skip", LeaseMode.SELECTIVE, retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("lastHitOnly+pin+skip", LeaseMode.LAST_HIT_ONLY, retention=RetentionSettings(pin=True, skip=True)),
+    ModeSpec("selective+junctions+pin+retry", LeaseMode.SELECTIVE, junction_retention=True,
+             retention=RetentionSettings(pin=True, retry=True)),
     # `evict` (the connector removes its least recently used keys before the master's
     # near-random first pass must) and its ablation.
     ModeSpec("leaseAll+evict", LeaseMode.LEASE_ALL, retention=RetentionSettings(evict=True)),
