@@ -338,6 +338,12 @@ async def test_rollout_advances_over_ticks_after_a_template_change(kube_manual: 
     pods = kube_manual.list(PODS, "default", label_selector="app.kubernetes.io/name=decode")
     assert len(pods) == 3 and all(p["spec"]["containers"][0]["args"] == ["--lease=selective"] for p in pods)
     assert all(p["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"] for p in pods)
+    # The writes are recorded as a cluster's are: status by kube-controller-manager, pods' status
+    # by the kubelet (`kubectl get -o yaml --show-managed-fields`; conflict detection reads them).
+    managers = {(e["manager"], e["operation"], e.get("subresource")) for e in dep["metadata"]["managedFields"]}
+    assert ("kube-controller-manager", "Update", "status") in managers
+    pod_managers = {(e["manager"], e.get("subresource")) for e in pods[0]["metadata"]["managedFields"]}
+    assert {("kube-controller-manager", None), ("kubelet", "status")} <= pod_managers
 
 
 async def test_stalled_rollout_never_completes_until_healed(kube_manual: LocalApiServer) -> None:

@@ -37,6 +37,12 @@ from moonlease_dev.testbed.kube.replicasets import (
 from moonlease_dev.testbed.kube.resources import DEPLOYMENTS, PODS, REPLICASETS, STATEFULSETS, ResourceType
 from moonlease_dev.testbed.kube.timestamps import now_rfc3339
 
+#: Who the writes are recorded as (`managedFields`), as on a real cluster: the Deployment,
+#: ReplicaSet and StatefulSet controllers run in kube-controller-manager; pods' status is the
+#: kubelet's.
+CONTROLLER_MANAGER = "kube-controller-manager"
+KUBELET = "kubelet"
+
 log = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
@@ -274,7 +280,7 @@ class RolloutSimulator:
         if status != obj.get("status"):
             # A merge patch of /status, not a PUT: a client may have written the object meanwhile.
             await self.emulator.patch_object(rtype, meta["namespace"], meta["name"], {"status": status},
-                                             subresource="status")
+                                             subresource="status", field_manager=CONTROLLER_MANAGER)
         if not in_rollout or spec.get("paused"):
             return False
         return behaviour is RolloutBehaviour.COMPLETE or (behaviour is RolloutBehaviour.FAIL and not st.failed)
@@ -345,12 +351,14 @@ class RolloutSimulator:
         others = [rs for h, rs in owned.items() if h != revision]
         if current is None:
             created = replicaset_for(obj, spec.get("template", {}), revision, next_revision(others))
-            current = await self.emulator.create_object(REPLICASETS, created, namespace=namespace)
+            current = await self.emulator.create_object(REPLICASETS, created, namespace=namespace,
+                                                        field_manager=CONTROLLER_MANAGER)
             owned[revision] = current
         elif others and revision_of(current) < max(revision_of(rs) for rs in others):
             annotations = promoted_annotations(current, obj, next_revision(others))
             current = await self.emulator.patch_object(REPLICASETS, namespace, current["metadata"]["name"],
-                                                       {"metadata": {"annotations": annotations}})
+                                                       {"metadata": {"annotations": annotations}},
+                                                       field_manager=CONTROLLER_MANAGER)
             owned[revision] = current
         for template_hash, rs in owned.items():
             if template_hash == revision:
@@ -361,11 +369,12 @@ class RolloutSimulator:
                 replicas = ready = 0
             name = rs["metadata"]["name"]
             if (rs.get("spec") or {}).get("replicas") != replicas:
-                rs = await self.emulator.patch_object(REPLICASETS, namespace, name, {"spec": {"replicas": replicas}})
+                rs = await self.emulator.patch_object(REPLICASETS, namespace, name, {"spec": {"replicas": replicas}},
+                                                      field_manager=CONTROLLER_MANAGER)
             status = replicaset_status(replicas, ready, rs["metadata"].get("generation", 1))
             if rs.get("status") != status:
                 rs = await self.emulator.patch_object(REPLICASETS, namespace, name, {"status": status},
-                                                      subresource="status")
+                                                      subresource="status", field_manager=CONTROLLER_MANAGER)
             owned[template_hash] = rs
         limit = int(spec.get("revisionHistoryLimit", 10))
         for name in to_prune(owned.values(), revision, limit):
@@ -373,7 +382,8 @@ class RolloutSimulator:
         wanted = str(revision_of(current))
         if (meta.get("annotations") or {}).get(REVISION) != wanted:
             await self.emulator.patch_object(DEPLOYMENTS, namespace, meta["name"],
-                                             {"metadata": {"annotations": {REVISION: wanted}}})
+                                             {"metadata": {"annotations": {REVISION: wanted}}},
+                                             field_manager=CONTROLLER_MANAGER)
 
     async def _sync_pods(self, rtype: ResourceType, obj: Mapping[str, Any], st: WorkloadRollout, revision: str,
                          old: int, broken: bool) -> None:
@@ -408,7 +418,7 @@ class RolloutSimulator:
                 if pod.get("status", {}).get("phase") != status["phase"] or \
                         _pod_ready(pod) != (not unready):
                     await self.emulator.patch_object(PODS, namespace, pod_name, {"status": status},
-                                                     subresource="status")
+                                                     subresource="status", field_manager=KUBELET)
                 continue
             labels = {**(template.get("metadata", {}).get("labels") or {}), hash_label: rev}
             pod = {
@@ -421,10 +431,10 @@ class RolloutSimulator:
                 },
                 "spec": copy.deepcopy(template.get("spec", {})),
             }
-            await self.emulator.create_object(PODS, pod, namespace=namespace)
+            await self.emulator.create_object(PODS, pod, namespace=namespace, field_manager=CONTROLLER_MANAGER)
             await self.emulator.patch_object(PODS, namespace, pod_name,
                                              {"status": _pod_status(template, ready=not unready, pod_ip=self.pod_ip)},
-                                             subresource="status")
+                                             subresource="status", field_manager=KUBELET)
 
 
 def _condition(previous: Mapping[str, JsonObj], type_: str, status: str, reason: str, message: str) -> JsonObj:
