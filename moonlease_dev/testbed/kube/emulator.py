@@ -424,7 +424,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                             field_manager: str | None = None) -> JsonObj:
         """POST semantics: generated name, uid, resourceVersion, generation; 409 if it exists.
         `dry_run`: admitted and answered as if created, but nothing is stored or watched.
-        `field_manager`: who owns the fields set (HTTP writes; in-process ones record none)."""
+        `field_manager`: who owns the fields set (HTTP writes and the simulated controllers; other in-process writes record none)."""
         rtype = self.resource_type(what if what is not None else body)
         async with self._lock:
             return self._create(rtype, body, namespace, strict_fields, dry_run, field_manager)
