@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from moonlease_operator.api import Condition, ConditionStatus
+from moonlease_operator.api import Condition, ConditionStatus, Reason
+from moonlease_operator.core.events import EventNote
 
 
 def set_condition(
@@ -30,3 +31,30 @@ def set_condition(
     if old is None:
         return [*conditions, new]
     return [new if c.type == type_ else c for c in conditions]
+
+
+def set_warning_condition(
+    conditions: Sequence[Condition],
+    *,
+    type_: str,
+    reason: str,
+    message: str | None,
+    cleared: str,
+    generation: int | None,
+    now: datetime,
+) -> tuple[list[Condition], EventNote | None]:
+    """A warning the operator posts without holding the rollout: True with `message` (and a
+    Warning event of `reason` when that message is new — a standing warning is posted once, not
+    on every reconcile), False with `cleared` once `message` is None; absent for a policy that
+    never had it."""
+    old = next((c for c in conditions if c.type == type_), None)
+    if message is not None:
+        message = message[:32768]
+        updated = set_condition(conditions, type_=type_, status=ConditionStatus.TRUE, reason=reason,
+                                message=message, generation=generation, now=now)
+        repeated = old is not None and old.status is ConditionStatus.TRUE and old.message == message
+        return updated, None if repeated else EventNote("Warning", reason, message)
+    if old is None:
+        return list(conditions), None
+    return set_condition(conditions, type_=type_, status=ConditionStatus.FALSE, reason=Reason.AS_EXPECTED.value,
+                         message=cleared, generation=generation, now=now), None

@@ -17,8 +17,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moonlease_operator.api import Condition, ConditionStatus, ConditionType, Reason
-from moonlease_operator.core.conditions import set_condition
+from moonlease_operator.api import Condition, ConditionType, Reason
+from moonlease_operator.core.conditions import set_warning_condition
 from moonlease_operator.core.connector_delivery import startup_sources
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.workload_args import describe_object, find_container
@@ -55,20 +55,9 @@ def set_load_failure_condition(conditions: Sequence[Condition], warnings: Sequen
                                now: datetime.datetime) -> tuple[list[Condition], EventNote | None]:
     """`LoadFailuresFailRequests`: True while some vLLM workload fails requests on a failed
     load (the first `listed` named, then a count), False once none does; absent for a policy
-    whose workloads never did. With it, a Warning event when the True message is new (a
-    standing warning is posted once, not on every reconcile)."""
-    kind = ConditionType.LOAD_FAILURES_FAIL_REQUESTS.value
-    old = next((c for c in conditions if c.type == kind), None)
-    if warnings:
-        more = f"; and {len(warnings) - listed} more" if len(warnings) > listed else ""
-        message = ("; ".join(warnings[:listed]) + more)[:32768]
-        updated = set_condition(conditions, type_=kind, status=ConditionStatus.TRUE,
-                                reason=Reason.LOAD_FAILURE_POLICY_FAIL.value, message=message,
-                                generation=generation, now=now)
-        repeated = old is not None and old.status is ConditionStatus.TRUE and old.message == message
-        note = None if repeated else EventNote("Warning", Reason.LOAD_FAILURE_POLICY_FAIL.value, message)
-        return updated, note
-    if old is None:
-        return list(conditions), None
-    return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE, reason=Reason.AS_EXPECTED.value,
-                         message=f"Every vLLM workload sets {LINE_TO_ADD}", generation=generation, now=now), None
+    whose workloads never did. With it, a Warning event when the True message is new."""
+    more = f"; and {len(warnings) - listed} more" if len(warnings) > listed else ""
+    return set_warning_condition(conditions, type_=ConditionType.LOAD_FAILURES_FAIL_REQUESTS.value,
+                                 reason=Reason.LOAD_FAILURE_POLICY_FAIL.value,
+                                 message="; ".join(warnings[:listed]) + more if warnings else None,
+                                 cleared=f"Every vLLM workload sets {LINE_TO_ADD}", generation=generation, now=now)

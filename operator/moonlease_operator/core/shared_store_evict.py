@@ -16,8 +16,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moonlease_operator.api import Condition, ConditionStatus, ConditionType, Reason
-from moonlease_operator.core.conditions import set_condition
+from moonlease_operator.api import Condition, ConditionType, Reason
+from moonlease_operator.core.conditions import set_warning_condition
 from moonlease_operator.core.events import EventNote
 from moonlease_operator.core.workload_args import describe_object
 
@@ -51,20 +51,8 @@ def set_shared_store_evict_condition(conditions: Sequence[Condition], warning: s
                                      generation: int | None,
                                      now: datetime.datetime) -> tuple[list[Condition], EventNote | None]:
     """`EvictOnSharedStore`: True while evict runs beside other engines, False once it does not;
-    absent for a policy that never did. A Warning event when the True message is new (posted
-    once, not on every reconcile)."""
-    kind = ConditionType.EVICT_ON_SHARED_STORE.value
-    old = next((c for c in conditions if c.type == kind), None)
-    if warning is not None:
-        message = warning[:32768]
-        updated = set_condition(conditions, type_=kind, status=ConditionStatus.TRUE,
-                                reason=Reason.EVICT_ON_SHARED_STORE.value, message=message,
-                                generation=generation, now=now)
-        repeated = old is not None and old.status is ConditionStatus.TRUE and old.message == message
-        note = None if repeated else EventNote("Warning", Reason.EVICT_ON_SHARED_STORE.value, message)
-        return updated, note
-    if old is None:
-        return list(conditions), None
-    return set_condition(conditions, type_=kind, status=ConditionStatus.FALSE, reason=Reason.AS_EXPECTED.value,
-                         message="connector.retentionEvict is off, or one engine writes the store",
-                         generation=generation, now=now), None
+    absent for a policy that never did. A Warning event when the True message is new."""
+    return set_warning_condition(conditions, type_=ConditionType.EVICT_ON_SHARED_STORE.value,
+                                 reason=Reason.EVICT_ON_SHARED_STORE.value, message=warning,
+                                 cleared="connector.retentionEvict is off, or one engine writes the store",
+                                 generation=generation, now=now)
