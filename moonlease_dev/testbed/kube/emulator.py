@@ -81,7 +81,7 @@ from moonlease_dev.testbed.kube.managed_fields import ApplyConflicts, apply_conf
 from moonlease_dev.testbed.kube.openapi import definition_name, openapi_v2, openapi_v3, openapi_v3_index, prune_builtin
 from moonlease_dev.testbed.kube.openapi_protobuf import JSON_CONTENT_TYPE, encode_document, negotiate
 from moonlease_dev.testbed.kube.pagination import decode_continue, page, parse_limit, sort_key
-from moonlease_dev.testbed.kube.patches import merge_patch, strategic_merge_patch
+from moonlease_dev.testbed.kube.patches import PATCH_BODIES, merge_patch, strategic_merge_patch
 from moonlease_dev.testbed.kube.protobuf import UnreadableBody, decode_object
 from moonlease_dev.testbed.kube.resources import (
     BUILTIN_RESOURCES,
@@ -1101,12 +1101,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         self._check_faults(rtype, request, "patch")
         assert request.name is not None
         content_type = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        patch_type = {
-            "application/merge-patch+json": "merge",
-            "application/json-patch+json": "json",
-            "application/strategic-merge-patch+json": "strategic",
-            "application/apply-patch+yaml": "apply",
-        }.get(content_type)
+        patch_type = PATCH_BODIES.get(content_type)
         if patch_type is None:
             raise errors.error(415, "UnsupportedMediaType",
                                f"the body of the request was in an unknown format ({content_type or 'none'}) -"

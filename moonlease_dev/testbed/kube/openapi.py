@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from moonlease_dev.testbed.kube.patches import PATCH_BODIES
 from moonlease_dev.testbed.kube.resources import ResourceType
 
 JsonObj = dict[str, Any]
@@ -208,8 +209,7 @@ def patch_media_types(rtype: ResourceType) -> list[str]:
     """The PATCH bodies a kind accepts, as its PATCH operation lists them: strategic merge only
     for built-in kinds (the server refuses it for custom resources, and kubectl apply reads this
     list to choose between a strategic and a JSON merge patch)."""
-    types = ["application/apply-patch+yaml", "application/json-patch+json", "application/merge-patch+json"]
-    return types if rtype.custom else [*types, "application/strategic-merge-patch+json"]
+    return [media for media, kind in PATCH_BODIES.items() if not (rtype.custom and kind == "strategic")]
 
 
 def _operations(rtype: ResourceType, name: str, *, v3: bool) -> dict[str, JsonObj]:

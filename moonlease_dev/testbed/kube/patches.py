@@ -6,6 +6,16 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+#: The PATCH bodies the server reads, by media type: one table for the write path and for the
+#: OpenAPI documents that tell clients what each kind's PATCH accepts.
+PATCH_BODIES = {
+    "application/apply-patch+yaml": "apply",
+    "application/json-patch+json": "json",
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+}
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch: objects merge recursively, null deletes, the rest replaces."""
     if not isinstance(patch, Mapping):
