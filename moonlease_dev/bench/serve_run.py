@@ -43,6 +43,9 @@ _ENGINE_SERIES = {
     "lookups": "vllm:moonlease_lookups_total",
     "keys_leased": 'vllm:moonlease_lookup_keys_total{kind="leased"',
     "keys_probed": 'vllm:moonlease_lookup_keys_total{kind="probed"',
+    # Decode requests that carried a prefill engine's save promise (P/D), by how the wait ended.
+    "handoffs_complete": 'vllm:moonlease_handoff_waits_total{outcome="complete"',
+    "handoffs_timed_out": 'vllm:moonlease_handoff_waits_total{outcome="timed_out"',
 }
 
 

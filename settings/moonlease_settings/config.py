@@ -128,6 +128,15 @@ class MoonleaseConnectorConfig(BaseModel):
                     "(under 'fail' a failed load fails the request, so the connector leaves the "
                     "wait unbounded, as upstream's, and warns). Read at start-up. 0 turns it off.")
 
+    mooncake_handoff_timeout_ms: int = Field(
+        1000, ge=0, le=600_000,
+        description="Prefill/decode through the store: how long, in ms, a decode engine's "
+                    "lookup waits for the prompt a prefill engine promised to save (the "
+                    "prefill's response carries the promise in kv_transfer_params, which P/D "
+                    "routers pass on) before it loads what the store holds and recomputes the "
+                    "rest; requests without a promise are looked up once, as upstream's. Read "
+                    "at start-up. 0 turns the wait off.")
+
     @model_validator(mode="before")
     @classmethod
     def _lease_mode_aliases(cls, data: Any) -> Any:

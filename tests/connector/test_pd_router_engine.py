@@ -4,6 +4,9 @@
 The prefill engine (`kv_role: kv_producer`) gets each request with `max_tokens=1` from the router
 and saves the prompt's KV; the decode engine (`kv_role: kv_consumer`) gets the full request, looks
 the prompt up and loads it. The output must be what one engine computing everything gives.
+vLLM answers the prefill request before the connector's asynchronous save has landed; the
+prefill's response promises the save (`kv_transfer_params`, carried by the router) and decode
+waits for it (`core.handoff`): a CI run on a loaded machine once had decode find nothing.
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ def test_router_sends_prefill_then_decode_and_decode_loads_from_the_store(tmp_pa
                 whole_blocks -= block  # vLLM always computes the last token itself
             hits = decode_after["external_hits"] - decode_before["external_hits"]
             assert hits == whole_blocks, (hits, whole_blocks)
+            # The prefill's response promised its save and the router carried the promise to
+            # decode, which looked up until the save had landed (vLLM answers the prefill
+            # before its asynchronous save is done: without the wait decode may find nothing).
+            assert decode_after["handoffs_complete"] - decode_before["handoffs_complete"] == 1
+            assert decode_after["handoffs_timed_out"] == 0
             assert decode_after["local_hits"] == decode_before["local_hits"]
             # The same answer as one engine alone: tokens exact, logprobs within float32's bound.
             assert len(reference["tokens"]) == MAX_TOKENS

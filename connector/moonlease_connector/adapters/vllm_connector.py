@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
     MooncakeStoreWorker as UpstreamMooncakeStoreWorker,
 )
 from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.request import Request
 
 from moonlease_connector.adapters.vllm_cpu_mamba import install_cpu_mamba_workarounds
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
@@ -39,6 +40,7 @@ from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.vllm_scheduler import MoonleaseStoreScheduler
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
 from moonlease_connector.adapters.vllm_worker import MoonleaseStoreWorker
+from moonlease_connector.core.handoff import handoff_params
 
 # Under "vllm." so vLLM's logging configuration (handler, format, VLLM_LOGGING_LEVEL) applies.
 logger = logging.getLogger("vllm.moonlease.connector")
@@ -80,6 +82,19 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         close = getattr(scheduler, "close", None)
         if close is not None:  # None: no scheduler role, or a scheduler that is not ours
             close()
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """Upstream's answer (free at once: a save job holds its own block references), plus, on a
+        saving engine asked for remote decode, how many prompt tokens it saves: the P/D router
+        passes that to the decode engine, which waits for them (`core.handoff`)."""
+        delay_free, params = super().request_finished_all_groups(request, block_ids)
+        if not self._kv_transfer_config.is_kv_producer:  # kv_consumer: saves nothing
+            return delay_free, params
+        promise = handoff_params(request.kv_transfer_params, request.num_prompt_tokens)
+        if promise is None:
+            return delay_free, params
+        return delay_free, {**(params or {}), **promise}
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         """Upstream's bind; the worker also notes the step's start, so the save guard can tell

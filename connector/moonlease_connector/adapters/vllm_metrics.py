@@ -16,6 +16,9 @@ appear there under their operation label). Our own families:
   Moonlease retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of
   the store, keys stored by putting them again after the store refused them for lack of space,
   and keys retention `evict` removed (least recently used) to make room below the watermark
+- `vllm:moonlease_handoff_waits_total{outcome="complete"|"timed_out"}` and
+  `vllm:moonlease_handoff_wait_seconds`: decode requests whose prefill engine promised a save
+  (`core.handoff`; scheduler side), by how the wait for it ended, and how long it took
 - `vllm:moonlease_store_capability_info{mooncake_version, batch_probe_key, last_hit_only, lease_mode}`
 - with a settings file: `vllm:moonlease_settings_info{lease_mode, junction_retention,
   settings_hash, source}` (what runs, value 1; the previous label set is removed on a switch)
@@ -38,6 +41,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.metrics import 
 )
 
 from moonlease_connector.core.capabilities import StoreCapabilities
+from moonlease_connector.core.handoff import HandoffOutcome
 from moonlease_connector.core.live_settings import ActiveSettings, SwitchDecision
 from moonlease_connector.core.lookup import LookupOutcome
 
@@ -48,7 +52,9 @@ JUNCTION_TAILS_KEY = "__moonlease_junction_tails__"
 RETENTION_KEY = "__moonlease_retention__"
 SETTINGS_KEY = "__moonlease_settings__"
 SETTINGS_REFUSALS_KEY = "__moonlease_settings_refusals__"
-_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY, SETTINGS_KEY, SETTINGS_REFUSALS_KEY)
+HANDOFF_KEY = "__moonlease_handoff__"
+_OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY, SETTINGS_KEY, SETTINGS_REFUSALS_KEY,
+         HANDOFF_KEY)
 #: Records where only the latest counts (replaced, not appended, when stats aggregate).
 _LATEST = (CAPABILITY_KEY, SETTINGS_KEY)
 
@@ -72,6 +78,9 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
 
     def record_retention(self, decision: str, keys: int) -> None:
         self.data.setdefault(RETENTION_KEY, []).append({"decision": decision, "keys": keys})
+
+    def record_handoff(self, outcome: HandoffOutcome, waited_s: float) -> None:
+        self.data.setdefault(HANDOFF_KEY, []).append({"outcome": outcome.value, "waited_s": waited_s})
 
     def record_capability(self, capability: StoreCapabilities, lease_mode: str) -> None:
         self.data[CAPABILITY_KEY] = [{
@@ -113,6 +122,10 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
         tails = self.data.get(JUNCTION_TAILS_KEY, [])
         if tails:
             reduced["junction_tail_keys_saved"] = sum(int(r["keys"]) for r in tails)
+        handoffs = self.data.get(HANDOFF_KEY, [])
+        if handoffs:
+            reduced["handoff_waits"] = len(handoffs)
+            reduced["handoff_timeouts"] = sum(1 for r in handoffs if r["outcome"] == "timed_out")
         for decision in ("pinned", "skipped", "retried"):
             keys = sum(int(r["keys"]) for r in self.data.get(RETENTION_KEY, []) if r["decision"] == decision)
             if keys:
@@ -158,6 +171,17 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                           "least recently used keys removed to make room below the eviction "
                           "watermark (removed).",
             labelnames=labelnames + ["decision"])
+        self._handoff_waits = counter(
+            name="vllm:moonlease_handoff_waits_total",
+            documentation="Decode requests whose prefill engine promised a save, by how the "
+                          "wait for it ended (complete: the store held it, at once or after "
+                          "waiting; timed_out: mooncake_handoff_timeout_ms passed first).",
+            labelnames=labelnames + ["outcome"])
+        self._handoff_wait_seconds = histogram(
+            name="vllm:moonlease_handoff_wait_seconds",
+            documentation="How long decode lookups waited for a prefill engine's save.",
+            buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0],
+            labelnames=labelnames)
         self._capability = gauge(
             name="vllm:moonlease_store_capability_info",
             documentation="Mooncake client capabilities detected at start-up (value 1).",
@@ -187,6 +211,7 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         retention = data.pop(RETENTION_KEY, [])
         settings = data.pop(SETTINGS_KEY, [])
         refusals = data.pop(SETTINGS_REFUSALS_KEY, [])
+        handoffs = data.pop(HANDOFF_KEY, [])
         super().observe(data, engine_idx)
         engine_labels = self.per_engine_labelvalues[engine_idx]
         for record in lookups:
@@ -210,6 +235,9 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                         record["settings_hash"], record["source"]))
         for record in refusals:
             self._settings_refusals.labels(*engine_labels, record["reason"]).inc()
+        for record in handoffs:
+            self._handoff_waits.labels(*engine_labels, record["outcome"]).inc()
+            self._handoff_wait_seconds.labels(*engine_labels).observe(float(record["waited_s"]))
 
     @staticmethod
     def _show(gauge: Any, shown: dict[int, tuple[str, ...]], engine_idx: int,

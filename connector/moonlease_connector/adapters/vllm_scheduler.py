@@ -29,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,14 @@ from moonlease_connector.adapters.vllm_load import load_failure_policy, pin_load
 from moonlease_connector.adapters.vllm_lookup_client import BoundedLookupClient
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
+from moonlease_connector.core.handoff import (
+    POLL_INTERVAL_S,
+    HandoffOutcome,
+    HandoffStep,
+    decide_handoff,
+    expected_hit,
+    promised_tokens,
+)
 from moonlease_connector.core.junctions import merge_junctions, request_boundary
 from moonlease_connector.core.load_deadline import load_deadline_s, policy_warning
 from moonlease_connector.core.lookup import LookupOutcome, MissReason
@@ -154,7 +163,9 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
     junction_retention: bool = False
     load_deadline_s: float | None = None
     reset_timeout_s: float = RESET_TIMEOUT_S
+    handoff_timeout_s: float = 0.0
     _lookup_stats: MoonleaseConnectorStats | None = None
+    _clock: Callable[[], float] = staticmethod(time.monotonic)
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> None:
         settings = connector_settings(vllm_config)
@@ -173,6 +184,9 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
                                    or settings_delivery(vllm_config).settings_file is not None)
         #: request id -> every junction its saves keep tails at (core's and the store's).
         self.request_junctions: dict[str, tuple[int, ...]] = {}
+        self.handoff_timeout_s = settings.mooncake_handoff_timeout_ms / 1000
+        #: request id -> (first lookup, latest lookup) of a request waiting for its prefill's save.
+        self._handoff_waits: dict[str, tuple[float, float]] = {}
         #: Lookups the client answered a miss by itself (the worker did not answer in time).
         self._lookup_stats = MoonleaseConnectorStats()
         self._lookup_stats_lock = threading.Lock()
@@ -246,8 +260,18 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
+        waiting_since = self._handoff_waits.get(request.request_id)
+        if waiting_since is not None and self._clock() - waiting_since[1] < POLL_INTERVAL_S:
+            return None, False  # waiting for the prefill's save: not yet time to look again
         matched = super().get_num_new_matched_tokens(request, num_computed_tokens)
-        if not self.junction_retention or matched[0] is None:  # None: asynchronous lookup in flight
+        if matched[0] is None:  # an asynchronous lookup still in flight
+            return matched
+        if not self._handoff_settled(request, num_computed_tokens + matched[0]):
+            self.load_specs.pop(request.request_id, None)  # the next lookup writes it afresh
+            if isinstance(self.client, JunctionLookupClient):
+                self.client.take_junctions(request.request_id)
+            return None, False
+        if not self.junction_retention:
             return matched
         assert isinstance(self.client, JunctionLookupClient)
         store_junctions = self.client.take_junctions(request.request_id)
@@ -259,7 +283,42 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
                          request.request_id, store_junctions, local)
         return matched
 
+    def _handoff_settled(self, request: Request, covered_tokens: int) -> bool:
+        """False while the request waits for the save its prefill engine promised (`core.handoff`);
+        the wait's outcome is counted when it ends."""
+        promised = promised_tokens(request.kv_transfer_params)
+        if promised is None or not self.handoff_timeout_s or not getattr(self, "enable_lookup", True):
+            return True
+        now = self._clock()
+        first_lookup = self._handoff_waits.get(request.request_id, (now, now))[0]
+        expected = expected_hit(promised, request.num_tokens, self._lookup_alignment())
+        decision = decide_handoff(covered_tokens=covered_tokens, expected_tokens=expected,
+                                  waited_s=now - first_lookup, timeout_s=self.handoff_timeout_s)
+        if decision.step is HandoffStep.WAIT:
+            self._handoff_waits[request.request_id] = (first_lookup, now)
+            return False
+        self._handoff_waits.pop(request.request_id, None)
+        assert decision.outcome is not None
+        with self._lookup_stats_lock:
+            if self._lookup_stats is not None:
+                self._lookup_stats.record_handoff(decision.outcome, now - first_lookup)
+        if decision.outcome is HandoffOutcome.TIMED_OUT:
+            logger.info("Request %s: the prefill engine's save (%d tokens, %d loadable) had not "
+                        "landed after %.0f ms; loading the %d tokens the store holds",
+                        request.request_id, promised, expected, (now - first_lookup) * 1000,
+                        covered_tokens)
+        return True
+
+    def _lookup_alignment(self) -> int:
+        """What a store hit is a multiple of (as the store coordinator's `align_lookup_length`)."""
+        coord = getattr(self, "_store_coord", None)
+        if coord is None:  # capacity-only consumer (vLLM 0.33): no lookups, nothing to wait for
+            return 1
+        return int(coord.hash_block_size if self.enable_partial_hash_hits else coord.lcm_block_size)
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        for req_id in scheduler_output.finished_req_ids:
+            self._handoff_waits.pop(req_id, None)  # aborted while waiting
         meta = super().build_connector_meta(scheduler_output)
         if self.load_deadline_s is not None:
             assert isinstance(meta, MooncakeStoreConnectorMetadata)
