@@ -62,7 +62,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     default_cases = ",".join(f"{c.model}:{c.workload}:{c.label}" for c in DEFAULT_CASES)
     default_pressures = ",".join(f"{p.name}:{p.segment_mib}:{p.watermark}" for p in DEFAULT_PRESSURES)
     parser.add_argument("--cases", type=_cases, default=DEFAULT_CASES,
-                        help=f"MODEL:WORKLOAD:MODE[+junctions],... (default {default_cases})")
+                        help="MODEL:WORKLOAD:MODE[+junctions][+nohandoff],... (+nohandoff: decode engines do "
+                             "not wait for the prefill's save, upstream's race; default "
+                             f"{default_cases})")
     parser.add_argument("--pressures", type=_pressures, default=DEFAULT_PRESSURES,
                         help="NAME:SEGMENT_MIB:WATERMARK,... store pool segment and the master's "
                              f"eviction_high_watermark_ratio (default {default_pressures})")

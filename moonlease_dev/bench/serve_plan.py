@@ -36,14 +36,22 @@ class ServeCase:
     workload: str  # a WORKLOADS preset
     mode: LeaseMode
     junctions: bool = False
+    #: The P/D hand-off (decode waits for the prefill's promised save); off: `+nohandoff`, to
+    #: measure upstream's race beside it.
+    handoff: bool = True
 
     @property
     def label(self) -> str:
-        return self.mode.value + ("+junctions" if self.junctions else "")
+        return (self.mode.value + ("+junctions" if self.junctions else "")
+                + ("" if self.handoff else "+nohandoff"))
 
     def extra_config(self) -> dict[str, Any]:
         """`kv_connector_extra_config` selecting this case's mode."""
-        return {LEASE_MODE_KEY: self.mode.value, "mooncake_junction_retention": self.junctions}
+        config: dict[str, Any] = {LEASE_MODE_KEY: self.mode.value,
+                                  "mooncake_junction_retention": self.junctions}
+        if not self.handoff:
+            config["mooncake_handoff_timeout_ms"] = 0
+        return config
 
 
 @dataclass(frozen=True)
@@ -83,21 +91,23 @@ SPREAD_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "store_hit_rate", "reus
 
 
 def parse_cases(text: str) -> tuple[ServeCase, ...]:
-    """`model:workload:mode[+junctions],...` → cases (a clear error for anything else)."""
+    """`model:workload:mode[+junctions][+nohandoff],...` → cases (a clear error for anything else)."""
     cases = []
     for item in (x for x in text.split(",") if x):
         parts = item.split(":")
         if len(parts) != 3:
-            raise ValueError(f"case {item!r}: want MODEL:WORKLOAD:MODE[+junctions]")
+            raise ValueError(f"case {item!r}: want MODEL:WORKLOAD:MODE[+junctions][+nohandoff]")
         model, workload, mode = parts
-        junctions = mode.endswith("+junctions")
-        mode = mode.removesuffix("+junctions")
+        mode, *pieces = mode.split("+")
+        unknown = set(pieces) - {"junctions", "nohandoff"}
+        if unknown or len(set(pieces)) != len(pieces):
+            raise ValueError(f"case {item!r}: after the mode, only +junctions and +nohandoff (once each)")
         try:
             lease = LeaseMode(mode)
         except ValueError:
             raise ValueError(f"case {item!r}: mode {mode!r} is not one of "
                              f"{', '.join(m.value for m in LeaseMode)}") from None
-        cases.append(ServeCase(model, workload, lease, junctions))
+        cases.append(ServeCase(model, workload, lease, "junctions" in pieces, "nohandoff" not in pieces))
     return tuple(cases)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_dev.bench.serve_plan import (
-    LeaseMode, PlannedRequest, RequestResult, Separation, age_bucket, block_tokens, compare_modes,
+    LeaseMode, PlannedRequest, RequestResult, ServeCase, Separation, age_bucket, block_tokens, compare_modes,
     parse_cases, parse_pressures, plan_requests, spread_of, summarize, summarize_repeats)
 from moonlease_dev.bench.trace import Trace, TraceHeader, TraceRequest
 
@@ -73,6 +73,13 @@ def test_cases_and_pressures_parse_with_clear_errors():
     assert case.mode is LeaseMode.LEASE_ALL and case.junctions and case.label == "leaseAll+junctions"
     assert case.extra_config() == {"mooncake_lease_mode": "leaseAll", "mooncake_junction_retention": True}
     assert MoonleaseConnectorConfig.from_sources(case.extra_config()).lease_mode is case.mode
+    (off,) = parse_cases("swa-serve:agentic-swa:leaseAll+nohandoff+junctions")
+    assert off.junctions and not off.handoff and off.label == "leaseAll+junctions+nohandoff"
+    assert parse_cases(off.label.join(["m:w:", ""]))[0] == ServeCase("m", "w", LeaseMode.LEASE_ALL, True, False)
+    assert MoonleaseConnectorConfig.from_sources(off.extra_config()).mooncake_handoff_timeout_ms == 0
+    for bad in ("m:w:leaseAll+pin", "m:w:leaseAll+junctions+junctions"):
+        with pytest.raises(ValueError, match="only"):
+            parse_cases(bad)
     with pytest.raises(ValueError, match="not one of"):
         parse_cases("m:w:everything")
     with pytest.raises(ValueError, match="MODEL:WORKLOAD:MODE"):
