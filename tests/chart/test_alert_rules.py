@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.chart, pytest.mark.prometheus, pytest.mark.store]
 VALUES = {"monitoring": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
 ALERTS = ("MoonleasePolicyDegraded", "MoonleasePolicyAwaitingApproval", "MoonleasePolicyAwaitingDecision",
           "MoonleaseABTestMeasurementErrors", "MoonleaseOperatorReconcileErrors", "MoonleaseOperatorDown",
-          "MoonleaseConnectorStoreErrors", "MoonleaseStoreNearlyFull")
+          "MoonleaseConnectorStoreErrors", "MoonleaseDecodeRecomputesPrompts", "MoonleaseStoreNearlyFull")
 # Metric names in a PromQL expression: plain selectors, and `{__name__=~"vllm[:_]x"}` as `vllm_x`.
 _NAME = re.compile(r"\b(?:moonlease_operator_[a-z_]+|master_[a-z_]+|vllm_[a-z_]+|up)\b")
 _EITHER_SPELLING = re.compile(r"\{__name__=~\"vllm\[:_\]([a-z_]+)\"")
@@ -75,6 +75,7 @@ def _connector_registry() -> CollectorRegistry:
     from vllm.config import VllmConfig
 
     from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, MoonleasePromMetrics
+    from moonlease_connector.core.handoff import HandoffOutcome
     from moonlease_connector.core.lookup import LookupOutcome, MissReason
 
     registry = CollectorRegistry()
@@ -83,6 +84,7 @@ def _connector_registry() -> CollectorRegistry:
     metrics = MoonleasePromMetrics(config, types, ["model_name", "engine"], {0: ["tiny", "0"]})
     stats = MoonleaseConnectorStats()
     stats.record_lookup(LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1, keys_probed=2))
+    stats.record_handoff(HandoffOutcome.TIMED_OUT, 1.0)
     metrics.observe(stats.data, 0)
     return registry
 
@@ -175,6 +177,7 @@ class Scenario:
 
 _OPERATOR = {"namespace": "inference", "job": "moonlease-operator-metrics"}
 _STORE_ERRORS = '{namespace="inference",pod="moonlease-decode-7f9c",result="miss",reason="store_error"}'
+_HANDOFFS = 'vllm_moonlease_handoff_waits_total{{namespace="inference",pod="moonlease-decode-7f9c",outcome="{outcome}"}}'
 SCENARIOS = (
     Scenario("MoonleasePolicyDegraded",
              {'moonlease_operator_policy_phase{namespace="team-a",policy="llama",phase="Degraded"}': "1x20",
@@ -209,6 +212,12 @@ SCENARIOS = (
     Scenario("MoonleaseConnectorStoreErrors",  # the colon spelling (classic text format)
              {"vllm:moonlease_lookups_total" + _STORE_ERRORS: "0+5x30"},
              "20m", ({"namespace": "inference", "pod": "moonlease-decode-7f9c"},)),
+    Scenario("MoonleaseDecodeRecomputesPrompts",  # 1 in 5 waits timed out
+             {_HANDOFFS.format(outcome="timed_out"): "0+1x30", _HANDOFFS.format(outcome="complete"): "0+4x30"},
+             "20m", ({"namespace": "inference", "pod": "moonlease-decode-7f9c"},), quiet_at="10m"),
+    Scenario("MoonleaseDecodeRecomputesPrompts",  # 1 in 100: below 5 %, no alert
+             {_HANDOFFS.format(outcome="timed_out"): "0+1x30", _HANDOFFS.format(outcome="complete"): "0+99x30"},
+             "20m", ()),
     Scenario("MoonleaseStoreNearlyFull",
              {'master_allocated_bytes{namespace="inference",pod="master-a"}': "97x30",
               'master_total_capacity_bytes{namespace="inference",pod="master-a"}': "100x30",

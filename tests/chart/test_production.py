@@ -317,6 +317,7 @@ def test_alert_rules_pass_promtool_and_cover_what_the_issue_names(chart: helm.Ch
     assert set(alerts) == {"MoonleasePolicyDegraded", "MoonleasePolicyAwaitingApproval",
                            "MoonleasePolicyAwaitingDecision", "MoonleaseABTestMeasurementErrors",
                            "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors",
+                           "MoonleaseDecodeRecomputesPrompts",
                            "MoonleaseStoreNearlyFull"}  # MoonleaseOperatorDown needs the ServiceMonitor
     assert alerts["MoonleasePolicyAwaitingApproval"]["for"] == "2h"
     # Each alert reads a metric the project exports (operator or connector; the connector's in
