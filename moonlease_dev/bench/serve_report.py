@@ -19,6 +19,14 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _handoffs(run: dict[str, Any]) -> str:
+    """Decode requests' hand-off waits, complete / timed out ("–": a run from before them)."""
+    deltas = run.get("metric_deltas", {})
+    if "decode_handoffs_complete" not in deltas:
+        return "–"
+    return f"{deltas['decode_handoffs_complete']:.0f} / {deltas.get('decode_handoffs_timed_out', 0):.0f}"
+
+
 def _ranged(run: dict[str, Any], key: str, fmt: Any) -> str:
     """The pooled value, and the repeats' range when there were several: `0.42 (0.38–0.47)`."""
     text = fmt(run["summary"].get(key))
@@ -137,7 +145,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                   "the store and answered). TTFT is the client's, through the router: the prefill, the "
                   "decode engine's load and its first token. *Store hit rate* is the prefill engines' "
                   "(the reuse the lease mode decides); *decode loads* is the decode engines' hits over "
-                  "their queries (what of each prompt came to them through the store).", ""]
+                  "their queries (what of each prompt came to them through the store); *hand-off* counts "
+                  "the decode requests whose prefill engine promised its save, by whether the store "
+                  "held it within `mooncake_handoff_timeout_ms` (complete / timed out).", ""]
     if results.get("interrupted"):
         lines += ["**This run was interrupted: the tables hold only the cases that finished.**", ""]
     for failure in results.get("failed_cases", []):
@@ -188,9 +198,9 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                   f"{info['prompt_tokens']} prompt tokens ({info['left_out']} over the length cap left out)", "",
                   "| pressure | mode | TTFT p50 (s) | p90 (s) | p99 (s) | store hit rate | reuse served | "
                   "misses by age | req/s | prompt tok/s | keys leased / lookup | evictions | failed | "
-                  "machine load |" + (" decode loads |" if layout else ""),
+                  "machine load |" + (" decode loads | hand-off |" if layout else ""),
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-                  + (" --- |" if layout else "")]
+                  + (" --- | --- |" if layout else "")]
         for run in results["runs"]:
             if run["workload"] != workload:
                 continue
@@ -202,7 +212,7 @@ def render_markdown(results: dict[str, Any], plot_prefix: str = "serve") -> str:
                          f"{_misses(s)} | {s['requests_per_s']:.2f} | {s['prompt_tokens_per_s']:.0f} | "
                          f"{_ranged(run, 'keys_leased_per_lookup', _num)} | {_num(s['evictions'], 0)} | "
                          f"{s['requests_failed']} | {_load(run)} |"
-                         + (f" {_ranged(run, 'decode_load_rate', _pct)} |" if layout else ""))
+                         + (f" {_ranged(run, 'decode_load_rate', _pct)} | {_handoffs(run)} |" if layout else ""))
         lines.append("")
     lines += [f"![TTFT per mode]({plot_prefix}_ttft.png)", "",
               f"![store hit rate per mode]({plot_prefix}_hit_rate.png)", ""]

@@ -86,10 +86,14 @@ def test_the_report_says_how_requests_were_served_and_shows_decode_loads() -> No
     assert "2 prefill engine(s)" in routed and "vllm-router" in routed
     header = next(line for line in routed.splitlines() if line.startswith("| pressure | mode"))
     row = next(line for line in routed.splitlines() if line.startswith("| high"))
-    assert header.endswith("decode loads |") and row.endswith("94.0 % |")
+    assert header.endswith("decode loads | hand-off |") and row.endswith("94.0 % | – |")  # a run from before
     assert header.count("|") == row.count("|")
+    measured = _results({"prefill": 2, "decode": 1, "policy": "round_robin"})
+    measured["runs"][0]["metric_deltas"] = {"decode_handoffs_complete": 150.0, "decode_handoffs_timed_out": 5.0}
+    assert next(line for line in render_markdown(measured).splitlines()
+                if line.startswith("| high")).endswith("94.0 % | 150 / 5 |")
     alone = render_markdown(_results(None))
-    assert "vllm-router" not in alone and "decode loads" not in alone
+    assert "vllm-router" not in alone and "decode loads" not in alone and "hand-off |" not in alone
 
 
 def test_the_seed_comparison_names_the_engines_that_served() -> None:

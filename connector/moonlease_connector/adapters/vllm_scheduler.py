@@ -260,7 +260,7 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
-        waiting_since = self._handoff_waits.get(request.request_id)
+        waiting_since = self._handoff_waits.get(request.request_id) if self.handoff_timeout_s else None
         if waiting_since is not None and self._clock() - waiting_since[1] < POLL_INTERVAL_S:
             return None, False  # waiting for the prefill's save: not yet time to look again
         matched = super().get_num_new_matched_tokens(request, num_computed_tokens)
@@ -317,8 +317,9 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
         return int(coord.hash_block_size if self.enable_partial_hash_hits else coord.lcm_block_size)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        for req_id in scheduler_output.finished_req_ids:
-            self._handoff_waits.pop(req_id, None)  # aborted while waiting
+        if self.handoff_timeout_s:
+            for req_id in scheduler_output.finished_req_ids:
+                self._handoff_waits.pop(req_id, None)  # aborted while waiting
         meta = super().build_connector_meta(scheduler_output)
         if self.load_deadline_s is not None:
             assert isinstance(meta, MooncakeStoreConnectorMetadata)
