@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from moonlease_dev.testbed.kube import CONFIGMAPS, PODS, LocalApiServer, ResourceType
+from moonlease_dev.testbed.kube.simulator import workload_of
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
 from moonlease_settings.config import ConnectorConfigError, MoonleaseConnectorConfig
 from moonlease_connector.core.capabilities import StoreCapabilities
@@ -171,7 +172,7 @@ class ConnectorPods:
             state = self._start(name, pod, text)
             state.uid = uid
         state.namespace = namespace
-        state.owner = next((o["name"] for o in pod["metadata"].get("ownerReferences") or []), "")
+        state.owner = workload_of(self.kube.emulator, pod)
         state.config_map = config_map_name
         if text is not None and text != state.written and (state.owner not in self.frozen or state.written is None):
             state.volume.write(text)

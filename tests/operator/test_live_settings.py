@@ -15,6 +15,7 @@ import pytest
 
 from moonlease_dev.testbed.connector_pods import ConnectorPods
 from moonlease_dev.testbed.kube import CONFIGMAPS, PODS, LocalApiServer
+from moonlease_dev.testbed.kube.simulator import workload_of
 from moonlease_settings.config import MoonleaseConnectorConfig
 from moonlease_settings.settings_file import SETTINGS_FILE_NAME, SETTINGS_FILE_PATH, parse_settings_file, settings_hash
 from moonlease_operator.core.connector_delivery import SETTINGS_PORT_ANNOTATION, settings_config_map_name
@@ -45,7 +46,7 @@ def endpoint_reports(kube: LocalApiServer, owner: str) -> list[Any]:
     """What the running connectors of a workload's pods report on their settings endpoints."""
     return [read_settings_endpoint(int(port)) for pod in kube.list(PODS, NS)
             if (port := pod["metadata"].get("annotations", {}).get(SETTINGS_PORT_ANNOTATION)) is not None
-            and pod["metadata"]["ownerReferences"][0]["name"] == owner]
+            and workload_of(kube.emulator, pod) == owner]
 
 
 def lease_modes(kube: LocalApiServer, owner: str) -> set[str]:

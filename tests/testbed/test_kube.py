@@ -14,10 +14,12 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 
+from moonlease_dev.testbed.kube.simulator import workload_of
 from moonlease_dev.testbed.kube import (
     DEPLOYMENTS,
     LocalApiServerThread,
     PODS,
+    REPLICASETS,
     STATEFULSETS,
     LocalApiServer,
     apply_schema_defaults,
@@ -337,7 +339,16 @@ async def test_rollout_advances_over_ticks_after_a_template_change(kube_manual: 
     assert conditions["Progressing"]["reason"] == "NewReplicaSetAvailable"
     pods = kube_manual.list(PODS, "default", label_selector="app.kubernetes.io/name=decode")
     assert len(pods) == 3 and all(p["spec"]["containers"][0]["args"] == ["--lease=selective"] for p in pods)
-    assert all(p["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"] for p in pods)
+    # Each pod belongs to the ReplicaSet of its template, which the Deployment controls (as the
+    # ReplicaSet controller creates them; `kubectl describe pod` shows "Controlled By").
+    replicasets = {rs["metadata"]["uid"]: rs for rs in kube_manual.list(REPLICASETS, "default")}
+    for pod in pods:
+        (owner,) = pod["metadata"]["ownerReferences"]
+        assert owner["kind"] == "ReplicaSet" and owner["controller"] is True
+        rs = replicasets[owner["uid"]]
+        assert rs["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        assert rs["metadata"]["labels"]["pod-template-hash"] == pod["metadata"]["labels"]["pod-template-hash"]
+        assert workload_of(kube_manual.emulator, pod) == "decode"
     # The writes are recorded as a cluster's are: status by kube-controller-manager, pods' status
     # by the kubelet (`kubectl get -o yaml --show-managed-fields`; conflict detection reads them).
     managers = {(e["manager"], e["operation"], e.get("subresource")) for e in dep["metadata"]["managedFields"]}

@@ -176,6 +176,13 @@ class RolloutSimulator:
             for owner in meta.get("ownerReferences") or []:
                 if owner.get("kind") in (DEPLOYMENTS.kind, STATEFULSETS.kind):
                     self._dirty.add((owner["kind"], meta.get("namespace", ""), owner.get("name", "")))
+                elif owner.get("kind") == REPLICASETS.kind and rtype == PODS:
+                    # A Deployment's pod, through its ReplicaSet `<deployment>-<pod-template-hash>`
+                    # (named so by the controller: no read on the write path).
+                    suffix = "-" + (meta.get("labels") or {}).get(HASH_LABEL, "")
+                    if suffix != "-" and owner.get("name", "").endswith(suffix):
+                        self._dirty.add((DEPLOYMENTS.kind, meta.get("namespace", ""),
+                                         owner["name"].removesuffix(suffix)))
 
     # ---- running --------------------------------------------------------------------------------
 
@@ -272,9 +279,9 @@ class RolloutSimulator:
         broken = in_rollout and behaviour is RolloutBehaviour.FAIL and st.updated > 0
         old = replicas - st.updated if in_rollout and st.stable_revision is not None else 0
         ready = st.updated - (1 if broken else 0) + old
-        await self._sync_pods(rtype, obj, st, revision, old, broken)
-        if rtype == DEPLOYMENTS:
+        if rtype == DEPLOYMENTS:  # first: a Deployment's pods belong to its ReplicaSets
             await self._sync_replicasets(obj, st, revision, old, broken)
+        await self._sync_pods(rtype, obj, st, revision, old, broken)
         build = self._deployment_status if rtype == DEPLOYMENTS else self._statefulset_status
         status = build(obj, st, replicas=replicas, ready=ready, old=old, revision=revision)
         if status != obj.get("status"):
@@ -404,7 +411,21 @@ class RolloutSimulator:
                 ordinal += 1
                 unready = with_broken and i == count - 1
                 wanted[pod_name] = (template, rev, unready)
-        existing = {p["metadata"]["name"]: p for p in self.emulator.owned_objects(PODS, meta["uid"])
+        # A Deployment's pods are its ReplicaSets' (one per template, named by its hash), as the
+        # ReplicaSet controller creates them; a StatefulSet's are its own.
+        owners: dict[str, JsonObj] = {}
+        if rtype == DEPLOYMENTS:
+            for rs in self.emulator.owned_objects(REPLICASETS, meta["uid"]):
+                if rs["metadata"].get("namespace") == namespace:
+                    owners[(rs["metadata"].get("labels") or {}).get(HASH_LABEL, "")] = {
+                        "apiVersion": REPLICASETS.api_version, "kind": REPLICASETS.kind,
+                        "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
+                        "controller": True, "blockOwnerDeletion": True}
+        workload_owner = {"apiVersion": rtype.api_version, "kind": rtype.kind, "name": name,
+                          "uid": meta["uid"], "controller": True}
+        existing = {p["metadata"]["name"]: p
+                    for uid in [meta["uid"], *(o["uid"] for o in owners.values())]
+                    for p in self.emulator.owned_objects(PODS, uid)
                     if p["metadata"].get("namespace") == namespace}
         for pod_name, pod in existing.items():
             rev = (pod["metadata"].get("labels") or {}).get(hash_label, "")
@@ -426,8 +447,7 @@ class RolloutSimulator:
                 "metadata": {
                     "name": pod_name, "namespace": namespace, "labels": labels,
                     "annotations": dict(template.get("metadata", {}).get("annotations") or {}),
-                    "ownerReferences": [{"apiVersion": rtype.api_version, "kind": rtype.kind, "name": name,
-                                         "uid": meta["uid"], "controller": True}],
+                    "ownerReferences": [owners.get(rev, workload_owner)],
                 },
                 "spec": copy.deepcopy(template.get("spec", {})),
             }
@@ -435,6 +455,21 @@ class RolloutSimulator:
             await self.emulator.patch_object(PODS, namespace, pod_name,
                                              {"status": _pod_status(template, ready=not unready, pod_ip=self.pod_ip)},
                                              subresource="status", field_manager=KUBELET)
+
+
+def workload_of(emulator: ApiServerEmulator, pod: Mapping[str, Any]) -> str:
+    """The name of the workload that runs a pod: its controller, or, for a Deployment's pod,
+    its ReplicaSet's controller (as `kubectl describe pod` follows "Controlled By"); "" for none."""
+    meta = pod.get("metadata") or {}
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    if owner is None:
+        return ""
+    if owner.get("kind") != REPLICASETS.kind:
+        return str(owner.get("name", ""))
+    replicaset = emulator.stored_object(REPLICASETS, meta.get("namespace"), owner.get("name", ""))
+    rs_owner = next((o for o in ((replicaset or {}).get("metadata") or {}).get("ownerReferences") or []
+                     if o.get("controller")), None)
+    return str((rs_owner or owner).get("name", ""))
 
 
 def _condition(previous: Mapping[str, JsonObj], type_: str, status: str, reason: str, message: str) -> JsonObj:
