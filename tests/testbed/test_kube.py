@@ -319,6 +319,19 @@ async def ticks(kube: LocalApiServer, n: int) -> None:
         await kube.simulator.tick()
 
 
+async def test_deleting_a_deployment_removes_its_replicasets_and_their_pods(kube_manual: LocalApiServer) -> None:
+    await kube_manual.create(deployment_manifest("decode", replicas=2))
+    await kube_manual.create(deployment_manifest("prefill", replicas=1))
+    await ticks(kube_manual, 3)
+    assert len(kube_manual.list(PODS, "default", label_selector="app.kubernetes.io/name=decode")) == 2
+    await kube_manual.delete(DEPLOYMENTS, "default", "decode")
+    # Garbage collection follows the owners: Deployment -> ReplicaSet -> Pod.
+    assert kube_manual.list(PODS, "default", label_selector="app.kubernetes.io/name=decode") == []
+    assert [rs["metadata"]["name"].rsplit("-", 1)[0] for rs in kube_manual.list(REPLICASETS, "default")] == ["prefill"]
+    await ticks(kube_manual, 2)  # and the controller does not bring them back
+    assert [workload_of(kube_manual.emulator, p) for p in kube_manual.list(PODS, "default")] == ["prefill"]
+
+
 async def test_rollout_advances_over_ticks_after_a_template_change(kube_manual: LocalApiServer) -> None:
     obj = await kube_manual.create(deployment_manifest("decode", replicas=3))
     await ticks(kube_manual, 4)
