@@ -330,7 +330,8 @@ def test_alert_rules_pass_promtool_and_cover_what_the_issue_names(chart: helm.Ch
 
 
 def _exported_metric_names() -> set[str]:
-    """Metric names in the operator's and the connector's sources (counters with `_total`)."""
+    """Metric names in the operator's and the connector's sources (counters with `_total`, the
+    connector's histograms with their `_bucket`, `_sum` and `_count` series)."""
     names: set[str] = set()
     root = CHART_DIR.parents[1]
     operator = (root / "operator" / "moonlease_operator" / "adapters" / "metrics.py").read_text()
@@ -338,6 +339,8 @@ def _exported_metric_names() -> set[str]:
         names.add(name + "_total" if kind == "Counter" else name)
     connector = (root / "connector" / "moonlease_connector" / "adapters" / "vllm_metrics.py").read_text()
     names.update(re.findall(r"name=\"(vllm:[a-z_]+)\"", connector))
+    for histogram in re.findall(r"histogram\(\s*name=\"(vllm:[a-z_]+)\"", connector):
+        names.update(histogram + suffix for suffix in ("_bucket", "_sum", "_count"))
     return names
 
 
