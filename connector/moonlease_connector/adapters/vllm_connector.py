@@ -92,8 +92,8 @@ class MooncakeStoreConnector(UpstreamMooncakeStoreConnector):
         if not self._kv_transfer_config.is_kv_producer:  # kv_consumer: saves nothing
             return delay_free, params
         # getattr: code written for upstream's connector (its own tests) passes request stand-ins.
-        params = getattr(request, "kv_transfer_params", None)
-        promise = handoff_params(params, request.num_prompt_tokens) if params else None
+        asked = getattr(request, "kv_transfer_params", None)
+        promise = handoff_params(asked, request.num_prompt_tokens) if asked else None
         if promise is None:
             return delay_free, params
         return delay_free, {**(params or {}), **promise}
