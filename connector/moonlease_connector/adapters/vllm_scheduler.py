@@ -58,7 +58,6 @@ from moonlease_connector.adapters.vllm_settings import connector_settings, setti
 from moonlease_connector.core.handoff import (
     POLL_INTERVAL_S,
     HandoffOutcome,
-    HandoffStep,
     decide_handoff,
     expected_hit,
     promised_tokens,
@@ -292,30 +291,24 @@ class MoonleaseStoreScheduler(MooncakeStoreScheduler):
             return True
         now = self._clock()
         first_lookup = self._handoff_waits.get(request.request_id, (now, now))[0]
-        expected = expected_hit(promised, request.num_tokens, self._lookup_alignment())
-        decision = decide_handoff(covered_tokens=covered_tokens, expected_tokens=expected,
-                                  waited_s=now - first_lookup, timeout_s=self.handoff_timeout_s)
-        if decision.step is HandoffStep.WAIT:
+        coord = getattr(self, "_store_coord", None)  # None: a capacity-only consumer (vLLM 0.33)
+        expected = expected_hit(promised, request.num_tokens,
+                                coord.align_lookup_length if coord is not None else int)
+        outcome = decide_handoff(covered_tokens=covered_tokens, expected_tokens=expected,
+                                 waited_s=now - first_lookup, timeout_s=self.handoff_timeout_s)
+        if outcome is None:
             self._handoff_waits[request.request_id] = (first_lookup, now)
             return False
         self._handoff_waits.pop(request.request_id, None)
-        assert decision.outcome is not None
         with self._lookup_stats_lock:
             if self._lookup_stats is not None:
-                self._lookup_stats.record_handoff(decision.outcome, now - first_lookup)
-        if decision.outcome is HandoffOutcome.TIMED_OUT:
+                self._lookup_stats.record_handoff(outcome, now - first_lookup)
+        if outcome is HandoffOutcome.TIMED_OUT:
             logger.info("Request %s: the prefill engine's save (%d tokens, %d loadable) had not "
                         "landed after %.0f ms; loading the %d tokens the store holds",
                         request.request_id, promised, expected, (now - first_lookup) * 1000,
                         covered_tokens)
         return True
-
-    def _lookup_alignment(self) -> int:
-        """What a store hit is a multiple of (as the store coordinator's `align_lookup_length`)."""
-        coord = getattr(self, "_store_coord", None)
-        if coord is None:  # capacity-only consumer (vLLM 0.33): no lookups, nothing to wait for
-            return 1
-        return int(coord.hash_block_size if self.enable_partial_hash_hits else coord.lcm_block_size)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         if self.handoff_timeout_s:

@@ -21,8 +21,7 @@ router, a prefill engine without Moonlease) is looked up once, as upstream's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -52,18 +51,11 @@ def promised_tokens(kv_transfer_params: Mapping[str, Any] | None) -> int | None:
     return value
 
 
-def expected_hit(promised: int, request_tokens: int, alignment: int) -> int:
+def expected_hit(promised: int, request_tokens: int, align: Callable[[int], int]) -> int:
     """The hit a lookup reports once the promised save has landed: the promised prefix, short of
-    the request's last token (vLLM computes it itself), at the store's hit alignment."""
-    if alignment <= 0:
-        raise ValueError(f"alignment must be positive, got {alignment}")
-    usable = max(0, min(promised, request_tokens - 1))
-    return usable // alignment * alignment
-
-
-class HandoffStep(str, Enum):
-    LOAD = "load"  # load what the lookup found
-    WAIT = "wait"  # ask again later: the promised save has not landed
+    the request's last token (vLLM computes it itself), aligned by the store's own rule (`align`:
+    upstream's `MooncakeStoreCoordinator.align_lookup_length`)."""
+    return align(max(0, min(promised, request_tokens - 1)))
 
 
 class HandoffOutcome(str, Enum):
@@ -73,18 +65,12 @@ class HandoffOutcome(str, Enum):
     TIMED_OUT = "timed_out"  # the deadline passed first: loads what is there, recomputes the rest
 
 
-@dataclass(frozen=True)
-class HandoffDecision:
-    step: HandoffStep
-    outcome: HandoffOutcome | None = None  # set when the step is LOAD
-
-
 def decide_handoff(*, covered_tokens: int, expected_tokens: int, waited_s: float,
-                   timeout_s: float) -> HandoffDecision:
-    """Load once the store (with what vLLM holds locally) covers the expected hit; otherwise wait
-    until `timeout_s` since the first lookup has passed."""
+                   timeout_s: float) -> HandoffOutcome | None:
+    """Load once the store (with what vLLM holds locally) covers the expected hit, or once
+    `timeout_s` since the first lookup has passed (the outcome says which); None: wait."""
     if covered_tokens >= expected_tokens:
-        return HandoffDecision(HandoffStep.LOAD, HandoffOutcome.COMPLETE)
+        return HandoffOutcome.COMPLETE
     if waited_s >= timeout_s:
-        return HandoffDecision(HandoffStep.LOAD, HandoffOutcome.TIMED_OUT)
-    return HandoffDecision(HandoffStep.WAIT)
+        return HandoffOutcome.TIMED_OUT
+    return None
