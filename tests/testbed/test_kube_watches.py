@@ -173,8 +173,8 @@ async def test_kopf_resumes_a_watch_dropped_with_410_without_missing_a_change(ku
     await kube.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "watched"}, "data": {"v": "1"}})
     async with KopfRecorder(kube) as kopf_side:
         await kube.wait_for(lambda: kopf_side.saw("watched", {"v": "1"}), timeout=15, what="kopf's first view")
-        await kube.wait_for(lambda: kube.emulator.open_watches >= 2, timeout=15,
-                            what="kopf watching configmaps (and namespaces)")
+        await kube.wait_for(lambda: kube.emulator.open_watches_of(CONFIGMAPS) == 1, timeout=15,
+                            what="kopf's configmaps watch open")
         lists_before = sum(1 for c in kube.api_calls() if (c.verb, c.resource) == ("list", "configmaps"))
 
         # In one step of the server's loop, so kopf cannot reconnect in between: its watch ends,

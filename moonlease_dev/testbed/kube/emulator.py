@@ -274,6 +274,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def open_watches(self) -> int:
         return self._watches.open_count
 
+    def open_watches_of(self, what: Any) -> int:
+        """Open watch streams of one resource type: a test that breaks a client's watch waits
+        for that watch, not for any."""
+        return self._watches.open_count_of(self.resource_type(what).ref)
+
     def expired_watches(self) -> list[tuple[str, int]]:
         """(resource plural, resourceVersion) of every watch answered 410 Gone so far."""
         return [(ref.plural or "", since) for ref, since in self._watches.expired]

@@ -143,6 +143,9 @@ class WatchCache:
     def open_count(self) -> int:
         return len(self._open)
 
+    def open_count_of(self, ref: kmock.resource) -> int:
+        return sum(1 for watch in self._open if watch.ref == ref)
+
     def compact(self, revision: int) -> None:
         """Forget every change at or below `revision` (etcd compaction)."""
         self._compacted = max(self._compacted, revision)
