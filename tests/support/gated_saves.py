@@ -22,12 +22,17 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import KVCacheStoreSendingThread
 
-from moonlease_connector import MooncakeStoreConnector
+from moonlease_connector import MooncakeStoreConnector as MoonleaseConnector
 from tests.support.save_gate import GATE_WAIT_LIMIT_S, SAVE_GATE_ENV, held_file, open_file
 
 logger = logging.getLogger("vllm.moonlease.tests.gated_saves")
 
 _upstream_handle_request = KVCacheStoreSendingThread._handle_request
+
+
+def _gate_closed() -> bool:
+    gate = os.environ.get(SAVE_GATE_ENV)
+    return bool(gate) and not open_file(Path(gate)).exists()
 
 
 def _wait_at_gate() -> None:
@@ -51,5 +56,19 @@ def _gated_handle_request(self: Any, req_meta: Any) -> Any:
 
 
 KVCacheStoreSendingThread._handle_request = _gated_handle_request  # type: ignore[method-assign]
+
+
+class MooncakeStoreConnector(MoonleaseConnector):
+    """Moonlease's connector, but an engine whose save is held at a closed gate goes idle.
+
+    Upstream keeps an engine stepping while a save job still pins blocks (its completion reaches
+    the scheduler only on a step); with the save held, that busy loop (engine core and worker
+    spinning on their shared-memory queue) takes both cores of a 2-core machine and starves the
+    decode engine the test is waiting for. The held save itself runs on the worker's send thread
+    whether the engine steps or not; its blocks go back on the engine's next request."""
+
+    def has_pending_push_work(self) -> bool:
+        return False if _gate_closed() else super().has_pending_push_work()
+
 
 __all__ = ["MooncakeStoreConnector"]
