@@ -145,6 +145,10 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              fleet_evict=True),
     ModeSpec("leaseAll+skip+evict@fleet", LeaseMode.LEASE_ALL,
              retention=RetentionSettings(skip=True, evict=True), fleet_evict=True),
+    ModeSpec("leaseAll+junctions+evict@fleet", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(evict=True), fleet_evict=True),
+    ModeSpec("leaseAll+junctions+pin+retry+evict@fleet", LeaseMode.LEASE_ALL, junction_retention=True,
+             retention=RetentionSettings(pin=True, retry=True, evict=True), fleet_evict=True),
 )}
 
 
