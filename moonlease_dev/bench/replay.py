@@ -359,8 +359,10 @@ class _Engine:
 def _build_engine(layout: Layout, store: Any, mode: ModeSpec, trace: Trace, eviction: Any) -> _Engine:
     counting = CountingStore(store)
     lookup = build_lookup(layout, counting, mode.settings(), retention_interval=_retention_interval(trace))
-    # The connector's per-prefix reuse estimate (retention `pin`): one per engine.
-    return _Engine(lookup, counting, SharedPrefixTracker() if mode.retention.pin else None, eviction)
+    # The connector's per-prefix reuse estimate (retention `pin`, and `evict`, which leaves the
+    # shared prefix alone): one per engine.
+    tracker = SharedPrefixTracker() if mode.retention.pin or mode.retention.evict else None
+    return _Engine(lookup, counting, tracker, eviction)
 
 
 def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay, sizes: ValueSizes, *,

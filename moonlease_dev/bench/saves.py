@@ -173,11 +173,14 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                    if again and decision is not ChunkRetention.SKIPPED for key in chunk.keys}
     skipped = sum(len(chunk.keys) for chunk, decision in zip(chunks, decisions, strict=True)
                   if decision is ChunkRetention.SKIPPED)
+    # Retention evict leaves the shared prefix alone (other engines read it).
+    shared_keys = frozenset(key for chunk, is_shared in zip(chunks, plan.shared, strict=True)
+                            if is_shared for key in chunk.keys) if plan is not None and plan.shared else frozenset()
     if not keyed:
         return SaveResult(0, 0, 0, 0, keys_skipped=skipped)
     exists = client.batch_is_exist([key for key, _, _ in keyed])
     if eviction is not None:
-        eviction.saw_exist([key for key, _, _ in keyed], exists)
+        eviction.saw_exist([key for key, _, _ in keyed], exists, shared=shared_keys)
     missing = [entry for entry, answer in zip(keyed, exists, strict=True) if answer != 1]
     values = {size: b"\0" * size for size in {sizes.attention, sizes.recurrent}}
     failures = failed_keys = pinned = retried = 0
@@ -195,7 +198,7 @@ def apply_save(client: Any, chunks: Sequence[ChunkKeys], sizes: ValueSizes,
                 code = client.put_batch(*args)
                 if eviction is not None:
                     answers = [0] * len(entries) if code == 0 else _put_answers(client, args[0], code)
-                    eviction.after_put(args[0], [size for _, size in entries], answers)
+                    eviction.after_put(args[0], [size for _, size in entries], answers, shared=shared_keys)
                 return code
 
             code = put(batch)

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from moonlease_connector.core.store_room import (
@@ -111,14 +111,20 @@ class StoreEviction:
         self.removed_keys = 0
         self.refused_keys = 0
 
-    def saw_exist(self, keys: Sequence[str], answers: Sequence[int]) -> None:
-        """A save re-checked `keys` (prompt order): those in the store were used now."""
-        self.order.touch([key for key, answer in zip(keys, answers) if answer == 1])
+    def saw_exist(self, keys: Sequence[str], answers: Sequence[int],
+                  shared: Collection[str] | None = None) -> None:
+        """A save re-checked `keys` (prompt order): those in the store were used now.
 
-    def after_put(self, keys: Sequence[str], sizes: Sequence[Any], answers: Sequence[int]) -> None:
-        """Keys a put stored were used now (with their sizes)."""
+        `shared`: the keys of the prompt's shared prefix, which this connector does not remove
+        (None: not known, as for a read; each key keeps what the last save said).
+        """
+        self.order.touch([key for key, answer in zip(keys, answers) if answer == 1], shared=shared)
+
+    def after_put(self, keys: Sequence[str], sizes: Sequence[Any], answers: Sequence[int],
+                  shared: Collection[str] | None = None) -> None:
+        """Keys a put stored were used now (with their sizes); `shared` as in `saw_exist`."""
         stored = [(key, _size(size)) for key, size, answer in zip(keys, sizes, answers) if answer >= 0]
-        self.order.touch([key for key, _ in stored], [size for _, size in stored])
+        self.order.touch([key for key, _ in stored], [size for _, size in stored], shared=shared)
 
     def before_put(self, keys: Sequence[str], sizes: Sequence[Any]) -> int:
         """Remove least recently used keys so this put keeps the store under the watermark.

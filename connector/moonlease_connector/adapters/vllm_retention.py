@@ -133,8 +133,10 @@ class _RetentionStore:
                  retry: Callable[[], PutRetryPolicy | None] = lambda: None,
                  sleep: Callable[[float], None] = time.sleep,
                  retryable: Callable[[str], bool] = lambda key: True,
-                 eviction: Callable[[], StoreEviction | None] = lambda: None) -> None:
+                 eviction: Callable[[], StoreEviction | None] = lambda: None,
+                 shared: Callable[[], frozenset[str]] = frozenset) -> None:
         self._store = store
+        self._shared = shared
         self._pinned = pinned
         self._retryable = retryable
         self._on_retention = on_retention
@@ -147,7 +149,7 @@ class _RetentionStore:
         answers = self._store.batch_is_exist(keys)
         eviction = self._eviction()
         if eviction is not None:
-            eviction.saw_exist(keys, answers)
+            eviction.saw_exist(keys, answers, shared=self._shared())
         return answers
 
     def __getattr__(self, name: str) -> Any:
@@ -183,7 +185,7 @@ class _RetentionStore:
             eviction.before_put(keys, sizes)
         answers = self._put_with_retention(keys, addrs, sizes, config, *args)
         if eviction is not None:
-            eviction.after_put(keys, sizes, answers)
+            eviction.after_put(keys, sizes, answers, shared=self._shared())
         return answers
 
     def _put_with_retention(self, keys: list[str], addrs: list[Any], sizes: list[Any],
@@ -241,6 +243,8 @@ class RetentionSendingThread(JunctionSendingThread):
         #: The per-prefix reuse estimate `pin` pins by (this worker's prompts).
         self.shared_prefixes = SharedPrefixTracker()
         self._pinned_keys: frozenset[str] = frozenset()
+        #: The job's shared-prefix keys, which ``evict`` leaves to the master (other engines read them).
+        self._shared_keys: frozenset[str] = frozenset()
         self._skipped_keys: frozenset[str] = frozenset()
         self._boundary_dropped = 0
         # Passes puts through untouched while the current job has no pinned keys and retry is off.
@@ -253,7 +257,7 @@ class RetentionSendingThread(JunctionSendingThread):
             self.store, lambda key: key in self._pinned_keys, self._on_retention,
             retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,
             retryable=lambda key: key not in self._unretried_keys,
-            eviction=self._eviction_now)
+            eviction=self._eviction_now, shared=lambda: self._shared_keys)
 
     def _eviction_now(self) -> StoreEviction | None:
         settings = self.retention_now()
@@ -284,7 +288,7 @@ class RetentionSendingThread(JunctionSendingThread):
         resume = build_resume_set(coord, req_meta.block_hashes, full_prompt, junctions)
         settings = self.retention_now()
         shared: frozenset[tuple[int, int]] = frozenset()
-        if settings.pin:
+        if settings.pin or settings.evict:
             hashes = list(req_meta.block_hashes[:prompt // coord.hash_block_size])
             shared_blocks = self.shared_prefixes.observe_and_share(hashes)
             shared = build_shared_set(coord, req_meta.block_hashes, shared_blocks * coord.hash_block_size)
@@ -305,6 +309,9 @@ class RetentionSendingThread(JunctionSendingThread):
             elif decision is ChunkRetention.SKIPPED:
                 skipped.update(self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
                 window_skips.setdefault(chunk.group_id, set()).add(chunk.chunk)
+        self._shared_keys = frozenset(
+            key for chunk, is_shared in zip(chunks, plan.shared, strict=False) if is_shared
+            for key in self._chunk_keys(req_meta, chunk.group_id, chunk.chunk))
         self._pinned_keys, self._skipped_keys = frozenset(pinned), frozenset(skipped)
         self._unretried_keys = frozenset(unretried)
         self.masks.skipped = {g: frozenset(c) for g, c in window_skips.items()}
@@ -312,14 +319,15 @@ class RetentionSendingThread(JunctionSendingThread):
     def _handle_request(self, req_meta: Any) -> None:
         try:
             settings = self.retention_now()
-            # Retry too: it re-puts only what the plan marks. Evict needs no plan.
-            if settings.plans_saves or settings.retry:
+            # Retry too: it re-puts only what the plan marks; evict, for the shared prefix it keeps.
+            if settings.plans_saves or settings.retry or settings.evict:
                 self.plan_job(req_meta)
         except Exception as error:  # a plan that cannot be made saves as upstream does
             logger.warning(
                 "retention plan failed for %s (saving as upstream): %s", req_meta.req_id, error)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
             self._unretried_keys = frozenset()
+            self._shared_keys = frozenset()
         self.masks.dropped = {}
         self._boundary_dropped = 0
         try:
@@ -332,6 +340,7 @@ class RetentionSendingThread(JunctionSendingThread):
                 self._on_retention("skipped", skipped)
             self._pinned_keys, self._skipped_keys, self.masks.skipped = frozenset(), frozenset(), {}
             self._unretried_keys = frozenset()
+            self._shared_keys = frozenset()
 
     def _boundary_puts(self, req_meta: Any) -> list[Any]:
         puts = super()._boundary_puts(req_meta)

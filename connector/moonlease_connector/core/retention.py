@@ -89,6 +89,9 @@ class SaveRetentionPlan:
 
     decisions: tuple[ChunkRetention, ...]
     retried: tuple[bool, ...] = ()
+    #: With ``evict`` (empty otherwise): whether chunk i is in the prompt's shared prefix,
+    #: which the connector's own eviction leaves alone (`core.store_room`).
+    shared: tuple[bool, ...] = ()
 
     def count(self, decision: ChunkRetention) -> int:
         return sum(1 for d in self.decisions if d is decision)
@@ -123,7 +126,8 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
     hit at the end of the prompt's shared prefix loads (empty when nothing is shared). With
     ``pin`` the shared set is pinned; with ``skip`` window and recurrent chunks in neither set
     are skipped. Full-attention chunks are never skipped. With ``retry`` the plan also says
-    which chunks are put again after a refusal (`SaveRetentionPlan.retried`).
+    which chunks are put again after a refusal (`SaveRetentionPlan.retried`), with ``evict``
+    which are shared (`SaveRetentionPlan.shared`).
     """
     decisions = []
     retried = []
@@ -146,4 +150,5 @@ def plan_save_retention(chunks: Sequence[SaveChunk], resume_set: Collection[tupl
             decisions.append(ChunkRetention.SKIPPED)
         else:
             decisions.append(ChunkRetention.PLAIN)
-    return SaveRetentionPlan(tuple(decisions), tuple(retried) if settings.retry else ())
+    shared = tuple((chunk.group_id, chunk.chunk) in shared_set for chunk in chunks) if settings.evict else ()
+    return SaveRetentionPlan(tuple(decisions), tuple(retried) if settings.retry else (), shared)

@@ -29,7 +29,7 @@ evicts those as before).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 #: Keys remembered by default (about 16 bytes of bookkeeping each beyond the key itself).
@@ -72,6 +72,7 @@ class RecencyOrder:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self._order: OrderedDict[str, int] = OrderedDict()
+        self._shared: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._order)
@@ -82,20 +83,36 @@ class RecencyOrder:
     def size_of(self, key: str) -> int | None:
         return self._order.get(key)
 
-    def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None) -> None:
+    def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None,
+              shared: Collection[str] | None = None) -> None:
         """Mark `keys` (in prompt order) used now: the first key ends most recent.
 
         So when eviction reaches a conversation it removes its last blocks first, and a prefix
         the conversation shares with others (touched by them too) last. A size of None keeps
         the size already known (or the mean of the known ones, for a key never put here).
+        `shared`: those of `keys` in the prompt's shared prefix; `take_oldest` leaves them to
+        the master until a touch no longer names them shared (None: a read that does not
+        know, each key stays as it was).
         """
+        if shared is not None and not isinstance(shared, (set, frozenset)):
+            shared = set(shared)
         for index in range(len(keys) - 1, -1, -1):
             key = keys[index]
             size = sizes[index] if sizes is not None else None
             known = self._order.pop(key, None)
             self._order[key] = size if size is not None else (known if known is not None else self._mean())
+            if shared is None:
+                continue
+            if key in shared:
+                self._shared.add(key)
+            else:
+                self._shared.discard(key)
         while len(self._order) > self.capacity:
-            self._order.popitem(last=False)
+            key, _ = self._order.popitem(last=False)
+            self._shared.discard(key)
+
+    def is_shared(self, key: str) -> bool:
+        return key in self._shared
 
     def _mean(self) -> int:
         if not self._order:
@@ -105,24 +122,25 @@ class RecencyOrder:
         return sum(recent) // len(recent)
 
     def take_oldest(self, free_bytes: int, protect: Iterable[str] = ()) -> list[tuple[str, int]]:
-        """Remove from the order, oldest first, keys worth at least `free_bytes` (not `protect`).
+        """Remove from the order, oldest first, keys worth at least `free_bytes`.
 
-        The caller removes them from the store and gives back (`keep`) those the store refused.
+        Never `protect` nor a shared-prefix key: on a store several engines share, a prefix
+        other prompts follow is read by engines whose reads this order never sees (oldest here,
+        in use there). The caller removes the keys taken from the store and gives back (`keep`)
+        those the store refused.
         """
         protected = set(protect)
         taken: list[tuple[str, int]] = []
-        skipped: list[tuple[str, int]] = []
         freed = 0
-        while freed < free_bytes and self._order:
-            key, size = self._order.popitem(last=False)
-            if key in protected:
-                skipped.append((key, size))
+        for key, size in self._order.items():
+            if freed >= free_bytes:
+                break
+            if key in protected or key in self._shared:
                 continue
             taken.append((key, size))
             freed += max(size, 1)
-        for key, size in reversed(skipped):  # back where they were, oldest first
-            self._order[key] = size
-            self._order.move_to_end(key, last=False)
+        for key, _ in taken:
+            del self._order[key]
         return taken
 
     def keep(self, keys: Iterable[tuple[str, int]]) -> None:
@@ -134,6 +152,7 @@ class RecencyOrder:
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
             self._order.pop(key, None)
+            self._shared.discard(key)
 
 
 @dataclass(frozen=True)
