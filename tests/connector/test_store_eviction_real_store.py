@@ -8,6 +8,7 @@ stays, the put that needed the room is stored, and the master's own eviction nev
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -130,3 +131,69 @@ def test_two_connectors_evict_never_removes_what_the_other_leased(
     assert 281 <= evict_b.removed_keys <= 283
     assert present(b_only).count(False) == evict_b.removed_keys
     assert master.metrics().get("master_evicted_key_count", 0.0) == 0
+
+
+@pytest.mark.parametrize("marked_shared", [True, False])
+def test_evict_leaves_a_shared_prefix_to_the_master_even_when_it_is_oldest_and_unleased(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any], marked_shared: bool) -> None:
+    """Engine B saved a system prompt other engines' prompts follow; B's own order calls it
+    oldest, and nobody holds a lease on it right now. Marked shared by B's save (retention's
+    shared-prefix tracker), B's eviction takes its own conversation instead; unmarked, it would
+    remove the prefix every other engine reads."""
+    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
+                                                    default_kv_lease_ttl=100))
+    store_pool_factory(master, segment_bytes=SEGMENT)
+    client = store_client_factory(master)
+    evict_b = StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+    system = [f"system-{i}" for i in range(300)]
+    conversation = [f"b-conv-{i}" for i in range(400)]
+    sizes = [KEY_BYTES] * len(system)
+    evict_b.before_put(system, sizes)
+    evict_b.after_put(system, sizes, [client.put_batch(system, [b"\1" * KEY_BYTES] * 300)] * 300,
+                      shared=set(system) if marked_shared else set())
+    _put(client, evict_b, conversation)
+    time.sleep(0.3)  # every lease (100 ms) has expired: the master would let either go
+
+    assert _put(client, evict_b, [f"b-new-{i}" for i in range(200)]) == [0] * 200  # 81 keys of room
+
+    present = lambda keys: [answer == 1 for answer in client.batch_probe_key(keys, "none", 1)]  # noqa: E731
+    assert 81 <= evict_b.removed_keys <= 83
+    if marked_shared:
+        assert all(present(system)), "evict removed a shared prefix"
+        assert present(conversation).count(False) == evict_b.removed_keys
+    else:  # the same order without the mark: the prefix is the oldest, and goes first
+        assert present(system).count(False) == evict_b.removed_keys
+        assert all(present(conversation))
+    assert master.metrics().get("master_evicted_key_count", 0.0) == 0
+
+
+def test_the_send_threads_store_handle_hands_the_jobs_shared_prefix_to_evict(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any]) -> None:
+    """The engine path: `_RetentionStore` (what upstream's send thread calls) passes the job's
+    shared-prefix keys with every re-check and put, so evict's order marks exactly those."""
+    import torch
+    from mooncake.store import ReplicateConfig
+
+    from moonlease_connector.adapters.vllm_retention import _RetentionStore
+
+    master = mooncake_master_factory(MasterSettings())
+    store_pool_factory(master, segment_bytes=SEGMENT)
+    client = store_client_factory(master)
+    value = 4096
+    buffer = torch.zeros(4 * value, dtype=torch.uint8)
+    assert client.register_buffer(buffer.data_ptr(), buffer.numel()) == 0
+    eviction = StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+    shared_now = frozenset({"job-0", "job-1"})
+    store = _RetentionStore(client, lambda key: False, lambda decision, count: None,
+                            eviction=lambda: eviction, shared=lambda: shared_now)
+    keys = [f"job-{i}" for i in range(4)]
+    assert store.batch_is_exist(keys) == [0, 0, 0, 0]
+    assert store.batch_put_from_multi_buffers(
+        keys, [[buffer.data_ptr() + i * value] for i in range(4)], [[value]] * 4, ReplicateConfig()) == [0] * 4
+    assert [eviction.order.is_shared(key) for key in keys] == [True, True, False, False]
+
+    shared_now = frozenset()  # the next job's prompt shares nothing with these keys any more
+    assert store.batch_is_exist(keys) == [1, 1, 1, 1]
+    assert not any(eviction.order.is_shared(key) for key in keys)

@@ -50,6 +50,13 @@ def test_without_a_shared_prefix_pin_pins_nothing_and_skip_skips_outside_the_res
         N, N, S, N, S, N)
 
 
+def test_with_evict_the_plan_marks_the_shared_prefix_the_connector_must_not_remove() -> None:
+    plan = plan_save_retention(CHUNKS, RESUME, RetentionSettings(evict=True), SHARED)
+    assert plan.shared == (True, False, True, False, False, False)
+    assert plan.decisions == (N,) * 6  # evict alone changes no write
+    assert plan_save_retention(CHUNKS, RESUME, RetentionSettings(pin=True), SHARED).shared == ()
+
+
 def test_full_attention_is_never_skipped_even_outside_the_resume_set() -> None:
     plan = plan_save_retention(CHUNKS, set(), RetentionSettings(pin=True, skip=True))
     assert plan.decisions == (N, N, S, S, S, S)

@@ -65,6 +65,28 @@ def test_protected_keys_are_not_taken_and_keep_their_place() -> None:
     assert order.take_oldest(1) == [("z", 1)]  # z still the oldest
 
 
+def test_shared_prefix_keys_are_left_to_the_master_until_a_save_says_otherwise() -> None:
+    """On a shared store other engines read a shared prefix that this order calls oldest."""
+    order = RecencyOrder()
+    order.touch(["sys", "a1"], [10, 10], shared={"sys"})
+    order.touch(["b1"], [10], shared=frozenset())
+    assert order.take_oldest(100) == [("a1", 10), ("b1", 10)]
+    assert "sys" in order and order.is_shared("sys")
+    order.touch(["sys"], [10])  # a read that does not know (None): the flag stays
+    assert order.take_oldest(100) == []
+    order.touch(["sys"], [10], shared=["other"])  # a save whose shared prefix no longer holds it
+    assert order.take_oldest(100) == [("sys", 10)]
+
+
+def test_a_forgotten_shared_key_leaves_no_flag_behind() -> None:
+    order = RecencyOrder(capacity=3)
+    order.touch(["s1", "s2", "s3", "s4"], [1] * 4, shared={"s1", "s2", "s3", "s4"})  # s4: bounded out
+    order.forget(["s1"])
+    order.touch(["s4"], [1], shared=None)  # back, from a read that does not know
+    assert not order.is_shared("s4") and not order.is_shared("s1")
+    assert order.is_shared("s2") and order.is_shared("s3")
+
+
 def test_refused_keys_come_back_most_recent_and_unknown_sizes_take_the_mean() -> None:
     order = RecencyOrder()
     order.touch(["p", "q"], [100, 300])
