@@ -114,13 +114,13 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
             self.touched = 0
             built.append(self)
 
-        def saw_exist(self, keys, answers):
+        def saw_exist(self, keys, answers, shared=None):
             self.touched += 1
 
         def before_put(self, keys, sizes):
             return 0
 
-        def after_put(self, keys, sizes, answers):
+        def after_put(self, keys, sizes, answers, shared=None):
             self.touched += 1
 
     router = Router("session", 3)
