@@ -29,7 +29,10 @@ most, while this engine may not have sent it for a while: saves mark those keys 
 never removes them (the master's own pass, and pin's soft pin, decide). Without that mark, per-engine evict
 on a 4 prefill + 1 decode fleet at capacity 0.05 lost 6.2 points against leaseAll on the hybrid
 trace; with it, it gains 2.4 and 2.8 in two sessions of three runs
-(benchmarks/results/fleet_evict_shared_guard.md, fleet_hybrid_evict_shared_guard.md).
+(benchmarks/results/fleet_evict_shared_guard.md, fleet_hybrid_evict_shared_guard.md). On one
+engine it also keeps the system prompt of an agent idle for longer than the store's horizon:
++6.1 on the hybrid trace, −2.9 on the sliding-window trace without junction retention
+(retention_evict_shared_guard_single.md against retention_evict_before_guard_single.md).
 
 Bounded: the order remembers at most `capacity` keys (the oldest are forgotten: the master
 evicts those as before).
