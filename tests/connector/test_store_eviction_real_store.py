@@ -23,24 +23,29 @@ KEY_BYTES = 16 << 10
 SEGMENT = 16 << 20  # the smallest segment mooncake_client mounts; 80 % watermark: 819 keys
 
 
-def _put(client: Any, eviction: StoreEviction, keys: list[str]) -> list[int]:
+def _store(master_factory: Callable[..., Any], pool_factory: Callable[..., Any],
+           client_factory: Callable[..., Any], lease_ttl_ms: int) -> tuple[Any, Any, StoreEviction]:
+    """A real master (80 % watermark, this lease TTL), a 16 MiB pool, a client and its evict."""
+    master = master_factory(MasterSettings(eviction_high_watermark_ratio=0.8, default_kv_lease_ttl=lease_ttl_ms))
+    pool_factory(master, segment_bytes=SEGMENT)
+    client = client_factory(master)
+    return master, client, StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+
+
+def _put(client: Any, eviction: StoreEviction, keys: list[str], shared: set[str] | None = None) -> list[int]:
     """A save's put as the send thread makes it: room first, then the put, then recency."""
     sizes = [KEY_BYTES] * len(keys)
     eviction.before_put(keys, sizes)
     code = client.put_batch(keys, [b"\1" * KEY_BYTES] * len(keys))
     answers = [code] * len(keys)
-    eviction.after_put(keys, sizes, answers)
+    eviction.after_put(keys, sizes, answers, shared=shared)
     return answers
 
 
 def test_the_least_recent_conversation_leaves_whole_before_the_master_evicts(
         mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
         store_client_factory: Callable[..., Any]) -> None:
-    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
-                                                    default_kv_lease_ttl=200))
-    store_pool_factory(master, segment_bytes=SEGMENT)
-    client = store_client_factory(master)
-    eviction = StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+    master, client, eviction = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 200)
     older = [f"conv-a-{i}" for i in range(200)]
     newer = [f"conv-b-{i}" for i in range(200)]
     incoming = [f"conv-c-{i}" for i in range(600)]  # 400 + 600 keys > 819 below the watermark
@@ -71,11 +76,7 @@ def test_the_least_recent_conversation_leaves_whole_before_the_master_evicts(
 def test_keys_under_lease_are_refused_and_kept(
         mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
         store_client_factory: Callable[..., Any]) -> None:
-    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
-                                                    default_kv_lease_ttl=60_000))
-    store_pool_factory(master, segment_bytes=SEGMENT)
-    client = store_client_factory(master)
-    eviction = StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+    master, client, eviction = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 60_000)
     leased = [f"leased-{i}" for i in range(300)]
     free = [f"free-{i}" for i in range(300)]
     _put(client, eviction, leased)
@@ -106,12 +107,9 @@ def test_two_connectors_evict_never_removes_what_the_other_leased(
         store_client_factory: Callable[..., Any]) -> None:
     """Two engines on one store, each with its own client and recency order: keys engine A's
     lookups read (and so lease) are engine B's oldest, yet B's eviction cannot remove them."""
-    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
-                                                    default_kv_lease_ttl=60_000))
-    store_pool_factory(master, segment_bytes=SEGMENT)
-    client_a, client_b = store_client_factory(master), store_client_factory(master)
+    master, client_b, evict_b = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 60_000)
+    client_a = store_client_factory(master)
     evict_a = StoreEviction(client_a, MasterUsage(master.metrics_url), 0.8)
-    evict_b = StoreEviction(client_b, MasterUsage(master.metrics_url), 0.8)
     shared = [f"shared-{i}" for i in range(300)]  # saved by B, read by A
     b_only = [f"b-only-{i}" for i in range(300)]
     a_only = [f"a-only-{i}" for i in range(200)]
@@ -141,17 +139,10 @@ def test_evict_leaves_a_shared_prefix_to_the_master_even_when_it_is_oldest_and_u
     oldest, and nobody holds a lease on it right now. Marked shared by B's save (retention's
     shared-prefix tracker), B's eviction takes its own conversation instead; unmarked, it would
     remove the prefix every other engine reads."""
-    master = mooncake_master_factory(MasterSettings(eviction_high_watermark_ratio=0.8,
-                                                    default_kv_lease_ttl=100))
-    store_pool_factory(master, segment_bytes=SEGMENT)
-    client = store_client_factory(master)
-    evict_b = StoreEviction(client, MasterUsage(master.metrics_url), 0.8)
+    master, client, evict_b = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 100)
     system = [f"system-{i}" for i in range(300)]
     conversation = [f"b-conv-{i}" for i in range(400)]
-    sizes = [KEY_BYTES] * len(system)
-    evict_b.before_put(system, sizes)
-    evict_b.after_put(system, sizes, [client.put_batch(system, [b"\1" * KEY_BYTES] * 300)] * 300,
-                      shared=set(system) if marked_shared else set())
+    _put(client, evict_b, system, shared=set(system) if marked_shared else set())
     _put(client, evict_b, conversation)
     time.sleep(0.3)  # every lease (100 ms) has expired: the master would let either go
 
