@@ -240,7 +240,7 @@ class RetentionSendingThread(JunctionSendingThread):
         self._on_retention = on_retention
         self.masks = RetentionStoreMasks(self.masks._coord)
         self.coord = cast(MooncakeStoreCoordinator, self.masks)  # a stand-in: the coordinator's calls, wrapped
-        #: The per-prefix reuse estimate `pin` pins by (this worker's prompts).
+        #: The per-prefix reuse estimate `pin` pins by and `evict` leaves alone (this worker's prompts).
         self.shared_prefixes = SharedPrefixTracker()
         self._pinned_keys: frozenset[str] = frozenset()
         #: The job's shared-prefix keys, which ``evict`` leaves to the master (other engines read them).

@@ -42,7 +42,8 @@ Pieces (each a connector setting, off by default; docs/benchmarks.md "Choosing a
   the resume set or shared prefix (`SaveRetentionPlan.retried`).
 - ``evict``: before a save's put would take the store above the master's eviction watermark,
   remove the keys this connector's saves touched least recently, so conversations leave whole
-  and oldest first instead of by the master's near-random first pass (`core.store_room`).
+  and oldest first instead of by the master's near-random first pass (`core.store_room`) —
+  never the shared prefix, which other engines on the store read.
 """
 
 from __future__ import annotations

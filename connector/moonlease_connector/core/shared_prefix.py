@@ -8,8 +8,8 @@ Why. A prefix that several different continuations have followed — a system pr
 start with, the turn a sibling branch forks at — is read again by every new prompt over it,
 whichever session sends it. A session's own history has one continuation (each turn extends
 the previous prompt), and whether it is read again depends on that one session. So the
-deepest prefix with four continuations is what retention's ``pin`` keeps through eviction
-(`core.retention`): the store's most-shared bytes, not the bulk of every conversation — pinning
+deepest prefix with four continuations is what retention's ``pin`` keeps through eviction,
+and what ``evict`` never removes itself (`core.retention`): the store's most-shared bytes, not the bulk of every conversation — pinning
 everything turns the master's eviction into strict LRU, which loses under pressure
 (benchmarks/results/retention.md). Two continuations are not enough: one branch makes a
 whole conversation "shared", and pinning those took room from every other (development runs
