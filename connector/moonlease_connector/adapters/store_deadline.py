@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from moonlease_connector.adapters.exit_guard import native_call
+
 
 class CallStatus(str, Enum):
     OK = "ok"
@@ -73,7 +75,8 @@ def _serve(state: _HelperState) -> None:
             return
         fn, slot = request
         try:
-            result = CallResult(CallStatus.OK, fn())
+            with native_call():  # interpreter exit waits for it (`exit_guard`)
+                result = CallResult(CallStatus.OK, fn())
         except BaseException as error:  # noqa: BLE001 - handed to the caller, never lost
             result = CallResult(CallStatus.RAISED, error=error)
         del fn, request

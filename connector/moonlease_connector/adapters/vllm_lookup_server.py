@@ -36,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.protocol import
 )
 from vllm.utils.network_utils import make_zmq_socket
 
+from moonlease_connector.adapters.exit_guard import native_call
 from moonlease_connector.adapters.store_deadline import BoundedCaller, CallStatus
 
 logger = logging.getLogger("vllm.moonlease.connector.lookup_server")
@@ -97,7 +98,8 @@ class BoundedLookupServer:
             try:
                 num_tokens = int.from_bytes(frames[1], byteorder="big")
                 hash_len = int.from_bytes(frames[2], byteorder="big")
-                result = self.store_worker.lookup(num_tokens, BlobBlockHashes(frames[3].buffer, hash_len))
+                with native_call():  # the client may stop waiting; interpreter exit will not
+                    result = self.store_worker.lookup(num_tokens, BlobBlockHashes(frames[3].buffer, hash_len))
             except Exception:  # a lookup answer must stay a lookup answer: a miss
                 logger.exception("Moonlease lookup request failed; answering a miss")
                 result = MooncakeLookupResult(0)

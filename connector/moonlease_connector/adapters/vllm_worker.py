@@ -47,6 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.worker import (
 )
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
+from moonlease_connector.adapters.exit_guard import EXIT_WAIT_S, wait_at_exit_for
 from moonlease_connector.adapters.settings_watcher import LiveSettings, SettingsExporter, SettingsWatcher
 from moonlease_connector.adapters.mooncake_store import (
     ProbeContractDetector,
@@ -275,7 +276,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                                        *getattr(self, "kv_recv_threads", ())], THREAD_STOP_S)
         if stuck:
             logger.warning("%d Mooncake transfer thread(s) still in a store call at close; they stop "
-                           "once it returns", len(stuck))
+                           "once it returns (interpreter exit waits up to %.0f s for them)",
+                           len(stuck), EXIT_WAIT_S)
+            for thread in stuck:
+                wait_at_exit_for(thread)
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:
