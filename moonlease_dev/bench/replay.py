@@ -414,6 +414,9 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         counts[0] += 1
         counts[1] += result.hit_length
         counts[2] += prompt_tokens
+        # Evict learns what a hit loads (the save skips it); the fleet-order study keeps its rule.
+        if engine.eviction is not None and not mode.fleet_evict and result.hit_length:
+            engine.eviction.saw_load(_in_prompt_order(keys_the_load_reads(lookup, hashes, result), hashes))
         junctions = _junctions(result)
         chunks = build_save_keys(lookup, hashes, result.hit_length,
                                  build_prompt_chunks(lookup, hashes, block, junctions))
@@ -482,6 +485,12 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
 
 MASTER_COUNTERS = ("master_evicted_key_count", "master_put_start_alloc_failures_total",
                    "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")
+
+
+def _in_prompt_order(keys: set[str], hashes: Sequence[Any]) -> list[str]:
+    """`keys` in the order the receiver reads them: by their block's place in the prompt."""
+    place = {bytes(block).hex(): index for index, block in enumerate(hashes)}
+    return sorted(keys, key=lambda key: (place.get(key.rsplit("@", 1)[-1], len(place)), key))
 
 
 def build_replay_eviction(bed: MooncakeBed, watermark: float) -> Any:

@@ -96,8 +96,8 @@ class MoonleaseConnectorConfig(BaseModel):
         False, description="Moonlease retention: before a save's put would take the store above "
                            "mooncake_retention_evict_watermark of its capacity (the master's "
                            "master_allocated_bytes / master_total_capacity_bytes), the connector "
-                           "removes the keys its saves touched least recently (batch_remove, "
-                           "not forced), so conversations leave whole and oldest first instead "
+                           "removes the keys its saves and loads touched least recently "
+                           "(batch_remove, not forced), so conversations leave whole and oldest first instead "
                            "of by the master's near-random first eviction pass.")
     mooncake_retention_evict_watermark: float = Field(
         0.9, gt=0.0, le=1.0,

@@ -493,3 +493,50 @@ def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
     print("retention evict: reader hits", hits)
     assert hits["b next"] >= 384  # B intact: its 13 blocks and the window tail at 384
     assert hits["a next"] == 0  # A's tail went first: no window tail to resume from
+
+
+def test_evict_counts_a_prefix_loaded_from_the_store_as_used_now(
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
+    """A save skips the prefix its request loaded, so only the load says that prefix is in use:
+    the receive thread's store handle tells evict what each load read. The writer saves A, then
+    B; its own prefix cache is emptied and A's next turn loads A from the store. Evict's order
+    then holds B's keys as the oldest (nobody read them since), the next turn's new keys above
+    them and A's loaded blocks newest (a conversation leaves tail first). Before loads were
+    learned, A's blocks stayed where A's own save had put them, below B."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    _, prompts, _ = EVICT_COLD
+    cold = cold_outputs(vllm_engine, cold_cache, EVICT_COLD)
+    master = mooncake_master_factory(default_kv_lease_ttl=300, eviction_high_watermark_ratio=0.8)
+    store_pool_factory(master, segment_bytes=16 << 20)
+    config = write_engine_store_config(master, tmp_path / "mooncake-evict-loads.json")
+    writer = vllm_engine("swa", mooncake_config_path=config, kv_transfer_config=moonlease_transfer_config(
+        mooncake_retention_evict=True, mooncake_retention_evict_watermark=0.8,
+        mooncake_master_metrics_url=master.metrics_url))
+    order = get_kv_transfer_group().connector_worker.kv_send_thread.eviction.order
+    saved: dict[str, set[str]] = {}
+    for name in ("a", "b"):
+        known = set(order._order)
+        assert_same(ve.generate_greedy(writer, [prompts[name]], max_tokens=8, logprobs=True)[0], cold[name], name)
+        ve.wait_for_saves(writer)
+        saved[name] = set(order._order) - known
+    assert writer.reset_prefix_cache()
+    before = ve.prefix_cache_counters(writer)
+    assert_same(ve.generate_greedy(writer, [prompts["a next"]], max_tokens=8, logprobs=True)[0],
+                cold["a next"], "a next")
+    ve.wait_for_saves(writer)
+    hit = ve.prefix_cache_counters(writer).external_hits - before.external_hits
+    assert hit >= 384, "A was loaded"
+    keys = list(order._order)  # oldest first
+    new = set(keys) - saved["a"] - saved["b"]
+    print("evict order after A's next turn: B", len(saved["b"]), "new", len(new), "A", len(saved["a"]), "hit", hit)
+    assert new, "A's next turn stored its new blocks"
+    assert set(keys[:len(saved["b"])]) == saved["b"], "B, not read since it was saved, is the oldest"
+    # The hit's full-attention blocks (the group with a key per block) are the newest keys, above
+    # the new ones; A's last block, which the next turn's save re-checked, sits among those.
+    group_of = {key: key.split("@group:")[1].split("@")[0] for key in saved["a"]}
+    full = max(set(group_of.values()), key=list(group_of.values()).count)
+    place = {key: index for index, key in enumerate(keys)}
+    newest_new = max(place[key] for key in new)
+    loaded = [place[key] for key in saved["a"] if group_of[key] == full and place[key] > newest_new]
+    assert len(loaded) == hit // 32, "A's loaded prefix is newer than the new blocks"

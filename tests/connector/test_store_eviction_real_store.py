@@ -188,3 +188,50 @@ def test_the_send_threads_store_handle_hands_the_jobs_shared_prefix_to_evict(
     shared_now = frozenset()  # the next job's prompt shares nothing with these keys any more
     assert store.batch_is_exist(keys) == [1, 1, 1, 1]
     assert not any(eviction.order.is_shared(key) for key in keys)
+
+
+def test_a_conversation_a_load_read_is_kept_over_one_saved_later_but_not_read(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any]) -> None:
+    """A save skips the prefix its request loaded, so only the load says that prefix is in use.
+    The receive thread's store handle (`LoadObserver`) hands what a real `BatchGet` read to the
+    send thread's evict (`saw_load`, from another thread); the next put then removes the
+    conversation nobody read since, not the one just loaded — and, as before the change, a key
+    this connector never saved is not adopted by a load."""
+    import threading
+
+    import torch
+
+    from moonlease_connector.adapters.vllm_retention import LoadObserver
+
+    master, client, eviction = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 100)
+    older = [f"conv-a-{i}" for i in range(300)]
+    newer = [f"conv-b-{i}" for i in range(300)]
+    _put(client, eviction, older)
+    _put(client, eviction, newer)
+    other_engines = [f"conv-x-{i}" for i in range(4)]
+    assert client.put_batch(other_engines, [b"\1" * KEY_BYTES] * 4) == 0
+
+    buffer = torch.zeros(KEY_BYTES * 8, dtype=torch.uint8)
+    assert client.register_buffer(buffer.data_ptr(), buffer.numel()) == 0
+    loads = LoadObserver(client, eviction.saw_load)
+    read = [*older, *other_engines, "never-stored"]  # A's next turn loads A; and two others
+    addrs = [[buffer.data_ptr() + (i % 8) * KEY_BYTES] for i in range(len(read))]
+
+    def receive_thread() -> None:
+        answers = loads.batch_get_into_multi_buffers(read, addrs, [[KEY_BYTES]] * len(read))
+        assert [answer >= 0 for answer in answers] == [True] * 304 + [False]
+
+    thread = threading.Thread(target=receive_thread)
+    thread.start()
+    thread.join()
+    time.sleep(0.3)  # every lease (100 ms) has expired: the master would let any of them go
+
+    assert _put(client, eviction, [f"conv-c-{i}" for i in range(300)]) == [0] * 300  # 81 of room
+    present = lambda keys: [answer == 1 for answer in client.batch_probe_key(keys, "none", 1)]  # noqa: E731
+    assert eviction.removed_keys >= 81
+    assert all(present(older)), "evict removed the conversation a load had just read"
+    assert all(present(other_engines)), "a load made another engine's keys this connector's"
+    assert present(newer).count(False) == eviction.removed_keys
+    assert not present(newer[-eviction.removed_keys:]).count(True), "B leaves tail first"
+    assert master.metrics().get("master_evicted_key_count", 0.0) == 0

@@ -111,8 +111,12 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
         removed_keys = refused_keys = 0
 
         def __init__(self) -> None:
-            self.touched = 0
+            self.touched = self.loads = 0
             built.append(self)
+
+        def saw_load(self, keys):
+            assert keys, "a load that read nothing is not reported"
+            self.loads += 1
 
         def saw_exist(self, keys, answers, shared=None):
             self.touched += 1
@@ -130,6 +134,8 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
     run = replay_requests(trace, DictStore(), MODES["leaseAll+evict"], ideal, sizes,
                           fleet=FleetSpec(3, 0), routing="session", new_eviction=Recorder)
     assert len(built) == 3 and all(recorder.touched for recorder in built)
+    assert all(recorder.loads for recorder in built), "each engine's evict learns its own hits"
+    assert sum(recorder.loads for recorder in built) == sum(1 for account in run.accounts if account.hit)
     assert run.decode_accounts == []
     assert run.removal_refused == 0
     shared = replay_requests(trace, DictStore(), MODES["leaseAll+evict@fleet"], ideal, sizes,

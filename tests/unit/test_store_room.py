@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from moonlease_connector.adapters.store_eviction import default_master_metrics_url, parse_master_usage
+from moonlease_connector.adapters.store_eviction import StoreEviction, default_master_metrics_url, parse_master_usage
 from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_settings.retention import RetentionSettings
 from moonlease_connector.core.store_room import (
@@ -56,6 +56,56 @@ def test_a_shared_prefix_touched_by_every_prompt_stays_most_recent() -> None:
     order.touch(["sys", "b1"], [10, 10])
     assert [key for key, _ in order.take_oldest(20)] == ["a1", "b1"]
     assert "sys" in order
+
+
+def test_a_load_refreshes_the_prefix_a_save_skips_and_adopts_no_other_engines_keys() -> None:
+    """A save skips the prefix its request loaded; the load is what says that prefix is in use."""
+    order = RecencyOrder()
+    order.touch(["a0", "a1"], [10, 10])  # conversation a's first turn
+    order.touch(["b0"], [10])  # conversation b, later
+    order.touch(["a2"], [10])  # a's next turn loaded a0, a1 and saved only its new block
+    before = [key for key, _ in _copy(order).take_oldest(40)]
+    assert before[:2] == ["a1", "a0"], "unrefreshed: a's prefix looks oldest"
+    assert order.refresh(["a0", "a1", "other-engines-key"]) == 2
+    assert "other-engines-key" not in order
+    assert [key for key, _ in order.take_oldest(40)] == ["b0", "a2", "a1", "a0"]
+
+
+def test_a_refresh_keeps_shared_marks() -> None:
+    order = RecencyOrder()
+    order.touch(["sys", "a1"], [10, 10], shared={"sys"})
+    order.refresh(["sys", "a1"])
+    assert order.is_shared("sys") and not order.is_shared("a1")
+    assert order.take_oldest(100) == [("a1", 10)]
+
+
+def test_evict_keeps_a_jobs_loaded_prefix_above_what_its_save_puts() -> None:
+    """A conversation leaves tail first: the turn's new blocks before the prefix it loaded."""
+    eviction = StoreEviction(store=None, usage=lambda: None, watermark=0.8)
+    eviction.after_put(["a0", "a1"], [10, 10], [0, 0])  # conversation A saved
+    eviction.after_put(["b0"], [10], [0])  # then B
+    eviction.saw_load(["a0", "a1", "someone-elses"])  # A's next turn loads A (receive thread)
+    eviction.saw_exist(["a2"], [0])  # its save re-checks its new block: missing
+    eviction.after_put(["a2"], [10], [0])
+    assert list(eviction.order._order) == ["b0", "a2", "a1", "a0"]
+    eviction.saw_exist(["c0"], [0])  # the next job: the earlier load is not lifted again
+    eviction.after_put(["c0"], [10], [0])
+    assert list(eviction.order._order) == ["b0", "a2", "a1", "a0", "c0"]
+
+
+def test_pending_loads_are_bounded_when_no_save_takes_them() -> None:
+    """A decode engine loads and never saves: the loads wait for a save that never comes."""
+    eviction = StoreEviction(store=None, usage=lambda: None, watermark=0.8)
+    for index in range(5000):
+        eviction.saw_load([f"key-{index}"])
+    assert len(eviction._loads) == 1024
+
+
+def _copy(order: RecencyOrder) -> RecencyOrder:
+    copy = RecencyOrder(order.capacity)
+    for key in order._order:
+        copy._order[key] = order._order[key]
+    return copy
 
 
 def test_protected_keys_are_not_taken_and_keep_their_place() -> None:

@@ -5,7 +5,8 @@ Adapter. `MasterUsage` reads the store's usage from the master's Prometheus endp
 order of the keys saves touch and, before a put, removes the least recently used ones through
 the real store client (`batch_remove`, not forced). The engine's send thread
 (`adapters.vllm_retention`) and the replay benchmark (`moonlease_dev.bench.saves`) call the same
-three methods: `saw_exist`, `before_put`, `after_put`.
+three methods: `saw_exist`, `before_put`, `after_put`; the receive thread (`adapters.vllm_load`)
+and the replay's prefill lookups call `saw_load` for what a load read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import re
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -29,6 +31,8 @@ from moonlease_connector.core.store_room import (
 
 logger = logging.getLogger("vllm.moonlease.connector.retention")
 
+#: Loads remembered until the send thread next uses the order (a decode engine never saves).
+MAX_PENDING_LOADS = 1024
 #: Removal calls one put may make (each takes the oldest keys worth what is still missing).
 MAX_REMOVAL_ROUNDS = 8
 #: Mooncake master's default `--metrics_port`.
@@ -110,6 +114,28 @@ class StoreEviction:
         self._on_removed = on_removed
         self.removed_keys = 0
         self.refused_keys = 0
+        #: What loads read, from the receive thread; applied by the thread that owns the order.
+        self._loads: deque[Sequence[str]] = deque(maxlen=MAX_PENDING_LOADS)
+        #: The loads taken at the current job's re-check: kept above the keys its puts store.
+        self._job_loads: list[Sequence[str]] = []
+
+    def saw_load(self, keys: Sequence[str]) -> None:
+        """A load read `keys` (prompt order): used now. A save skips the prefix it loaded, so
+        without this a conversation's oldest blocks — the ones every turn reads — would look
+        unused here since they were first written. Safe from another thread: the order takes it
+        at its owner's next call. Keys this connector never ordered stay out (`refresh`)."""
+        self._loads.append(keys)
+
+    def _take_loads(self) -> None:
+        while self._loads:
+            keys = self._loads.popleft()
+            self.order.refresh(keys)
+            self._job_loads.append(keys)
+
+    def _loads_on_top(self) -> None:
+        """A conversation leaves tail first: the prefix a job loaded stays above what it put."""
+        for keys in self._job_loads:
+            self.order.refresh(keys)
 
     def saw_exist(self, keys: Sequence[str], answers: Sequence[int],
                   shared: Collection[str] | None = None) -> None:
@@ -118,13 +144,18 @@ class StoreEviction:
         `shared`: the keys of the prompt's shared prefix, which this connector does not remove
         (None: not known, as for a read; each key keeps what the last save said).
         """
+        self._job_loads = []
+        self._take_loads()
         self.order.touch([key for key, answer in zip(keys, answers) if answer == 1], shared=shared)
+        self._loads_on_top()
 
     def after_put(self, keys: Sequence[str], sizes: Sequence[Any], answers: Sequence[int],
                   shared: Collection[str] | None = None) -> None:
         """Keys a put stored were used now (with their sizes); `shared` as in `saw_exist`."""
+        self._take_loads()
         stored = [(key, _size(size)) for key, size, answer in zip(keys, sizes, answers) if answer >= 0]
         self.order.touch([key for key, _ in stored], [size for _, size in stored], shared=shared)
+        self._loads_on_top()
 
     def before_put(self, keys: Sequence[str], sizes: Sequence[Any]) -> int:
         """Remove least recently used keys so this put keeps the store under the watermark.
@@ -132,6 +163,7 @@ class StoreEviction:
         Returns the keys removed. Keys of this put are never removed; keys under lease are
         refused by the master and kept (most recent: they are being read).
         """
+        self._take_loads()
         usage = self.usage()
         if usage is None:
             return 0

@@ -213,6 +213,33 @@ class _RetentionStore:
         return answers_for_upstream(results, retryable)
 
 
+class LoadObserver:
+    """A receive thread's store handle: loads as the store answers them, and the keys each load
+    read handed to `on_loaded` (retention ``evict`` learns from them what a save never
+    re-checks: the prefix a request loaded)."""
+
+    def __init__(self, store: Any, on_loaded: Callable[[list[str]], None]) -> None:
+        self._store = store
+        self._on_loaded = on_loaded
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def batch_get_into_multi_buffers(self, keys: list[str], addrs: Any, sizes: Any) -> list[int]:
+        answers = self._store.batch_get_into_multi_buffers(keys, addrs, sizes)
+        read = [key for key, answer in zip(keys, answers) if answer >= 0]
+        if read:
+            self._on_loaded(read)
+        return answers
+
+
+def observe_loads(receive_threads: Sequence[Any], on_loaded: Callable[[list[str]], None]) -> None:
+    """Have each receive thread's loads reported to `on_loaded` (its next load on)."""
+    for thread in receive_threads:
+        if not isinstance(thread.store, LoadObserver):
+            thread.store = LoadObserver(thread.store, on_loaded)
+
+
 class RetentionSendingThread(JunctionSendingThread):
     """Upstream's send thread (with junction tails) carrying out Moonlease retention.
 
@@ -258,6 +285,11 @@ class RetentionSendingThread(JunctionSendingThread):
             retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,
             retryable=lambda key: key not in self._unretried_keys,
             eviction=self._eviction_now, shared=lambda: self._shared_keys)
+
+    def saw_load(self, keys: list[str]) -> None:
+        """A receive thread loaded `keys`: with ``evict`` on, they were used now (any thread)."""
+        if self.retention_now().evict:
+            self.eviction.saw_load(keys)
 
     def _eviction_now(self) -> StoreEviction | None:
         settings = self.retention_now()

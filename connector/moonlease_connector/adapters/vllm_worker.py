@@ -70,7 +70,7 @@ from moonlease_connector.adapters.vllm_load import DeadlineRecvingThread, load_f
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
 from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
-from moonlease_connector.adapters.vllm_retention import RetentionSendingThread
+from moonlease_connector.adapters.vllm_retention import RetentionSendingThread, observe_loads
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
 from moonlease_connector.adapters.vllm_last_hit import check_last_hit_only_layout, refuse_unservable_mode
 from moonlease_connector.adapters.vllm_settings import connector_settings, settings_delivery
@@ -375,6 +375,9 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
             on_junction_tails_saved=self._record_junction_tails,
             junctions_enabled=lambda: self.moonlease_config.finds_junctions, **extra)
         self.kv_send_thread.start()
+        if isinstance(self.kv_send_thread, RetentionSendingThread):
+            # Retention `evict` orders keys by use; a save skips the prefix its request loaded.
+            observe_loads(getattr(self, "kv_recv_threads", ()), self.kv_send_thread.saw_load)
 
     def _register_upstream(self, kv_caches: dict[str, Any]) -> None:
         """Upstream's registration; with a load deadline, its receive threads are

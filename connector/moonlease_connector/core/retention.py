@@ -41,7 +41,7 @@ Pieces (each a connector setting, off by default; docs/benchmarks.md "Choosing a
   space (`core.put_retry`) — every full-attention and window chunk, recurrent states only in
   the resume set or shared prefix (`SaveRetentionPlan.retried`).
 - ``evict``: before a save's put would take the store above the master's eviction watermark,
-  remove the keys this connector's saves touched least recently, so conversations leave whole
+  remove the keys this connector's saves and loads touched least recently, so conversations leave whole
   and oldest first instead of by the master's near-random first pass (`core.store_room`) —
   never the shared prefix, which other engines on the store read.
 """

@@ -77,7 +77,8 @@ def bytes_to_free(usage: StoreUsage, incoming_bytes: int, watermark: float,
 
 
 class RecencyOrder:
-    """The keys this connector's saves touched, least recently used first, with their sizes."""
+    """The keys this connector's saves touched and its loads read, least recently used first,
+    with their sizes."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -122,6 +123,17 @@ class RecencyOrder:
         while len(self._order) > self.capacity:
             key, _ = self._order.popitem(last=False)
             self._shared.discard(key)
+
+    def refresh(self, keys: Sequence[str]) -> int:
+        """Mark those of `keys` (prompt order) this order already holds used now, as `touch`
+        would; others are left out (a load reading another engine's keys does not make them
+        this connector's to remove). Shared marks stay. Returns how many were refreshed."""
+        refreshed = 0
+        for index in range(len(keys) - 1, -1, -1):
+            if keys[index] in self._order:
+                self._order.move_to_end(keys[index])
+                refreshed += 1
+        return refreshed
 
     def is_shared(self, key: str) -> bool:
         return key in self._shared

@@ -238,8 +238,8 @@ class ConnectorSpec(ApiModel):
     retention_evict: bool = False
     """Moonlease retention: before a save's put would take the store above the master's
     evictionHighWatermarkRatio (read from the master's metrics), the connector removes the keys
-    its saves touched least recently, so conversations leave whole and oldest first instead of
-    by the master's near-random first eviction pass. Needs master.evictionHighWatermarkRatio
+    its saves and loads touched least recently, so conversations leave whole and oldest first
+    instead of by the master's near-random first eviction pass. Needs master.evictionHighWatermarkRatio
     declared (the connector keeps the store under it) and the master's metrics reachable from
     the engines (mooncake_master_metrics_url, default http://<master host>:9003/metrics)."""
 

@@ -1,6 +1,6 @@
 """Whether `connector.retentionEvict` runs on a store that several engines share. Pure.
 
-Evict makes room by removing the keys *this engine's* saves touched least recently: with
+Evict makes room by removing the keys *this engine's* saves and loads touched least recently: with
 several engines on one store, some of those are what other engines continue and load. It leaves
 a prompt's shared prefix alone, which removed most of the loss, not all (4 prefill + 1 decode
 engines at capacity 0.05: −2.1 points beside skip, −3.2 beside junctions, pin and retry;
@@ -41,9 +41,9 @@ def shared_store_evict_warning(evict: bool, workloads: Sequence[Mapping[str, Any
     named = ", ".join(f"{what} {n}" for what, n in counts[:listed])
     more = f" and {len(counts) - listed} more workloads" if len(counts) > listed else ""
     return (f"connector.retentionEvict is on and {engines} vLLM engines share the store ({named}{more}):"
-            f" each engine removes the keys its own saves touched least recently, some of which the"
-            f" other engines continue and load (on a 4 prefill + 1 decode fleet it cost 2.1 points of"
-            f" prompt-token hit rate beside retentionSkip, 3.2 beside junction retention, pin and retry;"
+            f" each engine removes the keys its own saves and loads touched least recently, some of which the"
+            f" other engines continue and load (on a 4 prefill + 1 decode fleet it cost 1.8 points of"
+            f" prompt-token hit rate beside retentionSkip, 3.3 beside junction retention, pin and retry;"
             f" {BENCHMARK_PAGE}). Turn it off, or keep it"
             f" only where one engine writes the store")
 
