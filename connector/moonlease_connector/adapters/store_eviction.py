@@ -5,8 +5,9 @@ Adapter. `MasterUsage` reads the store's usage from the master's Prometheus endp
 order of the keys saves touch and, before a put, removes the least recently used ones through
 the real store client (`batch_remove`, not forced). The engine's send thread
 (`adapters.vllm_retention`) and the replay benchmark (`moonlease_dev.bench.saves`) call the same
-three methods: `saw_exist`, `before_put`, `after_put`; the receive thread (`adapters.vllm_load`)
-and the replay's prefill lookups call `saw_load` for what a load read.
+three methods: `saw_exist`, `before_put`, `after_put`; the receive threads (their store handle,
+`adapters.vllm_retention.LoadObserver`) and the replay's prefill lookups call `saw_load` for what
+a load read.
 """
 
 from __future__ import annotations
