@@ -533,7 +533,7 @@ def test_evict_counts_a_prefix_loaded_from_the_store_as_used_now(
     assert new, "A's next turn stored its new blocks"
     assert set(keys[:len(saved["b"])]) == saved["b"], "B, not read since it was saved, is the oldest"
     # The hit's full-attention blocks (the group with a key per block) are the newest keys, above
-    # the new ones; A's last block, which the next turn's save re-checked, sits among those.
+    # the new ones; A's last block, past the hit, was not loaded and stays where A's save put it.
     group_of = {key: key.split("@group:")[1].split("@")[0] for key in saved["a"]}
     full = max(set(group_of.values()), key=list(group_of.values()).count)
     place = {key: index for index, key in enumerate(keys)}

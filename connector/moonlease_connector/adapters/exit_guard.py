@@ -74,8 +74,8 @@ def wait_for_calls(timeout_s: float) -> bool:
 
 
 def _wait_at_exit() -> None:
-    if _calls_out == 0 and not any(thread.is_alive() for thread in list(_stuck_threads)):
-        return
+    if wait_for_calls(0.0):
+        return  # nothing out: exit as before
     started = time.monotonic()
     if wait_for_calls(EXIT_WAIT_S):
         logger.info("waited %.2f s at exit for abandoned Mooncake calls to return",
