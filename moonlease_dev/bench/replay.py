@@ -57,7 +57,13 @@ from moonlease_dev.bench.saves import (
 )
 from moonlease_dev.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence
 from moonlease_dev.bench.trace import Trace
-from moonlease_dev.bench.workers import Layout, build_lookup, keys_the_load_reads, layout_by_name
+from moonlease_dev.bench.workers import (
+    Layout,
+    build_lookup,
+    keys_the_load_reads,
+    keys_the_load_reads_in_order,
+    layout_by_name,
+)
 from moonlease_settings.config import LeaseMode, MoonleaseConnectorConfig
 from moonlease_connector.core.put_retry import DEFAULT_PUT_RETRY
 from moonlease_settings.retention import RetentionSettings
@@ -416,7 +422,7 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         counts[2] += prompt_tokens
         # Evict learns what a hit loads (the save skips it); the fleet-order study keeps its rule.
         if engine.eviction is not None and not mode.fleet_evict and result.hit_length:
-            engine.eviction.saw_load(_in_prompt_order(keys_the_load_reads(lookup, hashes, result), hashes))
+            engine.eviction.saw_load(keys_the_load_reads_in_order(lookup, hashes, result))
         junctions = _junctions(result)
         chunks = build_save_keys(lookup, hashes, result.hit_length,
                                  build_prompt_chunks(lookup, hashes, block, junctions))
@@ -485,12 +491,6 @@ def build_mode_result(run: ModeRun) -> dict[str, Any]:
 
 MASTER_COUNTERS = ("master_evicted_key_count", "master_put_start_alloc_failures_total",
                    "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")
-
-
-def _in_prompt_order(keys: set[str], hashes: Sequence[Any]) -> list[str]:
-    """`keys` in the order the receiver reads them: by their block's place in the prompt."""
-    place = {bytes(block).hex(): index for index, block in enumerate(hashes)}
-    return sorted(keys, key=lambda key: (place.get(key.rsplit("@", 1)[-1], len(place)), key))
 
 
 def build_replay_eviction(bed: MooncakeBed, watermark: float) -> Any:

@@ -187,16 +187,23 @@ def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[An
     upstream's `ChunkedTokenDatabase.process_tokens`, kept by `coord.load_mask`, the chunk that
     ends the hit keyed at its tail boundary.
     """
+    return set(keys_the_load_reads_in_order(lookup, block_hashes, result))
+
+
+def keys_the_load_reads_in_order(lookup: StoreLookup | LayoutParts, block_hashes: list[Any],
+                                 result: Any) -> list[str]:
+    """`keys_the_load_reads` in prompt order (chunk by chunk, the groups of a chunk in layout
+    order): the order retention ``evict`` learns a load in, its first block ending most recent."""
     from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.data import ChunkedTokenDatabase
 
     coord = lookup.coordinator if isinstance(lookup, LayoutParts) else lookup.coord
     hit = result.hit_length
     if hit <= 0:
-        return set()
+        return []
     masks = coord.load_mask(block_hashes, hit)
     tails = {boundary.group_id: boundary.num_tokens for boundary in result.tail_key_boundaries}
-    keys: set[str] = set()
-    for group in lookup.groups:
+    placed: list[tuple[int, int, list[str]]] = []
+    for order, group in enumerate(lookup.groups):
         database: Any = SimpleNamespace(block_size=group.block_size, hash_block_size=lookup.hash_block_size)
         mask = masks[group.group_id]
         for start, end, chunk_hash in ChunkedTokenDatabase.process_tokens(database, hit, block_hashes):
@@ -205,8 +212,9 @@ def keys_the_load_reads(lookup: StoreLookup | LayoutParts, block_hashes: list[An
                 continue
             if end == hit and group.group_id in tails:
                 chunk_hash = block_hashes[tails[group.group_id] // lookup.hash_block_size - 1]
-            keys.update(group.keys_for(bytes(chunk_hash)))
-    return keys
+            placed.append((start, order, list(group.keys_for(bytes(chunk_hash)))))
+    placed.sort(key=lambda entry: (entry[0], entry[1]))
+    return list(dict.fromkeys(key for _, _, keys in placed for key in keys))  # once each, in order
 
 
 def layout_by_name(name: str) -> Layout:

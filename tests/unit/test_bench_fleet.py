@@ -145,3 +145,33 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
     assert shared.accounts == run.accounts
     assert [count[0] for count in run.engine_counts] == [
         sum(1 for r in trace.requests if Router("session", 3).pick(r.session) == engine) for engine in range(3)]
+
+
+def test_what_a_load_reads_comes_in_prompt_order():
+    """Evict learns a load first block last (most recent): the replay hands it the keys in the
+    order of their blocks in the prompt, every key the receiver reads, once."""
+    from moonlease_dev.bench.replay import _reference_lookup
+    from moonlease_dev.bench.workers import (
+        keys_the_load_reads,
+        keys_the_load_reads_in_order,
+        layout_by_name,
+    )
+
+    trace = build_named_trace("agentic-swa", seed=4, duration_s=300.0, sessions_per_min=4.0)
+    store = DictStore()
+    lookup = _reference_lookup(layout_by_name(trace.header.layout), store, trace, True)
+    block = trace.header.hash_block_tokens
+    checked = 0
+    for request in trace.requests:
+        hashes = request.hashes()
+        result = lookup.lookup(request.prompt_tokens(block), hashes)
+        ordered = keys_the_load_reads_in_order(lookup, hashes, result)
+        assert len(ordered) == len(set(ordered))
+        assert set(ordered) == keys_the_load_reads(lookup, hashes, result)
+        place = {bytes(h).hex(): index for index, h in enumerate(hashes)}
+        places = [place[key.rsplit("@", 1)[-1]] for key in ordered]
+        assert places == sorted(places)
+        checked += bool(ordered) and places[0] < places[-1]
+        # Store every block's keys in every group: the next turns hit their whole prefix.
+        store.keys.update(key for group in lookup.groups for h in hashes for key in group.keys_for(bytes(h)))
+    assert checked > 10
