@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from moonlease_operator.api.abtest import ABTestSpec, ABTestStatus
+from moonlease_operator.api.abtest import ABTestSpec
+from moonlease_operator.api.abtest_status import ABTestStatus
 from moonlease_operator.core.ab_plan import next_measurement_at
 
 from moonlease_operator.core.slots import (

@@ -37,7 +37,7 @@ from moonlease_dev.testbed.processes import free_port
 from moonlease_dev.testbed.prometheus import PrometheusServer
 from moonlease_operator.adapters.metrics import OperatorMetrics
 from moonlease_operator.api import ABTestPhase, Phase, PolicyStatus
-from moonlease_operator.api.abtest import ABTestStatus, ConditionResultStatus
+from moonlease_operator.api.abtest_status import ABTestStatus, ConditionResultStatus
 from tests.chart.rendering import CHART_DIR, JsonObj, one, render_objects
 
 pytestmark = [pytest.mark.chart, pytest.mark.prometheus, pytest.mark.store]

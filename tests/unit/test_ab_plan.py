@@ -10,7 +10,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus, AnalysisStateStatus, MetricDirection
+from moonlease_operator.api.abtest import ABTestSpec, MetricDirection
+from moonlease_operator.api.abtest_status import ABTestPhase, ABTestStatus, AnalysisStateStatus
 from moonlease_operator.core.ab_plan import (
     HISTORY_LIMIT,
     ABAction,

@@ -1,6 +1,7 @@
 """The operator's custom resources as pydantic models (pure; the CRD is generated from them)."""
 
-from moonlease_operator.api.abtest import ABTestPhase, ABTestSpec, ABTestStatus
+from moonlease_operator.api.abtest import ABTestSpec
+from moonlease_operator.api.abtest_status import ABTestPhase, ABTestStatus
 from moonlease_operator.api.common import (
     CelRule,
     Condition,

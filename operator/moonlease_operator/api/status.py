@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from moonlease_operator.api.abtest import ABTestStatus
+from moonlease_operator.api.abtest_status import ABTestStatus
 from moonlease_operator.api.common import Condition, ObjectName, StatusModel
 from moonlease_operator.api.policy import StageName, Verb, VerbOutcome, WorkloadKind
 

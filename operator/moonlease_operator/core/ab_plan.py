@@ -16,23 +16,21 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from moonlease_operator.api.abtest import (
+from moonlease_operator.api.abtest import ABTestSpec, FailureAction, SuccessAction
+from moonlease_operator.api.abtest_status import (
+    ABTestPhase,
+    ABTestStatus,
     AnalysisStateStatus,
     ArmTotalsStatus,
+    ArmValues,
     BucketStatus,
+    ConditionResultStatus,
     GuardPointStatus,
+    IntervalRecord,
     MeanSumsStatus,
     QuantileSumsStatus,
     RatioSumsStatus,
     SeriesSumsStatus,
-    ABTestPhase,
-    ABTestSpec,
-    ABTestStatus,
-    ArmValues,
-    ConditionResultStatus,
-    FailureAction,
-    IntervalRecord,
-    SuccessAction,
 )
 from moonlease_operator.api.policy import AB_DECISION_ANNOTATION
 from moonlease_operator.api.status import Reason
