@@ -77,6 +77,9 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--soft-pin-ttl-s", type=float,
                         help="production default_kv_soft_pin_ttl to scale (default 1800, Mooncake's)")
     parser.add_argument("--watermark", type=float, help="eviction_high_watermark_ratio (default 0.8)")
+    parser.add_argument("--eviction-ratio", type=float,
+                        help="the master's eviction_ratio: the share of its objects one eviction pass "
+                             "removes (default 0.05, Mooncake's)")
     parser.add_argument("--engines",
                         help="the fleet sharing the store: <prefill>p<decode>d (e.g. 4p1d) or a count N "
                              "(N-1 prefill + 1 decode; 1: one engine alone); default 4p1d")
@@ -141,6 +144,8 @@ def write_report(results: dict[str, Any], out: Path, report_module: str = "moonl
 
 
 def run_replay(args: argparse.Namespace) -> int:
+    if args.eviction_ratio is not None and not 0 < args.eviction_ratio <= 1:
+        raise SystemExit("--eviction-ratio is a share of the master's objects: in (0, 1]")
     if args.render is not None:
         write_report(json.loads(args.render.read_text()), args.out)
         return 0
@@ -160,7 +165,8 @@ def run_replay(args: argparse.Namespace) -> int:
 
     settings = ReplaySettings()
     chosen = {"capacities": args.capacities, "modes": args.modes, "wall_s_per_run": args.wall_s_per_run,
-              "lease_ttl_s": args.lease_ttl_s, "soft_pin_ttl_s": args.soft_pin_ttl_s, "watermark": args.watermark, "repeats": args.repeats}
+              "lease_ttl_s": args.lease_ttl_s, "soft_pin_ttl_s": args.soft_pin_ttl_s, "watermark": args.watermark,
+              "eviction_ratio": args.eviction_ratio, "repeats": args.repeats}
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
     if args.engines is not None or args.routing is not None:
         settings = replace(settings, engines=args.engines or settings.engines,

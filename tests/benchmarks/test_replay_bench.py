@@ -33,7 +33,7 @@ def replay_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     out = folder / "results" / "replay.md"
     replay = subprocess.run([*MOONLEASE, "bench", "replay", "--trace", str(trace), "--capacities", "0.1",
                              "--modes", "leaseAll,selective,lastHitOnly", "--wall-s-per-run", "3",
-                             "--engines", "1",
+                             "--engines", "1", "--eviction-ratio", "0.02",
                              "--out", str(out), "--log-dir", str(folder / "logs")],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-6000:]
@@ -50,6 +50,7 @@ def test_report_and_plots_are_written(replay_run):
     for name in ("replay_hit_rate.png", "replay_miss_age.png"):
         assert (out.parent / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list((out.parent.parent / "logs").glob("replay-*")), "logs go after a good run"
+    assert results["settings"]["eviction_ratio"] == 0.02 and "`eviction_ratio=0.02`" in markdown
 
 
 def test_only_modes_that_apply_run(replay_run):

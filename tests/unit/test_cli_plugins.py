@@ -48,3 +48,11 @@ def test_an_entry_point_that_fails_to_load_leaves_the_product_commands_and_is_na
     assert cli.main(["demo"]) == 2
     assert "moonlease_no_such_module" in capsys.readouterr().err
     assert isinstance(cli.build_parser([]), argparse.ArgumentParser)
+
+
+def test_bench_replay_refuses_an_eviction_ratio_outside_its_range_before_starting_anything() -> None:
+    parser = cli.build_parser([register])
+    assert parser.parse_args(["bench", "replay", "--eviction-ratio", "0.01"]).eviction_ratio == 0.01
+    for ratio in ("0", "1.5", "-0.1"):
+        with pytest.raises(SystemExit, match=r"--eviction-ratio .* in \(0, 1\]"):
+            cli.main(["bench", "replay", "--eviction-ratio", ratio], plugins=[register])
