@@ -19,7 +19,6 @@ No servers, about a minute per workload. Writes markdown and JSON next to each o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -133,14 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/recency_ceiling.md")
     args = parser.parse_args(argv)
     devenv.preload()
+    from moonlease_dev.bench.script_results import run_record, save_results
+
     started = time.monotonic()
     cells = [measure(workload, args.capacity, args.seed) for workload in args.workloads.split(",")]
-    results = {"command": " ".join(["python benchmarks/recency_ceiling.py", *(argv or sys.argv[1:])]),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "wall_s": time.monotonic() - started, "cells": cells}
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    args.out.write_text(render(results))
-    print(args.out.read_text())
+    arguments = argv if argv is not None else sys.argv[1:]
+    results = {**run_record("benchmarks/recency_ceiling.py", arguments, started), "cells": cells}
+    print(save_results(args.out, results, render))
     return 0
 
 

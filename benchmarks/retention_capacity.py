@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import sys
 import tempfile
 import time
@@ -241,17 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/retention_capacity.md")
     args = parser.parse_args(argv)
     devenv.preload()
+    from moonlease_dev.bench.script_results import run_record, save_results
     from moonlease_dev.bench.workload import build_named_trace
 
     trace = build_named_trace("agentic-swa", seed=args.seed)
     started = time.monotonic()
     modes = [run_mode(trace, name, args.capacity, args.wall_s_per_run) for name in args.modes.split(",")]
-    results = {"command": "python benchmarks/retention_capacity.py " + " ".join(argv or sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "wall_s": time.monotonic() - started, "modes": modes}
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    args.out.write_text(render(results))
-    print(args.out.read_text())
+    arguments = argv if argv is not None else sys.argv[1:]
+    results = {**run_record("benchmarks/retention_capacity.py", arguments, started), "modes": modes}
+    print(save_results(args.out, results, render))
     return 0
 
 
