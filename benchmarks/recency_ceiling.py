@@ -6,7 +6,7 @@ Retention ``evict`` orders keys by recency and removes the oldest before the mas
 shares one order across the engines. Both run through a real master. This asks what the best
 such order could reach on a trace, with no master in the way: an in-memory store that, after
 every save, evicts exactly the least recently used keys of the whole fleet
-(`moonlease_dev.bench.recency`), through the replay's own lookup and save code, at the
+(`moonlease_dev.bench.recency`, `replay.build_recency_replay`), through the replay's own lookup and save code, at the
 replay's capacity (the same bytes Belady gets). Variants: the shared prefix kept until nothing
 else is left (what pin and evict's guard aim at), and a share of the capacity kept free (what an
 evictor that cannot act just before each put must keep for the next save).
@@ -37,11 +37,11 @@ VARIANTS = ((False, 0.0), (True, 0.0), (True, 0.03), (True, 0.06))
 
 
 def measure(workload: str, capacity: float, seed: int) -> dict[str, Any]:
-    from moonlease_dev.bench.recency import build_recency_replay
     from moonlease_dev.bench.replay import (
         ReplaySettings,
         build_belady_replay,
         build_ideal_replay,
+        build_recency_replay,
         segment_mib_for,
     )
     from moonlease_dev.bench.workload import build_named_trace

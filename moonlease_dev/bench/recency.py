@@ -5,7 +5,7 @@ through a real master, which also evicts on its own (a near-random first pass at
 per metadata shard), honours leases and evicts a share of its objects per pass. This store has
 none of that: after each save it drops exactly the least recently used keys until the bytes fit,
 with one recency order for the whole fleet (every prefill load, save and decode load touches
-it). What it measures is how far *any* recency order could go on a trace — against Belady
+it: `replay.build_recency_replay`). What it measures is how far *any* recency order could go on a trace — against Belady
 (`belady.py`), which knows the future — so that a gap to Belady can be split into what a better
 order could win and what needs knowledge of which conversations come back.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
 
 
 class RecencyStore:
@@ -74,41 +73,3 @@ class RecencyStore:
             self.used_bytes -= self.size_of(key)
             self.evictions += 1
 
-
-def build_recency_replay(trace: Any, ideal: Any, capacity_bytes: int, *, junction_retention: bool,
-                         keep_shared: bool = False, free_share: float = 0.0) -> list[int]:
-    """Per request, the prefill hit with a `RecencyStore` (same lookup and saves as the replay).
-
-    One order for the fleet: each request's load (what its hit read), its save and, with decode
-    reads in `ideal`, a decode engine's load of the saved prompt right after touch it. The shared
-    prefix is one tracker's estimate over every prompt (the fleet's view).
-    """
-    from moonlease_connector.core.shared_prefix import SharedPrefixTracker
-    from moonlease_dev.bench.replay import _junctions, _reference_lookup
-    from moonlease_dev.bench.saves import build_prompt_chunks, build_save_keys
-    from moonlease_dev.bench.stores import DictStore
-    from moonlease_dev.bench.workers import keys_the_load_reads_in_order, layout_by_name
-
-    store = RecencyStore(capacity_bytes, ideal.key_sizes, keep_shared=keep_shared, free_share=free_share)
-    view = DictStore()
-    view.keys = store.present  # lookups see exactly what the store kept
-    lookup = _reference_lookup(layout_by_name(trace.header.layout), view, trace, junction_retention)
-    tracker = SharedPrefixTracker()
-    block = trace.header.hash_block_tokens
-    decode = bool(ideal.decode_reads)
-    hits: list[int] = []
-    for request in trace.requests:
-        hashes = request.hashes()
-        tokens = request.prompt_tokens(block)
-        result = lookup.lookup(tokens, hashes)
-        hits.append(result.hit_length)
-        store.touch(keys_the_load_reads_in_order(lookup, hashes, result))
-        shared_blocks = tracker.observe_and_share(hashes)
-        shared = {key for group in lookup.groups for chunk_hash in hashes[:shared_blocks]
-                  for key in group.keys_for(bytes(chunk_hash))}
-        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
-        store.admit([key for chunk in build_save_keys(lookup, hashes, result.hit_length, chunks)
-                     for key in chunk.keys], shared)
-        if decode:
-            store.touch(keys_the_load_reads_in_order(lookup, hashes, lookup.lookup(tokens, hashes)))
-    return hits

@@ -48,6 +48,7 @@ from moonlease_dev.bench.accounting import (
 )
 from moonlease_dev.bench.belady import BeladyStore, build_read_index
 from moonlease_dev.bench.fleet import SINGLE_ENGINE, FleetSpec, Router, parse_fleet
+from moonlease_dev.bench.recency import RecencyStore
 from moonlease_dev.bench.saves import (
     ValueSizes,
     apply_save,
@@ -326,6 +327,39 @@ def build_belady_replay(trace: Trace, ideal: IdealReplay, capacity_bytes: int, *
         if decode:
             hits.decode.append(lookup.lookup(request.prompt_tokens(block), hashes).hit_length)
             belady.touch(ideal.decode_reads[step], event + 1)
+    return hits
+
+
+def build_recency_replay(trace: Trace, ideal: IdealReplay, capacity_bytes: int, *, junction_retention: bool,
+                         keep_shared: bool = False, free_share: float = 0.0) -> list[int]:
+    """Per request, the prefill hit with a `RecencyStore` (same lookup and saves as the replay).
+
+    One order for the fleet: each request's load (what its hit read), its save and, with decode
+    reads in `ideal`, a decode engine's load of the saved prompt right after touch it. The shared
+    prefix is one tracker's estimate over every prompt (the fleet's view).
+    """
+    store = RecencyStore(capacity_bytes, ideal.key_sizes, keep_shared=keep_shared, free_share=free_share)
+    view = DictStore()
+    view.keys = store.present  # lookups see exactly what the store kept
+    lookup = _reference_lookup(layout_by_name(trace.header.layout), view, trace, junction_retention)
+    tracker = SharedPrefixTracker()
+    block = trace.header.hash_block_tokens
+    decode = bool(ideal.decode_reads)
+    hits: list[int] = []
+    for request in trace.requests:
+        hashes = request.hashes()
+        tokens = request.prompt_tokens(block)
+        result = lookup.lookup(tokens, hashes)
+        hits.append(result.hit_length)
+        store.touch(keys_the_load_reads_in_order(lookup, hashes, result))
+        shared_blocks = tracker.observe_and_share(hashes)
+        shared = {key for group in lookup.groups for chunk_hash in hashes[:shared_blocks]
+                  for key in group.keys_for(bytes(chunk_hash))}
+        chunks = build_prompt_chunks(lookup, hashes, block, _junctions(result))
+        store.admit([key for chunk in build_save_keys(lookup, hashes, result.hit_length, chunks)
+                     for key in chunk.keys], shared)
+        if decode:
+            store.touch(keys_the_load_reads_in_order(lookup, hashes, lookup.lookup(tokens, hashes)))
     return hits
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moonlease_dev.bench.recency import RecencyStore, build_recency_replay
-from moonlease_dev.bench.replay import build_ideal_replay
+from moonlease_dev.bench.recency import RecencyStore
+from moonlease_dev.bench.replay import build_ideal_replay, build_recency_replay
 from moonlease_dev.bench.saves import ValueSizes
 from moonlease_dev.bench.workload import build_named_trace
 
