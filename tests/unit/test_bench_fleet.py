@@ -148,7 +148,7 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
 
 
 def test_what_a_load_reads_comes_in_prompt_order():
-    """Evict learns a load first block last (most recent): the replay hands it the keys in the
+    """Evict learns a load's keys first block last (most recent): the replay hands them in the
     order of their blocks in the prompt, every key the receiver reads, once."""
     from moonlease_dev.bench.replay import _reference_lookup
     from moonlease_dev.bench.workers import (
