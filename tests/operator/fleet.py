@@ -96,6 +96,12 @@ def condition(kube: LocalApiServer, type_: str, name: str = "fleet") -> dict[str
     return next((c for c in status(kube, name).get("conditions", []) if c["type"] == type_), {})
 
 
+def describe_policy(kube: LocalApiServer, name: str = "fleet") -> str:
+    """The policy's phase, stages and events in a line: what a timed-out wait found."""
+    stages = ", ".join(f"{s['name']} {s['phase']} ({s.get('message', '')})" for s in status(kube, name).get("stages", []))
+    return f"phase {phase(kube, name)}; stages: {stages or 'none'}; events: {reasons(kube, name, transient=True)}"
+
+
 #: Event reasons whose presence depends on timing (a connector reading its new settings file a
 #: moment after the operator looked): left out of `reasons` unless asked for.
 TRANSIENT_REASONS = ("SettingsNotVerified",)

@@ -26,6 +26,7 @@ from tests.operator.fleet import (
     condition,
     configured,
     create_fleet,
+    describe_policy,
     let_reconcile,
     phase,
     policy,
@@ -148,7 +149,8 @@ async def test_an_operator_away_longer_than_the_stage_timeout_verifies_what_fini
     await kube.wait_for(lambda: is_rollout_complete(workload(kube, "llama-prefill")), what="prefill to finish")
     clock.advance(120)  # the outage: four times the stage timeout
     async with OperatorThread(connection=kube.connection_info(), options=FAST_OPTIONS, clock=clock):
-        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready")
+        await kube.wait_for(lambda: phase(kube) == "Ready", timeout=WAIT, what="phase Ready",
+                            describe=lambda: describe_policy(kube))
     assert stage_phases(kube) == {"master": "Succeeded", "prefill": "Succeeded", "decode": "Succeeded"}
     assert not {"StageFailed", "StageRollingBack", "RolledBack"} & set(reasons(kube))
     assert configured(workload(kube, "llama-prefill")["spec"]["template"])

@@ -567,3 +567,9 @@ def test_server_and_operator_from_synchronous_code() -> None:
         server.call(server.api.wait_for(lambda: phase_of(server.api, "fleet") == "Pending",
                                         what="the policy accepted"))
         assert server.api.get("mlp", "default", "fleet")["status"]["observedGeneration"] == 1
+
+
+async def test_a_timed_out_wait_says_what_it_found_instead(kube_manual: LocalApiServer) -> None:
+    with pytest.raises(TimeoutError, match=r"waiting for phase Ready; found phase Progressing"):
+        await kube_manual.wait_for(lambda: False, timeout=0.05, what="phase Ready",
+                                   describe=lambda: "phase Progressing")

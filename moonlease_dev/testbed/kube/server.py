@@ -159,8 +159,11 @@ class LocalApiServer:
     # ---- waiting --------------------------------------------------------------------------------
 
     async def wait_for(self, check: Callable[[], Any | Awaitable[Any]], *, timeout: float = 5.0,
-                       interval: float = 0.02, what: str = "condition") -> Any:
-        """Poll `check` (sync or async) until it returns something truthy; returns that value."""
+                       interval: float = 0.02, what: str = "condition",
+                       describe: Callable[[], str] | None = None) -> Any:
+        """Poll `check` (sync or async) until it returns something truthy; returns that value.
+        `describe` says, in the timeout's message, what was there instead (a failure then
+        explains itself where it cannot be reproduced)."""
         deadline = time.monotonic() + timeout
         while True:
             value = check()
@@ -169,7 +172,8 @@ class LocalApiServer:
             if value:
                 return value
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+                found = f"; found {describe()}" if describe is not None else ""
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what}{found}")
             await asyncio.sleep(interval)
 
 
