@@ -58,6 +58,7 @@ from moonlease_dev.bench.saves import (
 )
 from moonlease_dev.bench.stores import CountingStore, DictStore, MooncakeBed, fetch_presence
 from moonlease_dev.bench.trace import Trace
+from moonlease_dev.testbed.fleet_order import FleetOrderProcess
 from moonlease_dev.bench.workers import (
     Layout,
     build_lookup,
@@ -83,8 +84,8 @@ class ModeSpec:
     lease_mode: LeaseMode
     junction_retention: bool = False
     retention: RetentionSettings = RetentionSettings()
-    # Replay-only design study: one recency order for the whole fleet (every prefill engine's
-    # saves and every decode engine's loads feed it) instead of one per connector.
+    # `evict` on the fleet's order: each engine's connector reports to, and takes victims from,
+    # a real fleet order service (`mooncake_fleet_order_url`) instead of ordering its own keys.
     fleet_evict: bool = False
 
     def settings(self) -> MoonleaseConnectorConfig:
@@ -146,8 +147,8 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              retention=RetentionSettings(pin=True, evict=True)),
     ModeSpec("leaseAll+junctions+pin+retry+evict", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(pin=True, retry=True, evict=True)),
-    # `evict` with the order shared by the fleet (a design study; the connector has no such
-    # channel between engines).
+    # `evict` with the order shared by the fleet: the fleet order service (one per store) that
+    # every engine reports its saves and loads to and asks for victims.
     ModeSpec("leaseAll+evict@fleet", LeaseMode.LEASE_ALL, retention=RetentionSettings(evict=True),
              fleet_evict=True),
     ModeSpec("leaseAll+skip+evict@fleet", LeaseMode.LEASE_ALL,
@@ -162,7 +163,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
 @dataclass(frozen=True)
 class ReplaySettings:
     capacities: tuple[float, ...] = (0.05, 0.15, 0.4)  # share of the trace's stored bytes that fits
-    # Those that apply to each trace's layout run (the fleet-order design study only by name).
+    # Those that apply to each trace's layout run (evict on the fleet order only by name).
     modes: tuple[str, ...] = tuple(name for name, spec in MODES.items() if not spec.fleet_evict)
     watermark: float = 0.8  # eviction_high_watermark_ratio
     eviction_ratio: float = 0.05
@@ -417,13 +418,13 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
     With a `fleet`, each request goes to a prefill engine (`routing`) that looks up and saves,
     then, if there are decode engines, to a decode engine that looks the prompt up (its hit
     against the ideal decode hit in `ideal`, which must then hold decode hits). Retention
-    ``evict``: `eviction` for a single engine, or `new_eviction` building one per prefill engine.
+    ``evict``: `eviction` for a single engine, or `new_eviction` building one per prefill engine
+    (on the fleet's order, for a `fleet_evict` mode, each one a client of the same service).
+    Decode engines report nothing, as the connector's (a consumer runs no save thread).
     """
     if fleet.decode and len(ideal.decode_hits) != len(trace.requests):
         raise ValueError("a fleet with decode engines needs the ideal replay's decode hits (decode=True)")
     layout = layout_by_name(trace.header.layout)
-    if new_eviction is not None and mode.fleet_evict:
-        eviction, new_eviction = new_eviction(), None  # one order, shared by every engine
     prefill = [_build_engine(layout, store, mode, trace,
                              new_eviction() if new_eviction is not None else eviction)
                for _ in range(fleet.prefill)]
@@ -454,8 +455,8 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         counts[0] += 1
         counts[1] += result.hit_length
         counts[2] += prompt_tokens
-        # Evict learns what a hit loads (the save skips it); the fleet-order study keeps its rule.
-        if engine.eviction is not None and not mode.fleet_evict and result.hit_length:
+        # Evict learns what a hit loads (the save skips it).
+        if engine.eviction is not None and result.hit_length:
             engine.eviction.saw_load(keys_the_load_reads_in_order(lookup, hashes, result))
         junctions = _junctions(result)
         chunks = build_save_keys(lookup, hashes, result.hit_length,
@@ -474,14 +475,14 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
         if decode:
             reader = decode[routers[1].pick(request.session)].lookup
             loaded = reader.lookup(prompt_tokens, hashes)
-            if mode.fleet_evict and eviction is not None:  # the shared order learns the load
-                read = sorted(keys_the_load_reads(reader, hashes, loaded))
-                eviction.saw_exist(read, [1] * len(read))
             run.decode_accounts.append(RequestAccount(prompt_tokens, ideal.decode_hits[step],
                                                       loaded.hit_length, None))
         if after_request is not None:
             after_request(step)
     evictions = {id(e.eviction): e.eviction for e in prefill if e.eviction is not None}.values()
+    for eviction in evictions:  # a fleet order's clients: what they queued is sent, then they stop
+        if callable(close := getattr(getattr(eviction, "order", None), "close", None)):
+            close()
     run.keys_removed = sum(e.removed_keys for e in evictions)
     run.removal_refused = sum(e.refused_keys for e in evictions)
     if pacer is not None:
@@ -527,11 +528,13 @@ MASTER_COUNTERS = ("master_evicted_key_count", "master_put_start_alloc_failures_
                    "master_successful_evictions_total", "master_key_count", "master_allocated_bytes")
 
 
-def build_replay_eviction(bed: MooncakeBed, watermark: float) -> Any:
+def build_replay_eviction(bed: MooncakeBed, watermark: float, fleet_order_url: str | None = None) -> Any:
     """Retention ``evict`` as the engine runs it, reading this bed's master metrics.
 
-    Its watermark is the master's (what the operator renders from the policy's master settings).
+    Its watermark is the master's (what the operator renders from the policy's master settings);
+    with `fleet_order_url`, its order is the fleet order service's (a client of its own).
     """
+    from moonlease_connector.adapters.fleet_order_client import FleetOrderClient
     from moonlease_connector.adapters.store_eviction import StoreEviction
     from moonlease_connector.core.store_room import StoreUsage
 
@@ -541,7 +544,8 @@ def build_replay_eviction(bed: MooncakeBed, watermark: float) -> Any:
             return None
         return StoreUsage(values.get("master_allocated_bytes", 0.0), values["master_total_capacity_bytes"])
 
-    return StoreEviction(bed.client, usage, watermark)
+    order = FleetOrderClient(fleet_order_url) if fleet_order_url else None
+    return StoreEviction(bed.client, usage, watermark, order=order)
 
 
 def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplaySettings, *,
@@ -553,9 +557,12 @@ def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplayS
     bed = MooncakeBed(segment_mib=segment_mib, lease_ttl_ms=ttl_ms, watermark=settings.watermark,
                       eviction_ratio=settings.eviction_ratio, log_dir=log_dir,
                       soft_pin_ttl_ms=max(1, round(settings.soft_pin_ttl_s * 1000 * scale)))
+    # The fleet order service as the chart runs it: its own process beside the master.
+    fleet_order = FleetOrderProcess(log_dir=log_dir).start() if mode.fleet_evict else None
     try:
         pin_config = build_soft_pin_config() if mode.retention.pin else None
-        new_eviction = (lambda: build_replay_eviction(bed, settings.watermark)) if mode.retention.evict else None
+        url = fleet_order.url if fleet_order is not None else None
+        new_eviction = (lambda: build_replay_eviction(bed, settings.watermark, url)) if mode.retention.evict else None
         run = replay_requests(trace, bed.client, mode, ideal, settings.sizes, pacer=Pacer(scale),
                               pin_config=pin_config, new_eviction=new_eviction, fleet=settings.fleet,
                               routing=settings.routing, routing_seed=settings.routing_seed,
@@ -565,6 +572,8 @@ def run_mode(trace: Trace, mode: ModeSpec, ideal: IdealReplay, settings: ReplayS
         survival = summarize_survival(universe, ideal.loaded_keys(), fetch_presence(bed.client, universe))
     finally:
         bed.close()
+        if fleet_order is not None:
+            fleet_order.stop()
     return {**build_mode_result(run), "master": {name: metrics.get(name, 0.0) for name in MASTER_COUNTERS},
             "survival": survival}
 

@@ -11,11 +11,12 @@ setting defaults to upstream's behaviour.
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from moonlease_settings.lease_modes import (
     ALIAS_KEYS,
@@ -108,6 +109,12 @@ class MoonleaseConnectorConfig(BaseModel):
         None, description="Moonlease retention evict: the master's Prometheus endpoint (default "
                           "http://<master_server_address host>:9003/metrics, from "
                           "MOONCAKE_CONFIG_PATH).")
+    mooncake_fleet_order_url: str | None = Field(
+        None, description="Moonlease retention evict: the fleet order service "
+                    "(python -m moonlease_connector.fleet_order, one per master; the chart's "
+                    "fleetOrder), e.g. http://fleet-order:8790. Every engine of the store reports "
+                    "its saves and loads there and removes the keys the whole fleet used least "
+                    "recently; unset, evict orders only this engine's own keys. Read at start-up.")
     mooncake_max_lease_rounds: int = Field(
         3, ge=1, le=16, description="Selective lease: how many times a lookup may shorten its hit "
                                     "and lease again when keys vanish between probe and lease.")
@@ -136,6 +143,14 @@ class MoonleaseConnectorConfig(BaseModel):
                     "routers pass on) before it loads what the store holds and recomputes the "
                     "rest; requests without a promise are looked up once, as upstream's. Read "
                     "at start-up. 0 turns the wait off.")
+
+    @field_validator("mooncake_fleet_order_url")
+    @classmethod
+    def _service_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.fullmatch(r"https?://[^/:\s]+(:[0-9]{1,5})?(/\S*)?", url):
+            raise ValueError(f"give the fleet order service as http://host:port (e.g. "
+                             f"http://fleet-order:8790), not {url!r}")
+        return url
 
     @model_validator(mode="before")
     @classmethod

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
+from moonlease_dev.testbed.fleet_order import FleetOrderProcess
 from moonlease_dev.testbed.mooncake import MasterSettings
+from moonlease_dev.testbed.processes import free_port
+from moonlease_connector.adapters.fleet_order_client import FleetOrderClient
 from moonlease_connector.adapters.store_eviction import MasterUsage, StoreEviction
 
 pytestmark = pytest.mark.store
@@ -235,3 +238,57 @@ def test_a_conversation_a_load_read_is_kept_over_one_saved_later_but_not_read(
     assert present(newer).count(False) == eviction.removed_keys
     assert not present(newer[-eviction.removed_keys:]).count(True), "B leaves tail first"
     assert master.metrics().get("master_evicted_key_count", 0.0) == 0
+
+
+def test_on_the_fleet_order_an_engine_removes_what_the_fleet_used_least_recently(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any]) -> None:
+    """Two engines on one store, both on one fleet order service (its own process, as the chart
+    runs it). Engine A saved its conversation, then engine B saved one, then engine B loaded A's
+    conversation (a sibling turn routed to B). A's own order would call A's conversation its
+    oldest; the fleet's calls B's conversation the least recently used, and that is what A's
+    next save removes."""
+    master, client_a, _ = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 100)
+    client_b = store_client_factory(master)
+    with FleetOrderProcess() as service:
+        on_fleet = lambda client: StoreEviction(client, MasterUsage(master.metrics_url), 0.8,  # noqa: E731
+                                                order=FleetOrderClient(service.url))
+        evict_a, evict_b = on_fleet(client_a), on_fleet(client_b)
+        a_conversation = [f"a-conv-{i}" for i in range(300)]
+        b_conversation = [f"b-conv-{i}" for i in range(300)]
+        _put(client_a, evict_a, a_conversation)
+        _put(client_b, evict_b, b_conversation)
+        evict_b.saw_load(a_conversation)  # B's receive thread read A's conversation: now the fleet's newest
+        for eviction in (evict_a, evict_b):
+            assert eviction.order.flush()
+        time.sleep(0.3)  # every lease (100 ms) has expired: the master would let either go
+
+        assert _put(client_a, evict_a, [f"a-new-{i}" for i in range(400)]) == [0] * 400  # 181 keys of room
+
+        present = lambda keys: [a == 1 for a in client_a.batch_probe_key(keys, "none", 1)]  # noqa: E731
+        assert all(present(a_conversation)), "the conversation the fleet read last was removed"
+        gone = present(b_conversation).count(False)
+        assert 181 <= gone <= 183 and evict_a.removed_keys == gone
+        assert not any(present(b_conversation)[-gone:]), "B's conversation leaves tail first"
+        assert master.metrics().get("master_evicted_key_count", 0.0) == 0
+        metrics = service.metrics()
+        assert f"moonlease_fleet_order_keys_taken_total {float(gone)}" in metrics
+        for eviction in (evict_a, evict_b):
+            eviction.order.close()
+
+
+def test_a_fleet_order_that_does_not_answer_removes_nothing_and_the_put_goes_ahead(
+        mooncake_master_factory: Callable[..., Any], store_pool_factory: Callable[..., Any],
+        store_client_factory: Callable[..., Any]) -> None:
+    """The service down: a take gets no answer within its timeout, evict removes nothing, the
+    put is stored (the master's own eviction makes the room, as without evict)."""
+    master, client, _ = _store(mooncake_master_factory, store_pool_factory, store_client_factory, 100)
+    order = FleetOrderClient(f"http://127.0.0.1:{free_port()}", timeout_s=0.2)
+    eviction = StoreEviction(client, MasterUsage(master.metrics_url), 0.8, order=order)
+    _put(client, eviction, [f"old-{i}" for i in range(600)])
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert _put(client, eviction, [f"new-{i}" for i in range(400)]) == [0] * 400
+    assert time.monotonic() - started < 5
+    assert eviction.removed_keys == 0 and order.unanswered_takes >= 1 and order.failed_requests >= 1
+    order.close()

@@ -291,6 +291,24 @@ def test_evict_beside_other_engines_is_warned_about_and_cleared_once_one_engine_
     assert fleet().run(SPEC).condition("EvictOnSharedStore") is None
 
 
+def test_evict_on_one_fleet_order_service_is_not_warned_about() -> None:
+    """Every engine names the same fleet order service: one order for the store, nothing to warn."""
+    spec = spec_with(**{"connector.retentionEvict": True, "master.evictionHighWatermarkRatio": 0.8})
+    for target in spec["targets"]:
+        target["container"] = "vllm"
+    sidecar = {"name": "proxy", "image": "envoy:1"}  # first in the pod: the target's container is found by name
+
+    def warned(extra: dict[str, Any]) -> bool:
+        kv = ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": extra})]
+        vllm = {"name": "vllm", "image": "vllm:1", "args": ["serve", "m", *kv]}
+        cluster = Cluster(master_deployment(), deployment("prefill", sidecar, vllm), deployment("decode", sidecar, vllm))
+        cluster.run(spec)
+        return cluster.status.condition("EvictOnSharedStore") is not None
+
+    assert not warned({"mooncake_fleet_order_url": "http://fleet-order:8790"})
+    assert warned({})
+
+
 def test_stages_roll_out_one_after_the_other() -> None:
     cluster = fleet()
     cluster.reconcile(SPEC)

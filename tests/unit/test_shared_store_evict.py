@@ -7,6 +7,7 @@ engines continue and load; the operator counts the policy's engines and warns, n
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def test_the_message_counts_and_names_the_engines_and_says_what_to_do() -> None:
                                          listed=5)
     assert message is not None
     assert "5 vLLM engines share the store (Deployment/prefill 4, StatefulSet/decode 1)" in message
-    assert "Turn it off" in message and "docs/benchmarks.md" in message
+    assert "turn evict off" in message and "docs/benchmarks.md" in message
     many = shared_store_evict_warning(True, [workload(f"w{i}", 1) for i in range(8)], listed=5)
     assert many is not None and "Deployment/w4 1 and 3 more workloads" in many and "w5" not in many
 
@@ -71,3 +72,35 @@ def test_the_condition_is_set_once_cleared_and_absent_for_a_policy_that_never_wa
     cleared, note = set_shared_store_evict_condition(again, None, generation=3, now=later)
     assert note is None and cleared[0].status is ConditionStatus.FALSE and cleared[0].reason == "AsExpected"
     assert cleared[0].last_transition_time == later
+
+
+def on_fleet_order(obj: dict[str, Any], url: str | None, container: str = "vllm") -> dict[str, Any]:
+    """`obj` whose vLLM container passes our connector a fleet order service (or none)."""
+    extra = {"mooncake_fleet_order_url": url} if url else {}
+    kv = json.dumps({"kv_connector": "MooncakeStoreConnector", "kv_connector_module_path": "moonlease_connector",
+                     "kv_connector_extra_config": extra})
+    obj["spec"]["template"] = {"spec": {"containers": [
+        {"name": "sidecar", "args": []},
+        {"name": container, "args": ["serve", "m", "--kv-transfer-config", kv]}]}}
+    return obj
+
+
+def test_engines_that_all_order_keys_on_one_fleet_order_service_are_not_warned_about() -> None:
+    url = "http://fleet-order:8790"
+    both = [on_fleet_order(workload("prefill", 4), url), on_fleet_order(workload("decode", 1), url)]
+    assert shared_store_evict_warning(True, both, listed=5, containers=["vllm", "vllm"]) is None
+    # The first container is the sidecar: without the container's name the URL is not found.
+    assert shared_store_evict_warning(True, both, listed=5) is not None
+
+    one_alone = [on_fleet_order(workload("prefill", 4), url), on_fleet_order(workload("decode", 1), None)]
+    message = shared_store_evict_warning(True, one_alone, listed=5, containers=["vllm", "vllm"])
+    assert message is not None
+    assert "each engine without a fleet order service (Deployment/decode)" in message
+    assert "Give every engine the fleet order service (mooncake_fleet_order_url" in message
+
+    split = [on_fleet_order(workload("prefill", 4), url), on_fleet_order(workload("decode", 1), "http://other:8790")]
+    message = shared_store_evict_warning(True, split, listed=5, containers=["vllm", "vllm"])
+    assert message is not None and "name 2 different fleet order services" in message
+    # A workload scaled to zero runs no engine: its settings do not count.
+    idle = [on_fleet_order(workload("prefill", 4), url), on_fleet_order(workload("old", 0), None)]
+    assert shared_store_evict_warning(True, idle, listed=5, containers=["vllm", "vllm"]) is None

@@ -3,7 +3,8 @@
 Adapter. `MasterUsage` reads the store's usage from the master's Prometheus endpoint
 (`master_allocated_bytes`, `master_total_capacity_bytes`); `StoreEviction` keeps the recency
 order of the keys saves touch and, before a put, removes the least recently used ones through
-the real store client (`batch_remove`, not forced). The engine's send thread
+the real store client (`batch_remove`, not forced) — its own order, or the fleet's (`adapters.fleet_order_client`, with
+``mooncake_fleet_order_url``). The engine's send thread
 (`adapters.vllm_retention`) and the replay benchmark (`moonlease_dev.bench.saves`) call the same
 three methods: `saw_exist`, `before_put`, `after_put`; the receive threads (their store handle,
 `adapters.vllm_retention.LoadObserver`) and the replay's prefill lookups call `saw_load` for what
@@ -24,6 +25,7 @@ from typing import Any
 from moonlease_connector.core.store_room import (
     DEFAULT_CAPACITY,
     DEFAULT_SLACK,
+    KeyOrder,
     RecencyOrder,
     StoreUsage,
     bytes_to_free,
@@ -106,12 +108,15 @@ class StoreEviction:
 
     def __init__(self, store: Any, usage: Callable[[], StoreUsage | None], watermark: float, *,
                  on_removed: Callable[[int], None] = lambda keys: None,
-                 capacity: int = DEFAULT_CAPACITY, slack: float = DEFAULT_SLACK) -> None:
+                 capacity: int = DEFAULT_CAPACITY, slack: float = DEFAULT_SLACK,
+                 order: KeyOrder | None = None) -> None:
         self.store = store
         self.usage = usage
         self.watermark = watermark
         self.slack = slack
-        self.order = RecencyOrder(capacity)
+        #: This connector's own order, or the fleet's (`adapters.fleet_order_client`).
+        self.order: KeyOrder = order if order is not None else RecencyOrder(capacity)
+        self._fleet = bool(getattr(self.order, "shared_by_fleet", False))
         self._on_removed = on_removed
         self.removed_keys = 0
         self.refused_keys = 0
@@ -124,13 +129,18 @@ class StoreEviction:
         """A load read `keys` (prompt order): used now. A save skips the prefix it loaded, so
         without this a conversation's oldest blocks — the ones every turn reads — would look
         unused here since they were first written. Safe from another thread: the order takes it
-        at its owner's next call. Keys this connector never ordered stay out (`refresh`)."""
+        at its owner's next call. Keys this connector never ordered stay out (`refresh`). The
+        fleet's order hears of it at once (a decode engine, which never saves, reads every
+        prompt: its loads are what keeps a conversation recent there)."""
+        if self._fleet:
+            self.order.refresh(keys)
         self._loads.append(keys)
 
     def _take_loads(self) -> None:
         while self._loads:
             keys = self._loads.popleft()
-            self.order.refresh(keys)
+            if not self._fleet:  # the fleet's order was told in `saw_load`
+                self.order.refresh(keys)
             self._job_loads.append(keys)
 
     def _loads_on_top(self) -> None:

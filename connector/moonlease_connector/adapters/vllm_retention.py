@@ -43,7 +43,7 @@ from moonlease_connector.core.retention import (
 )
 from moonlease_settings.retention import RetentionSettings
 from moonlease_connector.core.shared_prefix import SharedPrefixTracker
-from moonlease_connector.core.store_room import StoreUsage
+from moonlease_connector.core.store_room import KeyOrder, StoreUsage
 
 
 def chunk_kind(spec: Any) -> ChunkKind:
@@ -259,7 +259,7 @@ class RetentionSendingThread(JunctionSendingThread):
     def __init__(self, *args: Any, retention: RetentionSettings | Callable[[], RetentionSettings],
                  on_retention: Callable[[str, int], None] = lambda decision, keys: None,
                  master_usage: Callable[[], StoreUsage | None] = lambda: None,
-                 **kwargs: Any) -> None:
+                 fleet_order: KeyOrder | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: The pieces in force, read per job (live settings may switch them).
         self.retention_now: Callable[[], RetentionSettings] = (
@@ -277,9 +277,11 @@ class RetentionSendingThread(JunctionSendingThread):
         # Passes puts through untouched while the current job has no pinned keys and retry is off.
         self._unretried_keys: frozenset[str] = frozenset()
         #: Retention ``evict``: the recency of this worker's keys and the removals it makes
-        #: (kept while the piece is switched off live, so switching it back on starts warm).
+        #: (kept while the piece is switched off live, so switching it back on starts warm); the
+        #: order is the fleet's when ``mooncake_fleet_order_url`` names the service.
         self.eviction = StoreEviction(self.store, master_usage, self.retention_now().evict_watermark,
-                                      on_removed=lambda keys: self._on_retention("removed", keys))
+                                      on_removed=lambda keys: self._on_retention("removed", keys),
+                                      order=fleet_order)
         self.store = _RetentionStore(
             self.store, lambda key: key in self._pinned_keys, self._on_retention,
             retry=lambda: DEFAULT_PUT_RETRY if self.retention_now().retry else None,

@@ -69,6 +69,7 @@ from moonlease_connector.adapters.vllm_lookup_server import (
 from moonlease_connector.adapters.vllm_load import DeadlineRecvingThread, load_failure_policy
 from moonlease_connector.adapters.vllm_metrics import MoonleaseConnectorStats, record_lookup_outcome
 from moonlease_connector.adapters.vllm_rebind import with_replaced_globals
+from moonlease_connector.adapters.fleet_order_client import FleetOrderClient
 from moonlease_connector.adapters.store_eviction import MasterUsage, default_master_metrics_url
 from moonlease_connector.adapters.vllm_retention import RetentionSendingThread, observe_loads
 from moonlease_connector.adapters.vllm_save import JunctionSendingThread
@@ -362,7 +363,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                 "on_retention": self._record_retention,
                 # Retention `evict` reads the store's usage from the master's metrics.
                 "master_usage": MasterUsage(self.moonlease_config.mooncake_master_metrics_url
-                                            or default_master_metrics_url())}
+                                            or default_master_metrics_url()),
+                # ... and, with a fleet order service, orders keys by the whole fleet's use.
+                "fleet_order": (FleetOrderClient(self.moonlease_config.mooncake_fleet_order_url)
+                                if self.moonlease_config.mooncake_fleet_order_url else None)}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
             self._group_tp_replication_factors, self.kv_role, threading.Event(),

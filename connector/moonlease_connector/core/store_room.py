@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 #: Keys remembered by default (about 16 bytes of bookkeeping each beyond the key itself).
 DEFAULT_CAPACITY = 1 << 20
@@ -74,6 +75,20 @@ def bytes_to_free(usage: StoreUsage, incoming_bytes: int, watermark: float,
     if overshoot <= 0:
         return 0
     return int(overshoot + slack * usage.capacity_bytes)
+
+
+class KeyOrder(Protocol):
+    """What evict needs of an order: `RecencyOrder` (this connector's) or the fleet order
+    service's client (one order for every engine of the store, `core.fleet_order`)."""
+
+    def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None,
+              shared: Collection[str] | None = None) -> None: ...
+
+    def refresh(self, keys: Sequence[str]) -> int: ...
+
+    def take_oldest(self, free_bytes: int, protect: Iterable[str] = ()) -> list[tuple[str, int]]: ...
+
+    def keep(self, keys: Iterable[tuple[str, int]]) -> None: ...
 
 
 class RecencyOrder:
@@ -137,6 +152,10 @@ class RecencyOrder:
 
     def is_shared(self, key: str) -> bool:
         return key in self._shared
+
+    @property
+    def shared_count(self) -> int:
+        return len(self._shared)
 
     def _mean(self) -> int:
         if not self._order:

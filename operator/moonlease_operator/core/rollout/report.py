@@ -117,8 +117,9 @@ def _shared_store_evict_condition(ctx: PlanContext, progress: Progress,
                                   conditions: list[Any]) -> tuple[list[Any], Progress]:
     """EvictOnSharedStore: per-engine evict on a store the policy's engines share
     (`core.shared_store_evict`), with a Warning event when the message changes."""
-    workloads = [m.obj for m in ctx.fleet.members if m.target is not None and m.obj is not None]
-    warning = shared_store_evict_warning(ctx.spec.connector.retention_evict, workloads, listed=MAX_LISTED)
+    members = [(m.obj, m.container) for m in ctx.fleet.members if m.target is not None and m.obj is not None]
+    warning = shared_store_evict_warning(ctx.spec.connector.retention_evict, [obj for obj, _ in members],
+                                         listed=MAX_LISTED, containers=[name for _, name in members])
     conditions, note = set_shared_store_evict_condition(conditions, warning, generation=ctx.policy.generation,
                                                         now=ctx.now)
     return conditions, progress if note is None else progress.noted(note)

@@ -1,0 +1,190 @@
+"""An engine's side of the fleet order service: `StoreEviction`'s order, kept by the service.
+
+I/O adapter (HTTP, standard library). `FleetOrderClient` offers `store_room.RecencyOrder`'s four
+calls — `touch`, `refresh`, `take_oldest`, `keep` — so `adapters.store_eviction.StoreEviction`
+runs unchanged on the fleet's order (``mooncake_fleet_order_url``) instead of its own.
+
+One sender thread sends what is queued, in order, batched into one ``POST /v1/ops``, over one
+kept-alive connection: reports (touch, refresh, keep) return at once (a load's receive thread
+never waits on the network); `take_oldest` waits for its answer at most `timeout_s`. The service
+unreachable or slow costs hit rate, never a request: a take that gets no answer takes nothing
+(the put goes ahead and the master evicts as without evict), reports beyond `max_queued` are
+dropped oldest first, and one warning says so until the service answers again.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+import urllib.parse
+from collections import deque
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moonlease_connector.core.fleet_order import MAX_OPERATIONS_PER_REQUEST
+
+logger = logging.getLogger("vllm.moonlease.connector.fleet_order")
+
+DEFAULT_TIMEOUT_S = 0.5
+#: Reports held while the service does not answer (then the oldest are dropped).
+DEFAULT_MAX_QUEUED = 4096
+
+
+@dataclass
+class _Pending:
+    """One queued operation; `done` set once its answer (or the failure) is known."""
+
+    body: dict[str, Any]
+    waits: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict[str, Any] | None = None
+
+
+def parse_service_url(url: str) -> tuple[str, str, int, str]:
+    """(scheme, host, port, path of /v1/ops) from ``http(s)://host[:port][/prefix]``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"mooncake_fleet_order_url must be http(s)://host[:port], got {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname, port, parts.path.rstrip("/") + "/v1/ops"
+
+
+class FleetOrderClient:
+    """The fleet's recency order, as `StoreEviction` uses an order; thread-safe."""
+
+    #: Loads are reported as they happen (a decode engine never saves, so waiting for its send
+    #: thread, as per-engine evict does, would never report them).
+    shared_by_fleet = True
+
+    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+        self.url = url
+        self._scheme, self._host, self._port, self._path = parse_service_url(url)
+        self.timeout_s = timeout_s
+        self.max_queued = max_queued
+        self._queue: deque[_Pending] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._connection: http.client.HTTPConnection | None = None
+        self._failing = False
+        self.sent_requests = 0
+        self.failed_requests = 0
+        self.dropped_operations = 0
+        self.unanswered_takes = 0
+        self._thread = threading.Thread(target=self._run, name="moonlease-fleet-order", daemon=True)
+        self._thread.start()
+
+    # ---- RecencyOrder's calls -------------------------------------------------------------------
+
+    def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None,
+              shared: Collection[str] | None = None) -> None:
+        if keys:
+            self._report({"op": "touch", "keys": list(keys), "sizes": None if sizes is None else list(sizes),
+                          "shared": None if shared is None else [key for key in keys if key in shared]})
+
+    def refresh(self, keys: Sequence[str]) -> int:
+        """Reported, not awaited: the count is the service's (0 here)."""
+        if keys:
+            self._report({"op": "refresh", "keys": list(keys)})
+        return 0
+
+    def take_oldest(self, free_bytes: int, protect: Iterable[str] = ()) -> list[tuple[str, int]]:
+        pending = _Pending({"op": "take", "free_bytes": max(0, int(free_bytes)), "protect": list(protect)},
+                           waits=True)
+        with self._cond:
+            self._queue.append(pending)
+            self._cond.notify()
+        if not pending.done.wait(self.timeout_s) or pending.result is None:
+            self.unanswered_takes += 1
+            return []
+        return [(str(key), int(size)) for key, size in pending.result.get("taken") or ()]
+
+    def keep(self, keys: Iterable[tuple[str, int]]) -> None:
+        taken = [[key, size] for key, size in keys]
+        if taken:
+            self._report({"op": "keep", "taken": taken})
+
+    def __len__(self) -> int:
+        return 0  # the service knows; nothing is held here
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (at most `timeout_s`), then stop."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything queued so far has been sent (tests, the replay's end)."""
+        marker = _Pending({"op": "refresh", "keys": []}, waits=True)
+        with self._cond:
+            self._queue.append(marker)
+            self._cond.notify()
+        return marker.done.wait(timeout_s)
+
+    # ---- sending --------------------------------------------------------------------------------
+
+    def _report(self, body: dict[str, Any]) -> None:
+        with self._cond:
+            self._queue.append(_Pending(body))
+            while len(self._queue) > self.max_queued:
+                dropped = next((p for p in self._queue if not p.waits), None)
+                if dropped is None:
+                    break
+                self._queue.remove(dropped)
+                self.dropped_operations += 1
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    break
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_OPERATIONS_PER_REQUEST))]
+            results = self._send([p.body for p in batch])
+            for index, pending in enumerate(batch):
+                pending.result = results[index] if results is not None else None
+                pending.done.set()
+        if self._connection is not None:
+            self._connection.close()
+
+    def _send(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        body = json.dumps({"ops": ops}).encode()
+        for attempt in range(2):  # a kept-alive connection the service closed: once more, fresh
+            try:
+                if self._connection is None:
+                    cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+                    self._connection = cls(self._host, self._port, timeout=max(self.timeout_s, 1.0))
+                self._connection.request("POST", self._path, body, {"Content-Type": "application/json"})
+                response = self._connection.getresponse()
+                payload = response.read()
+                if response.status != 200:
+                    raise OSError(f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}")
+                results = json.loads(payload)["results"]
+                if len(results) != len(ops):
+                    raise ValueError(f"{len(results)} results for {len(ops)} operations")
+                self.sent_requests += 1
+                if self._failing:
+                    logger.warning("retention evict: the fleet order service at %s answers again", self.url)
+                    self._failing = False
+                return list(results)
+            except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
+                if self._connection is not None:
+                    self._connection.close()
+                    self._connection = None
+                if attempt == 0 and isinstance(error, (http.client.RemoteDisconnected, ConnectionResetError,
+                                                       BrokenPipeError)):
+                    continue
+                self.failed_requests += 1
+                if not self._failing:
+                    logger.warning("retention evict: the fleet order service at %s does not answer (%s); "
+                                   "saves go on and the master evicts as without evict until it does",
+                                   self.url, error)
+                    self._failing = True
+                return None
+        return None
