@@ -128,7 +128,10 @@ COMPONENT_VALUES = {  # workload -> path of its values
     "moonlease-store-pool": ("mooncake", "storePool"),
     "moonlease-prefill": ("vllm", "prefill"),
     "moonlease-decode": ("vllm", "decode"),
+    "moonlease-fleet-order": ("fleetOrder",),
 }
+#: The values that render every component of COMPONENT_VALUES (the fleet order service is opt-in).
+EVERY_COMPONENT: JsonObj = {"fleetOrder": {"enabled": True}}
 
 
 def _nested(path: tuple[str, ...], leaf: JsonObj) -> JsonObj:
@@ -146,7 +149,7 @@ def _merge(a: JsonObj, b: JsonObj) -> JsonObj:
 
 
 def test_each_component_is_scheduled_by_its_own_values(chart: helm.Chart) -> None:
-    values: JsonObj = {}
+    values: JsonObj = EVERY_COMPONENT
     for workload, path in COMPONENT_VALUES.items():
         values = _merge(values, _nested(path, {
             "priorityClassName": f"pc-{workload}",
@@ -178,10 +181,10 @@ def test_extra_env_volumes_and_mounts_reach_each_component(chart: helm.Chart) ->
     """Extra variables join each container's own `env:` list: a second `env:` key (which YAML
     and the apply resolve by keeping the last) would drop the chart's, e.g. the operator's
     POD_ID, and kopf would then crash naming its peer (`getpwuid(): uid not found`)."""
-    own = {workload: set(env(one(render_objects(chart, {}), "Deployment", workload)))
+    own = {workload: set(env(one(render_objects(chart, EVERY_COMPONENT), "Deployment", workload)))
            for workload in COMPONENT_VALUES}
     assert "POD_ID" in own["moonlease-operator"]
-    values: JsonObj = {}
+    values: JsonObj = EVERY_COMPONENT
     for path in COMPONENT_VALUES.values():
         if path[0] == "vllm":
             path = ("vllm",)
@@ -203,12 +206,13 @@ def test_extra_env_volumes_and_mounts_reach_each_component(chart: helm.Chart) ->
 def test_digests_replace_tags_and_a_global_registry_prefixes_every_image(chart: helm.Chart) -> None:
     digest = "sha256:" + "ab" * 32
     objects = render_objects(chart, {"global": {"imageRegistry": "registry.example.com:5000/"},
-                                     "mooncake": {"image": {"digest": digest}}})
+                                     "mooncake": {"image": {"digest": digest}}, **EVERY_COMPONENT})
     images = {w["metadata"]["name"]: c["image"] for w, spec in pod_specs(objects) for c in spec["containers"]}
     assert images["moonlease-mooncake-master"] == f"registry.example.com:5000/moonlease/mooncake@{digest}"
     assert images["moonlease-store-pool"] == images["moonlease-mooncake-master"]
     assert images["moonlease-operator"] == "registry.example.com:5000/moonlease/operator:0.1.0"
     assert images["moonlease-prefill"] == "registry.example.com:5000/moonlease/vllm-connector:0.1.0-vllm0.33.0"
+    assert images["moonlease-fleet-order"] == images["moonlease-prefill"]  # the service is the connector's
     with pytest.raises(Exception, match="digest"):
         render_objects(chart, {"operator": {"image": {"digest": "latest"}}})
 
@@ -243,8 +247,9 @@ def test_prometheus_operator_objects_are_opt_in(chart: helm.Chart) -> None:
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_monitors_validate_and_scrape_every_metrics_port(chart: helm.Chart, name: str) -> None:
     values = _merge(SETS[name], {"monitoring": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True},
-                                                "prometheusRule": {"enabled": True}}})
+                                                "prometheusRule": {"enabled": True}}, **EVERY_COMPONENT})
     objects = render_objects(chart, values)
+    assert find(objects, "Deployment", "moonlease-fleet-order")
     monitoring = [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
     for obj in monitoring:
         jsonschema.validate(obj, PROMETHEUS_OPERATOR_SCHEMAS[obj["kind"]])

@@ -71,6 +71,26 @@ moonlease.io/arm: {{ .arm }}
 {{- printf "%s-store-config" (include "moonlease.fullname" .) -}}
 {{- end -}}
 
+{{- define "moonlease.fleetOrderName" -}}
+{{- printf "%s-fleet-order" (include "moonlease.fullname" .) -}}
+{{- end -}}
+
+{{/* The fleet order service's URL (its Service in the release namespace), which engines with
+retention evict report to. */}}
+{{- define "moonlease.fleetOrderUrl" -}}
+{{- printf "http://%s.%s.svc:%d" (include "moonlease.fleetOrderName" .) .Release.Namespace (int .Values.fleetOrder.port) -}}
+{{- end -}}
+
+{{/* The fleet order service's image: fleetOrder.image when it names a repository, else the
+connector image the engines run (vllm.image), which holds the service. */}}
+{{- define "moonlease.fleetOrderImage" -}}
+{{- if .Values.fleetOrder.image.repository -}}
+{{- .Values.fleetOrder.image | toJson -}}
+{{- else -}}
+{{- .Values.vllm.image | toJson -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "moonlease.policyName" -}}
 {{- default (include "moonlease.fullname" .) .Values.policy.name -}}
 {{- end -}}
@@ -152,6 +172,11 @@ would fall back to the engine's start-up settings); the watermark only with evic
 {{- if and $retention.evict (not (hasKey $extra "mooncake_master_metrics_url")) -}}
 {{- $host := regexReplaceAll ":[0-9]+$" (include "moonlease.masterAddress" .ctx) "" -}}
 {{- $_ := set $extra "mooncake_master_metrics_url" (printf "http://%s:%d/metrics" $host (int .ctx.Values.mooncake.master.metricsPort)) -}}
+{{- end -}}
+{{- /* The fleet order service (fleetOrder.enabled): evict orders the keys by every engine's
+saves and loads, not this engine's alone. */ -}}
+{{- if and $retention.evict .ctx.Values.fleetOrder.enabled (not (hasKey $extra "mooncake_fleet_order_url")) -}}
+{{- $_ := set $extra "mooncake_fleet_order_url" (include "moonlease.fleetOrderUrl" .ctx) -}}
 {{- end -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_load_failure_policy" ($v.connector.loadFailurePolicy | default "recompute") "kv_connector_extra_config" $extra -}}
 {{- dict "file" $file "kvTransferConfig" $kv | toJson -}}

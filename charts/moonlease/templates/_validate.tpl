@@ -24,6 +24,10 @@ Included once, by validate.yaml (which renders nothing).
 {{- if and .Values.router.enabled .Values.vllm.enabled (not .Values.router.image.repository) -}}
 {{- fail "router.image.repository is required with router.enabled: an image with vllm-router on PATH (no image of this chart ships it; e.g. python:3.11-slim plus pip install vllm-router==0.1.17)" -}}
 {{- end -}}
+{{- $fleetImage := .Values.fleetOrder.image -}}
+{{- if and .Values.fleetOrder.enabled $fleetImage.repository (not $fleetImage.tag) (not $fleetImage.digest) -}}
+{{- fail "fleetOrder.image.repository needs fleetOrder.image.tag or digest (or leave the repository empty: the service runs vllm.image, the connector image)" -}}
+{{- end -}}
 {{- $modes := list .Values.vllm.connector.leaseMode -}}
 {{- range .Values.vllm.arms -}}
 {{- $modes = append $modes (default $.Values.vllm.connector.leaseMode .leaseMode) -}}
