@@ -140,18 +140,16 @@ def test_engines_with_evict_report_to_the_fleet_order_service(chart: helm.Chart)
         assert _extra_config(engine)["mooncake_fleet_order_url"] == "http://kv-moonlease-fleet-order.serving.svc:9100"
 
 
-def test_only_arms_with_evict_get_the_fleet_order_url(chart: helm.Chart) -> None:
+def test_every_engine_gets_the_fleet_order_url_so_a_policy_can_turn_evict_on_live(chart: helm.Chart) -> None:
+    """The URL is read at start-up, evict from the settings file the operator rewrites live: an
+    arm without evict today gets the URL too (it reports nothing until evict is on)."""
     objects = render_objects(chart, _merged(FLEET_ORDER, {"vllm": {"arms": [
         {"name": "control"},
         {"name": "treatment", "retention": {"evict": True}, "managedByPolicy": False}]}}))
     engines = _engines(objects)
     assert len(engines) == 4
     for name, engine in engines.items():
-        extra = _extra_config(engine)
-        if name.endswith("-treatment"):
-            assert extra["mooncake_fleet_order_url"] == URL, name
-        else:
-            assert "mooncake_fleet_order_url" not in extra, name
+        assert _extra_config(engine)["mooncake_fleet_order_url"] == URL, name
     # One service for the release: every arm shares the master, so one order.
     assert [o["metadata"]["name"] for o in find(objects, "Deployment", "moonlease-fleet-order")] == \
         ["moonlease-fleet-order"]

@@ -174,8 +174,9 @@ would fall back to the engine's start-up settings); the watermark only with evic
 {{- $_ := set $extra "mooncake_master_metrics_url" (printf "http://%s:%d/metrics" $host (int .ctx.Values.mooncake.master.metricsPort)) -}}
 {{- end -}}
 {{- /* The fleet order service (fleetOrder.enabled): evict orders the keys by every engine's
-saves and loads, not this engine's alone. */ -}}
-{{- if and $retention.evict .ctx.Values.fleetOrder.enabled (not (hasKey $extra "mooncake_fleet_order_url")) -}}
+saves and loads, not this engine's alone. Every engine gets it, evict on or not: a policy turns
+evict on live (the settings file), without a restart that could bring the URL. */ -}}
+{{- if and .ctx.Values.fleetOrder.enabled (not (hasKey $extra "mooncake_fleet_order_url")) -}}
 {{- $_ := set $extra "mooncake_fleet_order_url" (include "moonlease.fleetOrderUrl" .ctx) -}}
 {{- end -}}
 {{- $kv := dict "kv_connector" "MooncakeStoreConnector" "kv_connector_module_path" "moonlease_connector" "kv_role" (index $v .role).kvRole "kv_load_failure_policy" ($v.connector.loadFailurePolicy | default "recompute") "kv_connector_extra_config" $extra -}}
