@@ -40,6 +40,7 @@ import time
 import pytest
 
 from moonlease_dev.testbed import vllm_engine as ve
+from moonlease_dev.testbed.fleet_order import FleetOrderProcess
 from moonlease_dev.testbed.mooncake import connect_store_client, write_engine_store_config
 from tests.support.engines import moonlease_transfer_config
 from tests.support.numerics import assert_same_logprobs
@@ -438,24 +439,36 @@ def fill_to_watermark(master, watermark: float) -> list[str]:
     return names
 
 
+@pytest.mark.parametrize("order", ["engine", "fleet"])
 def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
-        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path):
+        vllm_engine, cold_cache, mooncake_master_factory, store_pool_factory, tmp_path, order):
     """``mooncake_retention_evict``: a writer saves conversation A, then B; the store is filled
     (by another client, unleased) to just under the master's 80 % watermark; the writer then
     saves C. Its send thread reads the master's /metrics, sees that C's put would cross the
     watermark and removes keys its saves touched least recently — A's, none of B's or the
     fillers — so C is stored and the master's own (near-random) eviction never runs. Fresh
     readers then hit B's next turn as from a store with room, and miss A's (A left, not B);
-    every completion equals a cold run."""
+    every completion equals a cold run. On the `fleet` order (``mooncake_fleet_order_url``, the
+    service in its own process) the engine's saves are ordered, and victims taken, there."""
     _, prompts, _ = EVICT_COLD
     cold = cold_outputs(vllm_engine, cold_cache, EVICT_COLD)
     master = mooncake_master_factory(default_kv_lease_ttl=300, eviction_high_watermark_ratio=0.8)
     store_pool_factory(master, segment_bytes=16 << 20)
     config = write_engine_store_config(master, tmp_path / "mooncake-evict.json")
+    service = FleetOrderProcess(log_dir=tmp_path).start() if order == "fleet" else None
+    fleet = {"mooncake_fleet_order_url": service.url} if service is not None else {}
     settings = {"kv_transfer_config": moonlease_transfer_config(
         mooncake_retention_evict=True, mooncake_retention_evict_watermark=0.8,
-        mooncake_master_metrics_url=master.metrics_url), "mooncake_config_path": config}
-    writer = vllm_engine("swa", **settings)
+        mooncake_master_metrics_url=master.metrics_url, **fleet), "mooncake_config_path": config}
+    try:
+        writer = vllm_engine("swa", **settings)
+        _evict_least_recent(vllm_engine, writer, master, prompts, cold, config, service)
+    finally:
+        if service is not None:
+            service.stop()
+
+
+def _evict_least_recent(vllm_engine, writer, master, prompts, cold, config, service):
     for name in ("a", "b"):
         assert_same(ve.generate_greedy(writer, [prompts[name]], max_tokens=8, logprobs=True)[0], cold[name], name)
         ve.wait_for_saves(writer)
@@ -476,6 +489,9 @@ def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
     # out of A, the conversation used least recently; no filler was touched.
     assert 0 < removed <= per_conversation
     assert engine_keys(master, fillers) == 3 * per_conversation - removed
+    if service is not None:  # the order was the service's: it handed out what was removed
+        taken = _metric(service.metrics(), "moonlease_fleet_order_keys_taken_total")
+        assert taken >= removed and _metric(service.metrics(), "moonlease_fleet_order_keys") > 0
     from moonlease_dev.bench.stores import fetch_presence
     client = connect_store_client(master)
     try:
@@ -493,6 +509,10 @@ def test_evict_removes_the_least_recent_conversation_before_the_master_evicts(
     print("retention evict: reader hits", hits)
     assert hits["b next"] >= 384  # B intact: its 13 blocks and the window tail at 384
     assert hits["a next"] == 0  # A's tail went first: no window tail to resume from
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def test_evict_counts_a_prefix_loaded_from_the_store_as_used_now(

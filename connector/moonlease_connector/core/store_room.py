@@ -22,8 +22,9 @@ emptier than the master would and loses hit rate (sliding-window trace at 0.05, 
 benchmarks/results/retention_evict.md: slack 0 and 0.003 62.1 %, 0.01 61.5 %, 0.02 61.3 %; a
 first cut freeing down to 70 % with the watermark at 80 %, 57.6 %).
 
-A shared store. The order is this connector's: keys other engines read are invisible to it. A
-prompt's *shared prefix* (the deepest prefix four different continuations followed, as
+A shared store. The order is this connector's — unless the engines share one through the fleet
+order service (`core.fleet_order`, ``mooncake_fleet_order_url``): keys other engines read are
+invisible to its own. A prompt's *shared prefix* (the deepest prefix four different continuations followed, as
 ``pin``'s tracker estimates it: a system prompt, a branch point) is what other engines read
 most, while this engine may not have sent it for a while: saves mark those keys and evict
 never removes them (the master's own pass, and pin's soft pin, decide). Without that mark, per-engine evict
