@@ -113,3 +113,30 @@ def test_a_fresh_engine_loads_a_prefix_another_engine_stored(images: Images, net
     assert hits >= 32, (hits, second.logs())  # at least one whole block came from the store
     assert _counter(second, "vllm:moonlease_lookups_total", result="hit") >= 1
     assert answer_b["choices"][0]["text"] == answer_a["choices"][0]["text"]
+
+
+def test_the_fleet_order_service_runs_from_the_connector_image_as_the_chart_starts_it(
+        images: Images, network: Network) -> None:
+    """The chart's fleet order Deployment runs `python3 -m moonlease_connector.fleet_order` in the
+    connector image (read-only root, /tmp a tmpfs as its emptyDir): it answers /healthz, applies
+    a batch of operations and counts them in /metrics."""
+    import urllib.request
+
+    with load_chart() as chart:
+        deployment = one(render_objects(chart, {"fleetOrder": {"enabled": True}}), "Deployment", "moonlease-fleet-order")
+    spec = container(deployment, "fleet-order")
+    port = spec["ports"][0]["containerPort"]
+    # podman's --entrypoint takes the program; the rest of the chart's command comes before its args.
+    service = run_detached(network, images["connector-cpu"], [*spec["command"][1:], *spec["args"]],
+                           name="fleet-order", entrypoint=spec["command"][0], tmpfs=("/tmp",),
+                           extra=["--user", str(deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"])])
+    url = f"http://{service.address}:{port}"
+    wait_until(lambda: http_get(url + "/healthz", timeout=2)[0] == 200, timeout=60,
+               what="the fleet order service", container=service)
+    body = json.dumps({"ops": [{"op": "touch", "keys": ["a", "b"], "sizes": [10, 10]},
+                               {"op": "take", "free_bytes": 5}]}).encode()
+    request = urllib.request.Request(url + "/v1/ops", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read())["results"][1]["taken"] == [["b", 10]]
+    status, metrics = http_get(url + "/metrics", timeout=5)
+    assert status == 200 and "moonlease_fleet_order_keys_taken_total 1.0" in metrics
