@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator, Mapping
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,17 @@ NAMESPACE = "inference"
 KUBE_VERSION = "1.34.0"
 
 JsonObj = dict[str, Any]
+KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
+
+
+def kubernetes_validate_strict(objects: Sequence[Mapping[str, Any]], path: Path) -> str:
+    """Write `objects` to `path` and run `kubernetes-validate --strict` against KUBE_VERSION's
+    schemas; asserts it passes and returns its report."""
+    path.write_text(yaml.safe_dump_all([dict(o) for o in objects]))
+    result = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", "-k", KUBE_VERSION, str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
 def values_sets() -> dict[str, JsonObj]:

@@ -5,20 +5,20 @@ and a Service the engines of every arm with retention evict find through their
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-import yaml
+
+from moonlease_settings.config import MoonleaseConnectorConfig
 
 from tests.chart.rendering import (
     CHART_DIR,
     KUBE_VERSION,
     NAMESPACE,
     JsonObj,
+    kubernetes_validate_strict,
     container,
     find,
     kv_transfer_config,
@@ -128,6 +128,8 @@ def test_engines_with_evict_report_to_the_fleet_order_service(chart: helm.Chart)
     for engine in engines.values():
         extra = _extra_config(engine)
         assert extra["mooncake_fleet_order_url"] == URL
+        # What the connector reads at start-up: it validates the URL (a bad one stops it).
+        assert MoonleaseConnectorConfig.from_sources(extra, {}).mooncake_fleet_order_url == URL
         # Beside the master's metrics, which evict still reads for the store's usage.
         assert extra["mooncake_master_metrics_url"].startswith("http://moonlease-mooncake-master.")
     # The URL names the Service, at its port, in the release namespace.
@@ -195,12 +197,7 @@ def test_fleet_order_manifests_pass_kubernetes_validate_strict(chart: helm.Chart
         "nodeSelector": {"pool": "cpu"}, "extraEnv": [{"name": "EXTRA", "value": "1"}],
         "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]}})))
     assert {o["kind"] for o in objects} == {"Deployment", "Service"}
-    path = tmp_path / "fleet-order.yaml"
-    path.write_text(yaml.safe_dump_all(objects))
-    validate = Path(sys.executable).with_name("kubernetes-validate")
-    result = subprocess.run([str(validate), "--strict", "-k", KUBE_VERSION, str(path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    kubernetes_validate_strict(objects, tmp_path / "fleet-order.yaml")
 
 
 @pytest.mark.parametrize("enabled", [False, True])

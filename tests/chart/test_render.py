@@ -10,14 +10,11 @@ policy is checked against the CRD in test_policy_schema.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-import yaml
 
 from moonlease.cli import build_parser
 from moonlease_settings.config import LEASE_MODE_KEY, SELECTIVE_LEASE_ENV, LeaseMode, MoonleaseConnectorConfig
@@ -27,6 +24,7 @@ from tests.chart.rendering import (
     CHART_DIR,
     KUBE_VERSION,
     NAMESPACE,
+    kubernetes_validate_strict,
     container,
     env,
     find,
@@ -43,7 +41,6 @@ from tests.chart.rendering import (
 pytestmark = pytest.mark.chart
 
 SETS = values_sets()
-KUBERNETES_VALIDATE = Path(sys.executable).with_name("kubernetes-validate")
 MASTER_ADDRESS = f"moonlease-mooncake-master.{NAMESPACE}.svc:50051"
 
 
@@ -79,17 +76,13 @@ def test_helm_lint_strict_is_clean(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_every_manifest_passes_kubernetes_validate_strict(chart: helm.Chart, name: str, tmp_path: Path) -> None:
     objects = render_objects(chart, SETS[name])
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump_all(objects))
-    result = subprocess.run([str(KUBERNETES_VALIDATE), "--strict", "-k", KUBE_VERSION, str(path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    report = kubernetes_validate_strict(objects, tmp_path / f"{name}.yaml")
     for obj in objects:
         line = f"{obj['kind'].lower()}/{obj['metadata']['name']} against version"
         if obj["apiVersion"].startswith(("moonlease.io/", "monitoring.coreos.com/", "kopf.dev/")):
             continue  # a custom resource: validated against its schema instead (test_policy_schema.py,
             # test_production.py; kopf's peering CRDs are free-form)
-        assert f"passed for resource {line}" in result.stdout, (line, result.stdout)
+        assert f"passed for resource {line}" in report, (line, report)
 
 
 def _probe_port(probe: dict[str, Any]) -> Any:

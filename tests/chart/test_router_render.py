@@ -3,16 +3,22 @@ per arm, pointed at that arm's prefill and decode Services; nothing without the 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
-import yaml
 
-from tests.chart.rendering import KUBE_VERSION, NAMESPACE, container, find, one, render, render_objects, values_sets
+from tests.chart.rendering import (
+    NAMESPACE,
+    container,
+    find,
+    kubernetes_validate_strict,
+    one,
+    render,
+    render_objects,
+    values_sets,
+)
 
 pytestmark = pytest.mark.chart
 
@@ -102,12 +108,7 @@ def test_router_manifests_pass_kubernetes_validate_strict(chart: helm.Chart, tmp
     objects = [o for o in render_objects(chart, ROUTER)
                if o["metadata"]["labels"].get("app.kubernetes.io/component") == "router"]
     assert {o["kind"] for o in objects} == {"Deployment", "Service"}
-    path = tmp_path / "router.yaml"
-    path.write_text(yaml.safe_dump_all(objects))
-    validate = Path(sys.executable).with_name("kubernetes-validate")
-    result = subprocess.run([str(validate), "--strict", "-k", KUBE_VERSION, str(path)],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    kubernetes_validate_strict(objects, tmp_path / "router.yaml")
 
 
 def test_notes_send_the_first_request_through_the_router_when_there_is_one(chart: helm.Chart) -> None:
