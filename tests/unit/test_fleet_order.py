@@ -128,8 +128,8 @@ def test_a_service_that_does_not_answer_costs_no_request(caplog: pytest.LogCaptu
 
 
 def test_evict_on_the_fleet_order_reports_a_load_at_once(server: FleetOrderServer) -> None:
-    """A decode engine never saves: its loads must reach the fleet's order without waiting for
-    a save, as they never would on the engine's own order."""
+    """A load reaches the fleet's order at once, not at the reading engine's next save (which
+    may never come): another engine's next take already sees it."""
     class NoStore:
         def batch_remove(self, keys: list[str], force: bool = False) -> list[int]:
             return [0] * len(keys)

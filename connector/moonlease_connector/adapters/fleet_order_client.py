@@ -55,8 +55,8 @@ def parse_service_url(url: str) -> tuple[str, str, int, str]:
 class FleetOrderClient:
     """The fleet's recency order, as `StoreEviction` uses an order; thread-safe."""
 
-    #: Loads are reported as they happen (a decode engine never saves, so waiting for its send
-    #: thread, as per-engine evict does, would never report them).
+    #: Loads are reported as they happen, not at this engine's next save as per-engine evict
+    #: takes them: the other engines' puts decide by them meanwhile.
     shared_by_fleet = True
 
     def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -106,9 +106,6 @@ class FleetOrderClient:
         taken = [[key, size] for key, size in keys]
         if taken:
             self._report({"op": "keep", "taken": taken})
-
-    def __len__(self) -> int:
-        return 0  # the service knows; nothing is held here
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (at most `timeout_s`), then stop."""

@@ -3,8 +3,8 @@
 Adapter. `MasterUsage` reads the store's usage from the master's Prometheus endpoint
 (`master_allocated_bytes`, `master_total_capacity_bytes`); `StoreEviction` keeps the recency
 order of the keys saves touch and, before a put, removes the least recently used ones through
-the real store client (`batch_remove`, not forced) — its own order, or the fleet's (`adapters.fleet_order_client`, with
-``mooncake_fleet_order_url``). The engine's send thread
+the real store client (`batch_remove`, not forced) — on its own order, or on the fleet's
+(`adapters.fleet_order_client`, with ``mooncake_fleet_order_url``). The engine's send thread
 (`adapters.vllm_retention`) and the replay benchmark (`moonlease_dev.bench.saves`) call the same
 three methods: `saw_exist`, `before_put`, `after_put`; the receive threads (their store handle,
 `adapters.vllm_retention.LoadObserver`) and the replay's prefill lookups call `saw_load` for what
@@ -130,8 +130,8 @@ class StoreEviction:
         without this a conversation's oldest blocks — the ones every turn reads — would look
         unused here since they were first written. Safe from another thread: the order takes it
         at its owner's next call. Keys this connector never ordered stay out (`refresh`). The
-        fleet's order hears of it at once (a decode engine, which never saves, reads every
-        prompt: its loads are what keeps a conversation recent there)."""
+        fleet's order hears of it at once: every engine's next put decides by it, not only
+        this one's."""
         if self._fleet:
             self.order.refresh(keys)
         self._loads.append(keys)
