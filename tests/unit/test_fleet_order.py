@@ -163,3 +163,26 @@ def test_the_command_refuses_bad_arguments_with_a_message(capsys: pytest.Capture
     assert "--capacity 0: give at least 1 key" in capsys.readouterr().err
     assert fleet_order_main(["--port=70000"]) == 2
     assert "give a port between 0 and 65535" in capsys.readouterr().err
+
+
+def test_a_restarted_service_is_reached_again_and_starts_empty() -> None:
+    """The service's pod replaced (same address): the client's kept-alive connection is dead,
+    the next request goes out on a fresh one; the new service knows nothing (its order lived in
+    the old one's memory), so a take finds nothing until saves report again."""
+    first = FleetOrderServer("127.0.0.1", 0).start()
+    port = first.port
+    client = FleetOrderClient(first.url)
+    try:
+        client.touch(["old"], [10])
+        assert client.flush()
+        first.close()
+        second = FleetOrderServer("127.0.0.1", port).start()
+        try:
+            assert client.take_oldest(1) == []  # answered: the new service holds nothing yet
+            client.touch(["new"], [10])
+            assert client.take_oldest(1) == [("new", 10)]
+        finally:
+            second.close()
+    finally:
+        client.close()
+    assert client.unanswered_takes == 0

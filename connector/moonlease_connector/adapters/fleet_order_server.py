@@ -19,8 +19,10 @@ take (the master's own eviction runs, as without evict) until their saves have t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,6 +141,20 @@ class FleetOrderServer(ThreadingHTTPServer):
         self.fleet_order = FleetOrder(capacity)
         super().__init__((host, port), _Handler)
         self._thread: threading.Thread | None = None
+        #: Open client connections (kept alive): `close` ends them, as a process exit would.
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = super().get_request()
+        with self._connections_lock:
+            self._connections.add(connection)
+        return connection, address
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
 
     @property
     def port(self) -> int:
@@ -156,7 +172,15 @@ class FleetOrderServer(ThreadingHTTPServer):
         return self
 
     def close(self) -> None:
-        self.shutdown()
+        """Stop accepting and end every open connection (a handler thread would otherwise go on
+        answering a kept-alive client from an order nobody else sees)."""
+        if self._thread is not None:
+            self.shutdown()
         self.server_close()
+        with self._connections_lock:
+            connections, self._connections = self._connections, set()
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
