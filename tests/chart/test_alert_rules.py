@@ -45,7 +45,8 @@ pytestmark = [pytest.mark.chart, pytest.mark.prometheus, pytest.mark.store]
 VALUES = {"monitoring": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
 ALERTS = ("MoonleasePolicyDegraded", "MoonleasePolicyAwaitingApproval", "MoonleasePolicyAwaitingDecision",
           "MoonleaseABTestMeasurementErrors", "MoonleaseOperatorReconcileErrors", "MoonleaseOperatorDown",
-          "MoonleaseConnectorStoreErrors", "MoonleaseDecodeRecomputesPrompts", "MoonleaseStoreNearlyFull")
+          "MoonleaseConnectorStoreErrors", "MoonleaseDecodeRecomputesPrompts", "MoonleaseStoreNearlyFull",
+          "MoonleaseFleetOrderUnreachable")
 # Metric names in a PromQL expression: plain selectors, and `{__name__=~"vllm[:_]x"}` as `vllm_x`.
 _NAME = re.compile(r"\b(?:moonlease_operator_[a-z_]+|master_[a-z_]+|vllm_[a-z_]+|up)\b")
 _EITHER_SPELLING = re.compile(r"\{__name__=~\"vllm\[:_\]([a-z_]+)\"")
@@ -85,6 +86,7 @@ def _connector_registry() -> CollectorRegistry:
     stats = MoonleaseConnectorStats()
     stats.record_lookup(LookupOutcome.miss(MissReason.STORE_ERROR, rounds=1, keys_probed=2))
     stats.record_handoff(HandoffOutcome.TIMED_OUT, 1.0)
+    stats.record_fleet_order_trouble("unanswered_take", 1)
     metrics.observe(stats.data, 0)
     return registry
 
@@ -177,6 +179,7 @@ class Scenario:
 
 _OPERATOR = {"namespace": "inference", "job": "moonlease-operator-metrics"}
 _STORE_ERRORS = '{namespace="inference",pod="moonlease-decode-7f9c",result="miss",reason="store_error"}'
+_FLEET_ORDER = 'vllm_moonlease_fleet_order_errors_total{{namespace="inference",pod="{pod}",kind="{kind}"}}'
 _HANDOFFS = 'vllm_moonlease_handoff_waits_total{{namespace="inference",pod="moonlease-decode-7f9c",outcome="{outcome}"}}'
 SCENARIOS = (
     Scenario("MoonleasePolicyDegraded",
@@ -218,6 +221,10 @@ SCENARIOS = (
     Scenario("MoonleaseDecodeRecomputesPrompts",  # 1 in 100: below 5 %, no alert
              {_HANDOFFS.format(outcome="timed_out"): "0+1x30", _HANDOFFS.format(outcome="complete"): "0+99x30"},
              "20m", ()),
+    Scenario("MoonleaseFleetOrderUnreachable",  # every take of one pod unanswered from 5m on
+             {_FLEET_ORDER.format(pod="moonlease-prefill-7f9c", kind="unanswered_take"): "0x5 0+2x30",
+              _FLEET_ORDER.format(pod="moonlease-prefill-8a1b", kind="dropped_report"): "0+3x30"},
+             "25m", ({"namespace": "inference", "pod": "moonlease-prefill-7f9c"},), quiet_at="10m"),
     Scenario("MoonleaseStoreNearlyFull",
              {'master_allocated_bytes{namespace="inference",pod="master-a"}': "97x30",
               'master_total_capacity_bytes{namespace="inference",pod="master-a"}': "100x30",

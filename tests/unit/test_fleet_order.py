@@ -102,7 +102,9 @@ def test_a_service_that_does_not_answer_costs_no_request(caplog: pytest.LogCaptu
     """Down: a take answers [] within its timeout, reports beyond the bound are dropped oldest
     first, one warning says so; back up: it answers again, and says that too."""
     service = FleetOrderServer("127.0.0.1", 0)  # bound, not serving yet: requests wait unanswered
-    client = FleetOrderClient(service.url, timeout_s=0.2, max_queued=3)
+    troubles: dict[str, int] = {}
+    client = FleetOrderClient(service.url, timeout_s=0.2, max_queued=3,
+                              on_trouble=lambda kind, n: troubles.update({kind: troubles.get(kind, 0) + n}))
     logger = logging.getLogger("vllm.moonlease.connector.fleet_order")
     logger.addHandler(caplog.handler)  # vLLM's logger, once imported, does not propagate to the root
     try:
@@ -125,6 +127,9 @@ def test_a_service_that_does_not_answer_costs_no_request(caplog: pytest.LogCaptu
         service.close()
     assert client.unanswered_takes == 1
     assert "does not answer" in caplog.text and "answers again" in caplog.text
+    # What the worker counts as vllm:moonlease_fleet_order_errors_total{kind}.
+    assert troubles == {"unanswered_take": 1, "dropped_report": client.dropped_operations,
+                        "failed_request": client.failed_requests}
 
 
 def test_evict_on_the_fleet_order_reports_a_load_at_once(server: FleetOrderServer) -> None:

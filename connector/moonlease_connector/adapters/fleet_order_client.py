@@ -9,7 +9,9 @@ kept-alive connection: reports (touch, refresh, keep) return at once (a load's r
 never waits on the network); `take_oldest` waits for its answer at most `timeout_s`. The service
 unreachable or slow costs hit rate, never a request: a take that gets no answer takes nothing
 (the put goes ahead and the master evicts as without evict), reports beyond `max_queued` are
-dropped oldest first, and one warning says so until the service answers again.
+dropped oldest first, and one warning says so until the service answers again. Each trouble
+is also handed to `on_trouble(kind, count)` — `failed_request`, `dropped_report`,
+`unanswered_take` — which the worker counts as `vllm:moonlease_fleet_order_errors_total{kind}`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 import threading
 import urllib.parse
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +62,10 @@ class FleetOrderClient:
     shared_by_fleet = True
 
     def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_queued: int = DEFAULT_MAX_QUEUED) -> None:
+                 max_queued: int = DEFAULT_MAX_QUEUED,
+                 on_trouble: Callable[[str, int], None] = lambda kind, count: None) -> None:
         self.url = url
+        self._on_trouble = on_trouble
         self._scheme, self._host, self._port, self._path = parse_service_url(url)
         self.timeout_s = timeout_s
         self.max_queued = max_queued
@@ -99,6 +103,7 @@ class FleetOrderClient:
             self._cond.notify()
         if not pending.done.wait(self.timeout_s) or pending.result is None:
             self.unanswered_takes += 1
+            self._on_trouble("unanswered_take", 1)
             return []
         return [(str(key), int(size)) for key, size in pending.result.get("taken") or ()]
 
@@ -125,6 +130,7 @@ class FleetOrderClient:
     # ---- sending --------------------------------------------------------------------------------
 
     def _report(self, body: dict[str, Any]) -> None:
+        dropped_now = 0
         with self._cond:
             self._queue.append(_Pending(body))
             while len(self._queue) > self.max_queued:
@@ -132,8 +138,11 @@ class FleetOrderClient:
                 if dropped is None:
                     break
                 self._queue.remove(dropped)
-                self.dropped_operations += 1
+                dropped_now += 1
+            self.dropped_operations += dropped_now
             self._cond.notify()
+        if dropped_now:
+            self._on_trouble("dropped_report", dropped_now)
 
     def _run(self) -> None:
         while True:
@@ -178,6 +187,7 @@ class FleetOrderClient:
                                                        BrokenPipeError)):
                     continue
                 self.failed_requests += 1
+                self._on_trouble("failed_request", 1)
                 if not self._failing:
                     logger.warning("retention evict: the fleet order service at %s does not answer (%s); "
                                    "saves go on and the master evicts as without evict until it does",

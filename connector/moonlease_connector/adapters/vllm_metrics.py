@@ -16,6 +16,10 @@ appear there under their operation label). Our own families:
   Moonlease retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of
   the store, keys stored by putting them again after the store refused them for lack of space,
   and keys retention `evict` removed (least recently used) to make room below the watermark
+- `vllm:moonlease_fleet_order_errors_total{kind="failed_request"|"dropped_report"|"unanswered_take"}`:
+  retention evict on the fleet order service (`mooncake_fleet_order_url`) that could not reach
+  it — requests that failed, reports dropped while it did not answer, takes that got no answer
+  in time (evict then removed nothing and the master evicted instead)
 - `vllm:moonlease_handoff_waits_total{outcome="complete"|"timed_out"}` and
   `vllm:moonlease_handoff_wait_seconds`: decode requests whose prefill engine promised a save
   (`core.handoff`; scheduler side), by how the wait for it ended, and how long it took
@@ -53,8 +57,9 @@ RETENTION_KEY = "__moonlease_retention__"
 SETTINGS_KEY = "__moonlease_settings__"
 SETTINGS_REFUSALS_KEY = "__moonlease_settings_refusals__"
 HANDOFF_KEY = "__moonlease_handoff__"
+FLEET_ORDER_KEY = "__moonlease_fleet_order__"
 _OURS = (LOOKUPS_KEY, CAPABILITY_KEY, JUNCTION_TAILS_KEY, RETENTION_KEY, SETTINGS_KEY, SETTINGS_REFUSALS_KEY,
-         HANDOFF_KEY)
+         HANDOFF_KEY, FLEET_ORDER_KEY)
 #: Records where only the latest counts (replaced, not appended, when stats aggregate).
 _LATEST = (CAPABILITY_KEY, SETTINGS_KEY)
 
@@ -78,6 +83,9 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
 
     def record_retention(self, decision: str, keys: int) -> None:
         self.data.setdefault(RETENTION_KEY, []).append({"decision": decision, "keys": keys})
+
+    def record_fleet_order_trouble(self, kind: str, count: int) -> None:
+        self.data.setdefault(FLEET_ORDER_KEY, []).append({"kind": kind, "count": count})
 
     def record_handoff(self, outcome: HandoffOutcome, waited_s: float) -> None:
         self.data.setdefault(HANDOFF_KEY, []).append({"outcome": outcome.value, "waited_s": waited_s})
@@ -126,6 +134,9 @@ class MoonleaseConnectorStats(MooncakeStoreConnectorStats):
         if handoffs:
             reduced["handoff_waits"] = len(handoffs)
             reduced["handoff_timeouts"] = sum(1 for r in handoffs if r["outcome"] == "timed_out")
+        troubles = self.data.get(FLEET_ORDER_KEY, [])
+        if troubles:
+            reduced["fleet_order_errors"] = sum(int(r["count"]) for r in troubles)
         for decision in ("pinned", "skipped", "retried"):
             keys = sum(int(r["keys"]) for r in self.data.get(RETENTION_KEY, []) if r["decision"] == decision)
             if keys:
@@ -171,6 +182,13 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                           "least recently used keys removed to make room below the eviction "
                           "watermark (removed).",
             labelnames=labelnames + ["decision"])
+        self._fleet_order_errors = counter(
+            name="vllm:moonlease_fleet_order_errors_total",
+            documentation="Retention evict on the fleet order service, by what went wrong: "
+                          "requests that failed (failed_request), reports dropped while it did "
+                          "not answer (dropped_report), takes without an answer in time "
+                          "(unanswered_take: evict removed nothing, the master evicted).",
+            labelnames=labelnames + ["kind"])
         self._handoff_waits = counter(
             name="vllm:moonlease_handoff_waits_total",
             documentation="Decode requests whose prefill engine promised a save, by how the "
@@ -212,6 +230,7 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
         settings = data.pop(SETTINGS_KEY, [])
         refusals = data.pop(SETTINGS_REFUSALS_KEY, [])
         handoffs = data.pop(HANDOFF_KEY, [])
+        troubles = data.pop(FLEET_ORDER_KEY, [])
         super().observe(data, engine_idx)
         engine_labels = self.per_engine_labelvalues[engine_idx]
         for record in lookups:
@@ -235,6 +254,8 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
                         record["settings_hash"], record["source"]))
         for record in refusals:
             self._settings_refusals.labels(*engine_labels, record["reason"]).inc()
+        for record in troubles:
+            self._fleet_order_errors.labels(*engine_labels, record["kind"]).inc(int(record["count"]))
         for record in handoffs:
             self._handoff_waits.labels(*engine_labels, record["outcome"]).inc()
             self._handoff_wait_seconds.labels(*engine_labels).observe(float(record["waited_s"]))

@@ -365,7 +365,8 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                 "master_usage": MasterUsage(self.moonlease_config.mooncake_master_metrics_url
                                             or default_master_metrics_url()),
                 # ... and, with a fleet order service, orders keys by the whole fleet's use.
-                "fleet_order": (FleetOrderClient(self.moonlease_config.mooncake_fleet_order_url)
+                "fleet_order": (FleetOrderClient(self.moonlease_config.mooncake_fleet_order_url,
+                                                 on_trouble=self._record_fleet_order_trouble)
                                 if self.moonlease_config.mooncake_fleet_order_url else None)}
         self.kv_send_thread = thread_class(
             self.store, self.coord, self.token_dbs, self.block_size, self.tp_rank,
@@ -401,6 +402,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
     def _record_retention(self, decision: str, keys: int) -> None:
         with self._kv_connector_stats_lock:
             self.kv_connector_stats.record_retention(decision, keys)
+
+    def _record_fleet_order_trouble(self, kind: str, count: int) -> None:
+        with self._kv_connector_stats_lock:
+            self.kv_connector_stats.record_fleet_order_trouble(kind, count)
 
     def _record_junction_tails(self, written: int) -> None:
         with self._kv_connector_stats_lock:
