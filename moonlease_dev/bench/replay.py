@@ -157,6 +157,8 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
              retention=RetentionSettings(evict=True), fleet_evict=True),
     ModeSpec("leaseAll+junctions+pin+retry+evict@fleet", LeaseMode.LEASE_ALL, junction_retention=True,
              retention=RetentionSettings(pin=True, retry=True, evict=True), fleet_evict=True),
+    ModeSpec("selective+pin+skip+evict@fleet", LeaseMode.SELECTIVE,
+             retention=RetentionSettings(pin=True, skip=True, evict=True), fleet_evict=True),
 )}
 
 
