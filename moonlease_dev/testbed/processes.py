@@ -7,6 +7,7 @@ is quoted when it fails to start, so a failure says what to check.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,8 +21,40 @@ from types import TracebackType
 from typing import Self
 
 
+#: Where `free_port` looks: above the Mooncake transfer engine's own ports (12xxx-16xxx seen),
+#: below the kernel's ephemeral range.
+PORT_RANGE = (20000, 32768)
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default 32768-60999)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (the kernel picks it)."""
+    """A loopback TCP port that was free a moment ago, outside the kernel's ephemeral range.
+
+    A port the kernel picks (`bind(("127.0.0.1", 0))`) comes from the range it also hands out as
+    the local port of every outgoing connection: a server that binds late — a vLLM engine binds
+    its metrics port after a minute of start-up — found it taken by some client's connection
+    (`Address already in use`, a CI failure of the demo). Ports below that range are only ever
+    taken by a bind, so a random one that binds now stays free unless another server asks for
+    exactly it. Falls back to the kernel's pick when the range leaves no room.
+    """
+    low = PORT_RANGE[0]
+    high = min(PORT_RANGE[1], _ephemeral_ports()[0])
+    for _ in range(64 if high - low > 1000 else 0):
+        port = random.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -323,7 +323,8 @@ def test_alert_rules_pass_promtool_and_cover_what_the_issue_names(chart: helm.Ch
                            "MoonleasePolicyAwaitingDecision", "MoonleaseABTestMeasurementErrors",
                            "MoonleaseOperatorReconcileErrors", "MoonleaseConnectorStoreErrors",
                            "MoonleaseDecodeRecomputesPrompts",
-                           "MoonleaseStoreNearlyFull"}  # MoonleaseOperatorDown needs the ServiceMonitor
+                           "MoonleaseStoreNearlyFull",
+                           "MoonleaseFleetOrderUnreachable"}  # MoonleaseOperatorDown needs the ServiceMonitor
     assert alerts["MoonleasePolicyAwaitingApproval"]["for"] == "2h"
     # Each alert reads a metric the project exports (operator or connector; the connector's in
     # either spelling, tests/chart/test_alert_rules.py) or the master's.

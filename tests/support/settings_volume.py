@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from moonlease_dev.testbed.connector_pods import ConfigMapVolume
+from moonlease_dev.testbed.processes import free_port
 
 __all__ = ["ConfigMapVolume", "EndpointSettings", "free_port", "read_settings_endpoint", "scrape",
            "wait_for_endpoint"]
@@ -67,9 +68,3 @@ def wait_for_endpoint(port: int, predicate, timeout_s: float = 60.0) -> Endpoint
         time.sleep(0.1)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
