@@ -51,8 +51,8 @@ def test_operations_apply_as_the_engines_own_order_would() -> None:
     assert taken == [("a1", 10), ("a0", 10)]  # b1 protected, b0 shared: A's conversation, tail first
     apply_operation(order, Keep(taken=[("a1", 10)]))  # the master refused it: most recent again
     assert apply_operation(order, Take(free_bytes=1)).taken == [("b1", 10)]
-    with pytest.raises(ValueError, match="1 sizes for 2 keys"):
-        apply_operation(order, Touch(keys=["x", "y"], sizes=[1]))
+    with pytest.raises(ValidationError, match="1 sizes for 2 keys"):
+        Touch(keys=["x", "y"], sizes=[1])
 
 
 def test_the_wire_refuses_unknown_operations_and_fields() -> None:
@@ -87,15 +87,24 @@ def test_two_engines_share_one_order_through_the_service(server: FleetOrderServe
     assert urllib.request.urlopen(server.url + "/healthz").read() == b"ok\n"
 
 
-def test_a_malformed_request_gets_400_and_says_why(server: FleetOrderServer) -> None:
-    request = urllib.request.Request(server.url + "/v1/ops", data=json.dumps({"ops": [{"op": "nope"}]}).encode(),
+def _post(server: FleetOrderServer, ops: list[dict[str, object]]) -> urllib.error.HTTPError:
+    request = urllib.request.Request(server.url + "/v1/ops", data=json.dumps({"ops": ops}).encode(),
                                      headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as raised:
         urllib.request.urlopen(request)
-    assert raised.value.code == 400
-    assert "nope" in json.loads(raised.value.read())["error"]
+    return raised.value
+
+
+def test_a_malformed_request_gets_400_says_why_and_applies_nothing(server: FleetOrderServer) -> None:
+    refused = _post(server, [{"op": "nope"}])
+    assert refused.code == 400 and "nope" in json.loads(refused.read())["error"]
+    # A good touch before a bad one in the same batch: neither is applied.
+    refused = _post(server, [{"op": "touch", "keys": ["a"], "sizes": [1]},
+                             {"op": "touch", "keys": ["b", "c"], "sizes": [1]}])
+    assert refused.code == 400 and "1 sizes for 2 keys" in json.loads(refused.read())["error"]
+    assert len(server.fleet_order.order) == 0
     metrics = urllib.request.urlopen(server.url + "/metrics").read().decode()
-    assert "moonlease_fleet_order_rejected_requests_total 1.0" in metrics
+    assert "moonlease_fleet_order_rejected_requests_total 2.0" in metrics
 
 
 def test_a_service_that_does_not_answer_costs_no_request(caplog: pytest.LogCaptureFixture) -> None:

@@ -108,10 +108,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         try:
             request = OperationsRequest.model_validate_json(body)
-            response = self.server.fleet_order.apply(request)
-        except (ValidationError, ValueError) as error:
-            self._reject(str(error))
+        except ValidationError as error:
+            self._reject(str(error))  # nothing of the batch applied
             return
+        response = self.server.fleet_order.apply(request)
         self._send(HTTPStatus.OK, response.model_dump_json(exclude_none=True).encode(), "application/json")
 
     def _reject(self, why: str, *, drain: bool = True) -> None:

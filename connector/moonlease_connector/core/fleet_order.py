@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from moonlease_connector.core.store_room import RecencyOrder
 
@@ -47,6 +47,13 @@ class Touch(_Operation):
     sizes: list[int | None] | None = None
     #: Those of `keys` in the prompt's shared prefix (None: a read that does not know).
     shared: Keys | None = None
+
+    @model_validator(mode="after")
+    def _a_size_per_key(self) -> Touch:
+        # Checked on the wire: a batch with one bad touch is refused before any of it applies.
+        if self.sizes is not None and len(self.sizes) != len(self.keys):
+            raise ValueError(f"touch: {len(self.sizes)} sizes for {len(self.keys)} keys")
+        return self
 
 
 class Refresh(_Operation):
@@ -89,8 +96,6 @@ class OperationsResponse(BaseModel):
 def apply_operation(order: RecencyOrder, operation: Touch | Refresh | Take | Keep) -> OperationResult:
     """Apply one operation to the fleet's order (the caller serializes calls)."""
     if isinstance(operation, Touch):
-        if operation.sizes is not None and len(operation.sizes) != len(operation.keys):
-            raise ValueError(f"touch: {len(operation.sizes)} sizes for {len(operation.keys)} keys")
         order.touch(operation.keys, operation.sizes, operation.shared)
         return OperationResult()
     if isinstance(operation, Refresh):
