@@ -200,3 +200,18 @@ def test_a_restarted_service_is_reached_again_and_starts_empty() -> None:
     finally:
         client.close()
     assert client.unanswered_takes == 0
+
+
+def test_an_operation_the_wire_cannot_carry_is_left_out_and_counted(server: FleetOrderServer) -> None:
+    """A caller's operation the wire refuses (here sizes that do not match the keys; in an
+    engine, a prompt over the key limit) never raises into the save: it is left out, counted."""
+    troubles: list[str] = []
+    client = FleetOrderClient(server.url, on_trouble=lambda kind, n: troubles.append(kind))
+    try:
+        client.touch(["a", "b"], [1])
+        client.touch(["c"], [1])
+        assert client.flush()
+        assert client.take_oldest(10) == [("c", 1)]
+    finally:
+        client.close()
+    assert troubles == ["invalid_operation"]

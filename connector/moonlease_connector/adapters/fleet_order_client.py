@@ -11,22 +11,32 @@ unreachable or slow costs hit rate, never a request: a take that gets no answer 
 (the put goes ahead and the master evicts as without evict), reports beyond `max_queued` are
 dropped oldest first, and one warning says so until the service answers again. Each trouble
 is also handed to `on_trouble(kind, count)` — `failed_request`, `dropped_report`,
-`unanswered_take` — which the worker counts as `vllm:moonlease_fleet_order_errors_total{kind}`.
+`unanswered_take`, `invalid_operation` (over the wire's limits, left out) — which the worker
+counts as `vllm:moonlease_fleet_order_errors_total{kind}`.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import threading
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from moonlease_connector.core.fleet_order import MAX_OPERATIONS_PER_REQUEST
+from pydantic import ValidationError
+
+from moonlease_connector.core.fleet_order import (
+    MAX_OPERATIONS_PER_REQUEST,
+    Keep,
+    OperationResult,
+    OperationsRequest,
+    OperationsResponse,
+    Refresh,
+    Take,
+    Touch,
+)
 
 logger = logging.getLogger("vllm.moonlease.connector.fleet_order")
 
@@ -39,10 +49,10 @@ DEFAULT_MAX_QUEUED = 4096
 class _Pending:
     """One queued operation; `done` set once its answer (or the failure) is known."""
 
-    body: dict[str, Any]
+    operation: Touch | Refresh | Take | Keep
     waits: bool = False
     done: threading.Event = field(default_factory=threading.Event)
-    result: dict[str, Any] | None = None
+    result: OperationResult | None = None
 
 
 def parse_service_url(url: str) -> tuple[str, str, int, str]:
@@ -74,6 +84,7 @@ class FleetOrderClient:
         self._closed = False
         self._connection: http.client.HTTPConnection | None = None
         self._failing = False
+        self._warned_invalid = False
         self.sent_requests = 0
         self.failed_requests = 0
         self.dropped_operations = 0
@@ -86,18 +97,20 @@ class FleetOrderClient:
     def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None,
               shared: Collection[str] | None = None) -> None:
         if keys:
-            self._report({"op": "touch", "keys": list(keys), "sizes": None if sizes is None else list(sizes),
-                          "shared": None if shared is None else [key for key in keys if key in shared]})
+            self._report(lambda: Touch(keys=list(keys), sizes=None if sizes is None else list(sizes),
+                                       shared=None if shared is None else [k for k in keys if k in shared]))
 
     def refresh(self, keys: Sequence[str]) -> int:
         """Reported, not awaited: the count is the service's (0 here)."""
         if keys:
-            self._report({"op": "refresh", "keys": list(keys)})
+            self._report(lambda: Refresh(keys=list(keys)))
         return 0
 
     def take_oldest(self, free_bytes: int, protect: Iterable[str] = ()) -> list[tuple[str, int]]:
-        pending = _Pending({"op": "take", "free_bytes": max(0, int(free_bytes)), "protect": list(protect)},
-                           waits=True)
+        take = self._valid(lambda: Take(free_bytes=max(0, int(free_bytes)), protect=list(protect)))
+        if take is None:
+            return []
+        pending = _Pending(take, waits=True)
         with self._cond:
             self._queue.append(pending)
             self._cond.notify()
@@ -105,12 +118,12 @@ class FleetOrderClient:
             self.unanswered_takes += 1
             self._on_trouble("unanswered_take", 1)
             return []
-        return [(str(key), int(size)) for key, size in pending.result.get("taken") or ()]
+        return list(pending.result.taken or ())
 
     def keep(self, keys: Iterable[tuple[str, int]]) -> None:
-        taken = [[key, size] for key, size in keys]
+        taken = list(keys)
         if taken:
-            self._report({"op": "keep", "taken": taken})
+            self._report(lambda: Keep(taken=taken))
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (at most `timeout_s`), then stop."""
@@ -121,7 +134,7 @@ class FleetOrderClient:
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued so far has been sent (tests, the replay's end)."""
-        marker = _Pending({"op": "refresh", "keys": []}, waits=True)
+        marker = _Pending(Refresh(keys=[]), waits=True)
         with self._cond:
             self._queue.append(marker)
             self._cond.notify()
@@ -129,10 +142,28 @@ class FleetOrderClient:
 
     # ---- sending --------------------------------------------------------------------------------
 
-    def _report(self, body: dict[str, Any]) -> None:
+    def _valid(self, build: Callable[[], Touch | Refresh | Take | Keep]) -> Touch | Refresh | Take | Keep | None:
+        """The operation, or None (counted, logged) when the wire cannot carry it (over its limits:
+        a prompt of more than half a million keys) — a save never fails for the service."""
+        try:
+            return build()
+        except ValidationError as error:
+            self._on_trouble("invalid_operation", 1)
+            if self._warned_invalid:
+                return None
+            self._warned_invalid = True
+            logger.warning("retention evict: an operation the fleet order service cannot take is left out "
+                           "(the first of any; counted as invalid_operation): %s",
+                           str(error).splitlines()[0])
+            return None
+
+    def _report(self, build: Callable[[], Touch | Refresh | Keep]) -> None:
+        operation = self._valid(build)
+        if operation is None:
+            return
         dropped_now = 0
         with self._cond:
-            self._queue.append(_Pending(body))
+            self._queue.append(_Pending(operation))
             while len(self._queue) > self.max_queued:
                 dropped = next((p for p in self._queue if not p.waits), None)
                 if dropped is None:
@@ -152,15 +183,16 @@ class FleetOrderClient:
                 if not self._queue and self._closed:
                     break
                 batch = [self._queue.popleft() for _ in range(min(len(self._queue), MAX_OPERATIONS_PER_REQUEST))]
-            results = self._send([p.body for p in batch])
+            results = self._send([p.operation for p in batch])
             for index, pending in enumerate(batch):
                 pending.result = results[index] if results is not None else None
                 pending.done.set()
         if self._connection is not None:
             self._connection.close()
 
-    def _send(self, ops: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-        body = json.dumps({"ops": ops}).encode()
+    def _send(self, ops: list[Touch | Refresh | Take | Keep]) -> list[OperationResult] | None:
+        # Each operation was validated when it was made: the request around them needs no more.
+        body = OperationsRequest.model_construct(ops=ops).model_dump_json().encode()
         for attempt in range(2):  # a kept-alive connection the service closed: once more, fresh
             try:
                 if self._connection is None:
@@ -171,15 +203,15 @@ class FleetOrderClient:
                 payload = response.read()
                 if response.status != 200:
                     raise OSError(f"HTTP {response.status}: {payload[:200].decode('utf-8', 'replace')}")
-                results = json.loads(payload)["results"]
+                results = OperationsResponse.model_validate_json(payload).results
                 if len(results) != len(ops):
                     raise ValueError(f"{len(results)} results for {len(ops)} operations")
                 self.sent_requests += 1
                 if self._failing:
                     logger.warning("retention evict: the fleet order service at %s answers again", self.url)
                     self._failing = False
-                return list(results)
-            except (OSError, ValueError, KeyError, http.client.HTTPException) as error:
+                return results
+            except (OSError, ValueError, ValidationError, http.client.HTTPException) as error:
                 if self._connection is not None:
                     self._connection.close()
                     self._connection = None

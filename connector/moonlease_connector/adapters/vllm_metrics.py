@@ -16,10 +16,11 @@ appear there under their operation label). Our own families:
   Moonlease retention (issue 21): keys saves put soft-pinned, keys the save plan kept out of
   the store, keys stored by putting them again after the store refused them for lack of space,
   and keys retention `evict` removed (least recently used) to make room below the watermark
-- `vllm:moonlease_fleet_order_errors_total{kind="failed_request"|"dropped_report"|"unanswered_take"}`:
+- `vllm:moonlease_fleet_order_errors_total{kind="failed_request"|"dropped_report"|"unanswered_take"|"invalid_operation"}`:
   retention evict on the fleet order service (`mooncake_fleet_order_url`) that could not reach
   it — requests that failed, reports dropped while it did not answer, takes that got no answer
-  in time (evict then removed nothing and the master evicted instead)
+  in time (evict then removed nothing and the master evicted instead), operations over the
+  wire's limits (left out)
 - `vllm:moonlease_handoff_waits_total{outcome="complete"|"timed_out"}` and
   `vllm:moonlease_handoff_wait_seconds`: decode requests whose prefill engine promised a save
   (`core.handoff`; scheduler side), by how the wait for it ended, and how long it took
@@ -187,7 +188,8 @@ class MoonleasePromMetrics(MooncakeStorePromMetrics):
             documentation="Retention evict on the fleet order service, by what went wrong: "
                           "requests that failed (failed_request), reports dropped while it did "
                           "not answer (dropped_report), takes without an answer in time "
-                          "(unanswered_take: evict removed nothing, the master evicted).",
+                          "(unanswered_take: evict removed nothing, the master evicted), "
+                          "operations over the wire's limits, left out (invalid_operation).",
             labelnames=labelnames + ["kind"])
         self._handoff_waits = counter(
             name="vllm:moonlease_handoff_waits_total",
