@@ -483,8 +483,7 @@ def replay_requests(trace: Trace, store: Any, mode: ModeSpec, ideal: IdealReplay
             after_request(step)
     evictions = {id(e.eviction): e.eviction for e in prefill if e.eviction is not None}.values()
     for eviction in evictions:  # a fleet order's clients: what they queued is sent, then they stop
-        if callable(close := getattr(getattr(eviction, "order", None), "close", None)):
-            close()
+        eviction.order.close()
     run.keys_removed = sum(e.removed_keys for e in evictions)
     run.removal_refused = sum(e.refused_keys for e in evictions)
     if pacer is not None:

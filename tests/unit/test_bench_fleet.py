@@ -25,6 +25,7 @@ from moonlease_dev.bench.replay import (
 from moonlease_dev.bench.saves import ValueSizes
 from moonlease_dev.bench.stores import DictStore
 from moonlease_dev.bench.workload import PRESET_RESEND, WORKLOADS, build_named_trace
+from moonlease_connector.core.store_room import RecencyOrder
 
 pytestmark = pytest.mark.unit
 
@@ -112,6 +113,7 @@ def test_session_routing_keeps_a_session_on_one_prefill_engine_and_evict_state_p
 
         def __init__(self) -> None:
             self.touched = self.loads = 0
+            self.order = RecencyOrder()
             built.append(self)
 
         def saw_load(self, keys):

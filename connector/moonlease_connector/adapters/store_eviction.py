@@ -116,7 +116,7 @@ class StoreEviction:
         self.slack = slack
         #: This connector's own order, or the fleet's (`adapters.fleet_order_client`).
         self.order: KeyOrder = order if order is not None else RecencyOrder(capacity)
-        self._fleet = bool(getattr(self.order, "shared_by_fleet", False))
+        self._fleet = self.order.shared_by_fleet
         self._on_removed = on_removed
         self.removed_keys = 0
         self.refused_keys = 0

@@ -281,6 +281,10 @@ class MoonleaseStoreWorker(MooncakeStoreWorker):
                            len(stuck), EXIT_WAIT_S)
             for thread in stuck:
                 wait_at_exit_for(thread)
+        # Evict's order: the fleet order client sends what it still holds (bounded), then stops.
+        send_thread = getattr(self, "kv_send_thread", None)
+        if isinstance(send_thread, RetentionSendingThread):
+            send_thread.eviction.order.close()
 
     def get_kv_connector_stats(self) -> MoonleaseConnectorStats | None:
         with self._kv_connector_stats_lock:

@@ -82,6 +82,9 @@ class KeyOrder(Protocol):
     """What evict needs of an order: `RecencyOrder` (this connector's) or the fleet order
     service's client (one order for every engine of the store, `core.fleet_order`)."""
 
+    #: Whether other engines decide by this order too (their loads must reach it at once).
+    shared_by_fleet: bool
+
     def touch(self, keys: Sequence[str], sizes: Sequence[int | None] | None = None,
               shared: Collection[str] | None = None) -> None: ...
 
@@ -91,10 +94,14 @@ class KeyOrder(Protocol):
 
     def keep(self, keys: Iterable[tuple[str, int]]) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class RecencyOrder:
     """The keys this connector's saves touched and its loads read, least recently used first,
     with their sizes."""
+
+    shared_by_fleet = False
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -192,6 +199,9 @@ class RecencyOrder:
         for key, size in keys:
             self._order[key] = size
             self._order.move_to_end(key)
+
+    def close(self) -> None:
+        """Nothing to let go (the fleet's client sends what it holds)."""
 
     def forget(self, keys: Iterable[str]) -> None:
         for key in keys:
