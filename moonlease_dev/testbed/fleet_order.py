@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 from moonlease_dev.devenv import source_pythonpath
-from moonlease_dev.testbed.processes import ManagedProcess, ManagedServer, free_port, http_get
+from moonlease_dev.testbed.processes import HealthProbedServer, ManagedProcess, ManagedServer, free_port, http_get
 
 
-class FleetOrderProcess(ManagedServer):
+class FleetOrderProcess(HealthProbedServer, ManagedServer):
+    health_path = "/healthz"
+
     def __init__(self, *, capacity: int | None = None, log_dir: Path | None = None) -> None:
         self.port = free_port()
         argv = [sys.executable, "-m", "moonlease_connector.fleet_order", "--host=127.0.0.1", f"--port={self.port}",
@@ -22,16 +24,8 @@ class FleetOrderProcess(ManagedServer):
         self.process = ManagedProcess(f"fleet-order-{self.port}", argv, ready=self._ready, env=env,
                                       log_dir=log_dir, ready_timeout=20.0)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def metrics(self) -> str:
         status, body = http_get(self.url + "/metrics")
         if status != 200:
             raise RuntimeError(f"fleet order /metrics answered {status}: {body[:200]}")
         return body
-
-    def _ready(self) -> bool:
-        status, _ = http_get(self.url + "/healthz", timeout=1.0)
-        return status == 200

@@ -181,15 +181,16 @@ class ManagedServer:
 
 
 class HealthProbedServer:
-    """A loopback HTTP server on `self.port` that is ready once `GET /health` answers 200 (vLLM's
-    OpenAI server, vllm-router)."""
+    """A loopback HTTP server on `self.port` that is ready once `GET <health_path>` answers 200
+    (vLLM's OpenAI server and vllm-router: /health; the fleet order service: /healthz)."""
 
     port: int
+    health_path = "/health"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def _ready(self) -> bool:
-        status, _ = http_get(self.url + "/health", timeout=1.0)
+        status, _ = http_get(self.url + self.health_path, timeout=1.0)
         return status == 200
