@@ -21,10 +21,19 @@ def test_ports_come_from_below_the_ephemeral_range_and_bind() -> None:
         sock.bind(("127.0.0.1", ports.pop()))
 
 
-def test_a_port_taken_is_not_given_and_no_room_falls_back_to_the_kernels_pick(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as held:
+def test_a_port_taken_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held, socket.socket() as probe:
         held.bind(("127.0.0.1", 0))
-        taken = held.getsockname()[1]
-        monkeypatch.setattr(processes, "PORT_RANGE", (taken, taken + 1))  # no room: the kernel picks
-        assert processes.free_port() != taken
+        probe.bind(("127.0.0.1", 0))
+        taken, free = held.getsockname()[1], probe.getsockname()[1]
+        probe.close()  # free again: the second draw
+        draws = iter([taken, free])
+        monkeypatch.setattr(processes.random, "randrange", lambda low, high: next(draws))
+        assert processes.free_port() == free
+
+
+def test_no_room_below_the_ephemeral_range_falls_back_to_the_kernels_pick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(processes, "_ephemeral_ports", lambda: (processes.PORT_RANGE[0] + 10, 60999))
+    monkeypatch.setattr(processes.random, "randrange", lambda low, high: pytest.fail("no draw without room"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", processes.free_port()))
