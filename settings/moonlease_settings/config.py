@@ -63,6 +63,15 @@ def warn_deprecated(choice: ModeChoice, where: str) -> None:
         warnings.warn(message, DeprecatedSettingWarning, stacklevel=3)
 
 
+def check_service_url(url: str) -> str:
+    """`url` if it names an HTTP service as ``http(s)://host[:port][/prefix]`` (the fleet order
+    service's ``mooncake_fleet_order_url``); ValueError saying what to write otherwise."""
+    if not re.fullmatch(r"https?://[^/:\s]+(:[0-9]{1,5})?(/\S*)?", url):
+        raise ValueError(f"give the fleet order service as http://host:port (e.g. "
+                         f"http://fleet-order:8790), not {url!r}")
+    return url
+
+
 class MoonleaseConnectorConfig(BaseModel):
     """Moonlease's keys in `kv_connector_extra_config`. All default to upstream behaviour."""
 
@@ -147,10 +156,7 @@ class MoonleaseConnectorConfig(BaseModel):
     @field_validator("mooncake_fleet_order_url")
     @classmethod
     def _service_url(cls, url: str | None) -> str | None:
-        if url is not None and not re.fullmatch(r"https?://[^/:\s]+(:[0-9]{1,5})?(/\S*)?", url):
-            raise ValueError(f"give the fleet order service as http://host:port (e.g. "
-                             f"http://fleet-order:8790), not {url!r}")
-        return url
+        return None if url is None else check_service_url(url)
 
     @model_validator(mode="before")
     @classmethod

@@ -168,7 +168,7 @@ def test_the_service_url_is_checked_at_start_up() -> None:
     assert config.mooncake_fleet_order_url == "http://fleet-order:8790"
     with pytest.raises(ConnectorConfigError, match=r"mooncake_fleet_order_url: .*http://host:port"):
         MoonleaseConnectorConfig.from_sources({"mooncake_fleet_order_url": "fleet-order:8790"})
-    with pytest.raises(ValueError, match="http"):
+    with pytest.raises(ValueError, match="give the fleet order service as http://host:port"):
         parse_service_url("fleet-order:8790")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from moonlease_settings.config import check_service_url
 from moonlease_connector.core.fleet_order import (
     MAX_OPERATIONS_PER_REQUEST,
     Keep,
@@ -56,12 +57,11 @@ class _Pending:
 
 
 def parse_service_url(url: str) -> tuple[str, str, int, str]:
-    """(scheme, host, port, path of /v1/ops) from ``http(s)://host[:port][/prefix]``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"mooncake_fleet_order_url must be http(s)://host[:port], got {url!r}")
+    """(scheme, host, port, path of /v1/ops) from ``http(s)://host[:port][/prefix]``, checked as
+    the connector's settings check it (ValueError saying what to write)."""
+    parts = urllib.parse.urlsplit(check_service_url(url))
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, parts.hostname, port, parts.path.rstrip("/") + "/v1/ops"
+    return parts.scheme, parts.hostname or "", port, parts.path.rstrip("/") + "/v1/ops"  # checked: a host
 
 
 class FleetOrderClient:
